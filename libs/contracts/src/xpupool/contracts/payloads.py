@@ -1,0 +1,403 @@
+"""Every payload that crosses NATS, as msgspec Structs: the public API of xpupool.
+
+Rules (see the style guide): Structs are frozen and keyword-only; fields are only ever added with
+defaults; a breaking change mints a ``…V2`` type. Each event carries a ``type`` tag equal to its
+CloudEvents ``ce-type``, so a subject that carries several types decodes into a tagged union.
+Units live in field names (``_mib``, ``_pct``, ``_s``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Annotated, Literal
+
+from msgspec import Meta, Struct, field
+
+Timestamp = Annotated[datetime, Meta(tz=True, description="RFC 3339 timestamp with a time zone")]
+Identifier = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$",
+        description="Letters, digits and . _ : @ / - ; starts with a letter or digit",
+    ),
+]
+Percent = Annotated[int, Meta(ge=1, le=100)]
+
+__all__ = [
+    "AllocationGranted",
+    "DeviceDemand",
+    "DeviceHealthChanged",
+    "DeviceSample",
+    "DeviceSelector",
+    "DeviceSlice",
+    "DeviceSpec",
+    "EndLease",
+    "EndReason",
+    "GangSpec",
+    "Health",
+    "HostDemand",
+    "Identifier",
+    "Intent",
+    "Isolation",
+    "JobPending",
+    "JobRejected",
+    "JobRequested",
+    "JobReserved",
+    "JobTimedOut",
+    "LeaseEnded",
+    "LeaseRenewed",
+    "LeaseReply",
+    "NodeHeartbeat",
+    "NodeLost",
+    "NodeRegistered",
+    "Percent",
+    "ReleaseLease",
+    "RenewLease",
+    "TelemetrySampled",
+    "Timestamp",
+    "Vendor",
+]
+
+
+class Vendor(str, Enum):
+    """Accelerator vendors xpupool knows how to hand out."""
+
+    NVIDIA = "nvidia"
+    ASCEND = "ascend"
+    CAMBRICON = "cambricon"
+    AMD = "amd"
+    HYGON = "hygon"
+    SIMULATED = "simulated"
+
+
+class Health(str, Enum):
+    """Health of one device as the collector sees it; only ``healthy`` devices take new grants."""
+
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    UNHEALTHY = "unhealthy"
+    LOST = "lost"
+
+
+class Intent(str, Enum):
+    """What a job optimises for when several device classes would do."""
+
+    CHEAPEST = "cheapest"
+    FASTEST = "fastest"
+    BALANCED = "balanced"
+
+
+class Isolation(str, Enum):
+    """How strictly a shared slice must be isolated from its neighbours."""
+
+    ANY = "any"
+    HARD = "hard"
+
+
+class EndReason(str, Enum):
+    """Why a lease ended. Each reason is also the last token of its event's subject."""
+
+    RELEASED = "released"
+    EXPIRED = "expired"
+    PREEMPTED = "preempted"
+    LOST = "lost"
+
+
+# --------------------------------------------------------------------------------------------
+# The job request (upstream -> scheduler)
+# --------------------------------------------------------------------------------------------
+
+
+class DeviceDemand(Struct, frozen=True, kw_only=True):
+    """What a job needs of each device. No share fields at all means a whole device.
+
+    A share gives ``memory_mib`` or ``memory_pct`` (not both) and/or ``compute_pct``. A share with
+    only ``compute_pct`` gets device memory in the same proportion.
+    """
+
+    memory_mib: Annotated[int, Meta(ge=1)] | None = None
+    memory_pct: Percent | None = None
+    compute_pct: Percent | None = None
+
+    @property
+    def is_whole(self) -> bool:
+        """True when the job asks for the whole device."""
+        return self.memory_mib is None and self.memory_pct is None and self.compute_pct is None
+
+
+class DeviceSelector(Struct, frozen=True, kw_only=True):
+    """Constraints on which devices may serve a request."""
+
+    vendor: Vendor | None = None
+    models: list[str] = field(default_factory=list)
+    avoid_models: list[str] = field(default_factory=list)
+    device_ids: list[str] = field(default_factory=list)
+    avoid_device_ids: list[str] = field(default_factory=list)
+    min_memory_mib: Annotated[int, Meta(ge=0)] = 0
+    min_capacity: Annotated[float, Meta(ge=0)] = 0.0
+    capabilities: list[str] = field(default_factory=list)
+    isolation: Isolation = Isolation.ANY
+
+
+class HostDemand(Struct, frozen=True, kw_only=True):
+    """Host resources a job needs on the node that carries its devices."""
+
+    cpu_milli: Annotated[int, Meta(ge=0)] = 0
+    memory_mib: Annotated[int, Meta(ge=0)] = 0
+
+
+class GangSpec(Struct, frozen=True, kw_only=True):
+    """All devices of the request are placed together or not at all."""
+
+    same_node: bool = True
+    same_domain: bool = False
+
+
+class JobRequested(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.requested.v1"):
+    """An upstream system asks for accelerators. ``job_id`` is the idempotency key."""
+
+    job_id: Identifier
+    tenant: Identifier
+    count: Annotated[int, Meta(ge=1, le=1024)] = 1
+    device: DeviceDemand = field(default_factory=DeviceDemand)
+    selector: DeviceSelector = field(default_factory=DeviceSelector)
+    host: HostDemand = field(default_factory=HostDemand)
+    gang: GangSpec | None = None
+    lease_ttl_s: Annotated[float, Meta(gt=0, le=7 * 24 * 3600)] = 300.0
+    owner: Identifier | None = None
+    queue: Identifier | None = None
+    priority: str = "normal"
+    max_wait_s: Annotated[float, Meta(gt=0)] | None = None
+    expected_duration_s: Annotated[float, Meta(gt=0)] | None = None
+    intent: Intent = Intent.CHEAPEST
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------
+# Scheduler outcomes
+# --------------------------------------------------------------------------------------------
+
+
+class DeviceSlice(Struct, frozen=True, kw_only=True):
+    """One device, or a share of it, reserved for a job."""
+
+    device_id: str
+    node_id: str
+    vendor: Vendor
+    model: str
+    index: int
+    uuid: str
+    memory_mib: int
+    compute_pct: int
+    whole: bool
+
+
+class JobRejected(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.rejected.v1"):
+    """A request that will never be placed: terminal. ``field_name`` names the offending input
+    (a dotted path such as ``device.memory_mib``) when one input is to blame."""
+
+    job_id: str
+    tenant: str | None = None
+    field_name: str | None = None
+    reason: str
+    detail: str = ""
+
+
+class JobPending(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.pending.v1"):
+    """A request that cannot be placed now and waits; ``reason`` explains why."""
+
+    job_id: str
+    tenant: str
+    reason: str
+    detail: str = ""
+    since: Timestamp
+
+
+class JobTimedOut(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.timed_out.v1"):
+    """A pending request waited past its ``max_wait_s``: terminal."""
+
+    job_id: str
+    tenant: str
+    waited_s: float
+    last_reason: str = ""
+
+
+class JobReserved(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.reserved.v1"):
+    """Internal: the scheduler holds these slices for the job in the ledger until the lease-manager
+    turns the reservation into a lease."""
+
+    job_id: str
+    tenant: str
+    owner: str
+    queue: str
+    priority: int
+    lease_ttl_s: float
+    slices: list[DeviceSlice]
+
+
+class EndLease(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.lease.end.v1"):
+    """Internal command: the scheduler asks the lease-manager to end a lease (preemption).
+
+    ``grace_s`` lets a later lease-manager warn the holder before it reclaims the slices.
+    """
+
+    lease_id: str
+    reason: EndReason
+    detail: str = ""
+    grace_s: Annotated[float, Meta(ge=0)] = 0.0
+    requested_by: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# Lease lifecycle (lease-manager -> everyone)
+# --------------------------------------------------------------------------------------------
+
+
+class AllocationGranted(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.alloc.granted.v1"):
+    """The job holds a lease on these slices until ``expires_at`` unless it renews.
+
+    ``env`` is what the job must run with: the vendors' visible-device variables and limits.
+    ``fencing_token`` must accompany every renew and release.
+    """
+
+    job_id: str
+    lease_id: str
+    tenant: str
+    owner: str
+    fencing_token: int
+    granted_at: Timestamp
+    expires_at: Timestamp
+    slices: list[DeviceSlice]
+    env: dict[str, str]
+
+
+class LeaseRenewed(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.alloc.renewed.v1"):
+    """A lease's term was extended."""
+
+    job_id: str
+    lease_id: str
+    fencing_token: int
+    expires_at: Timestamp
+
+
+class LeaseEnded(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.alloc.ended.v1"):
+    """Terminal: the lease is over and its slices are back in the pool."""
+
+    job_id: str
+    lease_id: str
+    tenant: str
+    reason: EndReason
+    fencing_token: int
+    ended_at: Timestamp
+    detail: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# Lease commands (holder -> lease-manager), by event or request/reply
+# --------------------------------------------------------------------------------------------
+
+
+class RenewLease(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.lease.renew.v1"):
+    """Extend a lease by ``ttl_s`` (default: its original term) from the ledger's clock."""
+
+    lease_id: str
+    fencing_token: int
+    ttl_s: Annotated[float, Meta(gt=0, le=7 * 24 * 3600)] | None = None
+
+
+class ReleaseLease(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.lease.release.v1"):
+    """Give a lease back before its term."""
+
+    lease_id: str
+    fencing_token: int
+
+
+class LeaseReply(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.lease.reply.v1"):
+    """Answer to a renew or release request."""
+
+    ok: bool
+    lease_id: str
+    error: str | None = None
+    expires_at: Timestamp | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# Inventory and telemetry (collector -> everyone)
+# --------------------------------------------------------------------------------------------
+
+
+class DeviceSpec(Struct, frozen=True, kw_only=True):
+    """One leasable unit found on a node: a whole device or a hardware partition (MIG, vNPU)."""
+
+    device_id: str
+    vendor: Vendor
+    model: str
+    index: int
+    uuid: str
+    memory_mib: int
+    capacity_units: float = 1.0
+    capabilities: list[str] = field(default_factory=list)
+    isolation: list[str] = field(default_factory=list)
+    interconnect: str = "pcie"
+    domain: str = ""
+    cost_per_hour: float = 0.0
+    parent_uuid: str | None = None
+
+
+class NodeRegistered(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.node.registered.v1"):
+    """A collector put its node and devices into the ledger (idempotent on restart)."""
+
+    node_id: str
+    devices: list[DeviceSpec]
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+class NodeHeartbeat(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.node.heartbeat.v1"):
+    """A collector is alive; published on core NATS."""
+
+    node_id: str
+    at: Timestamp
+    device_count: int
+
+
+class NodeLost(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.node.lost.v1"):
+    """A node stopped heartbeating past its grace period; its leases end as ``lost``."""
+
+    node_id: str
+    last_seen: Timestamp | None = None
+
+
+class DeviceSample(Struct, frozen=True, kw_only=True):
+    """One device's live load; unknown values are ``None``, never a made-up zero."""
+
+    device_id: str
+    memory_used_mib: int | None = None
+    util_pct: float | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    health: Health = Health.HEALTHY
+    xid: int | None = None
+
+
+class TelemetrySampled(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.telemetry.sampled.v1"):
+    """A batch of device samples from one node; core NATS, the latest value wins."""
+
+    node_id: str
+    at: Timestamp
+    samples: list[DeviceSample]
+
+
+class DeviceHealthChanged(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.device.health.v1"):
+    """A device moved between health states."""
+
+    node_id: str
+    device_id: str
+    previous: Health
+    current: Health
+    reason: str = ""
+    at: Timestamp

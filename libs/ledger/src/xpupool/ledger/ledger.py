@@ -1,0 +1,441 @@
+"""The Redis device ledger behind one typed adapter.
+
+Redis is the only truth about who holds which slice. Every state change that must be atomic is
+one Lua script in ``lua/`` (each prefixed with ``_prelude.lua``); this class only builds their
+arguments and decodes their answers. Time always comes from Redis ``TIME`` inside the scripts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import msgspec
+from redis.asyncio import Redis
+
+from xpupool.contracts import DeviceSample, DeviceSpec, Health
+
+_SCRIPTS = (
+    "reserve", "grant", "renew", "end", "expire", "register_node", "heartbeat",
+    "reap_nodes", "set_health", "pend", "time_out_pending",
+)
+_SPEC_DECODER = msgspec.json.Decoder(DeviceSpec)
+
+
+class ScriptResult(msgspec.Struct, frozen=True):
+    """What every ledger script answers: ``ok`` and, on refusal, a reason and its subject."""
+
+    ok: bool
+    reason: str = ""
+    detail: str = ""
+    duplicate: bool = False
+    lease_id: str = ""
+    token: int = 0
+    expires_ms: int = 0
+    outcome: str = ""
+    previous: str = ""
+    since_ms: int = 0
+    now_ms: int = 0
+    added: list[str] = msgspec.field(default_factory=list)
+    removed: list[str] = msgspec.field(default_factory=list)
+    lost: list[str] = msgspec.field(default_factory=list)
+    ended: list[str] = msgspec.field(default_factory=list)
+
+
+_LIST_FIELDS = ("added", "removed", "lost", "ended")
+
+
+def _decode_result(raw: bytes | str) -> ScriptResult:
+    """Decode a script's answer; Lua's cjson writes an empty list as ``{}``, so mend that."""
+    data = msgspec.json.decode(raw)
+    for name in _LIST_FIELDS:
+        if data.get(name) == {}:
+            data[name] = []
+    return msgspec.convert(data, ScriptResult)
+
+
+class SliceClaim(msgspec.Struct, frozen=True):
+    """One device (or share of it) a reservation asks for; ``whole`` takes the entire device."""
+
+    device_id: str
+    memory_mib: int = 0
+    compute_pct: int = 0
+    whole: bool = False
+
+
+class HostClaim(msgspec.Struct, frozen=True):
+    """Host CPU and memory a reservation takes on one node."""
+
+    cpu_milli: int
+    memory_mib: int
+
+
+class UsageClaim(msgspec.Struct, frozen=True):
+    """A quota counter a reservation adds to, checked against ``limit`` (< 0: unlimited)."""
+
+    scope: str
+    field: str
+    inc: float
+    limit: float = -1.0
+
+
+class Reservation(msgspec.Struct, frozen=True):
+    """Everything the reserve script needs; serialised as its single argument."""
+
+    job_id: str
+    lease_id: str
+    tenant: str
+    queue: str
+    priority: int
+    owner: str
+    ttl_ms: int
+    hold_ms: int
+    slices: list[SliceClaim]
+    host: dict[str, HostClaim] = msgspec.field(default_factory=dict)
+    usage: list[UsageClaim] = msgspec.field(default_factory=list)
+
+
+class TakenSlice(msgspec.Struct, frozen=True):
+    """A slice as the ledger recorded it (whole devices record their full memory and compute)."""
+
+    device_id: str
+    node_id: str
+    whole: bool
+    memory_mib: int
+    compute_pct: int
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    """One device as the ledger holds it: its spec plus live free capacity, load and health."""
+
+    spec: DeviceSpec
+    node_id: str
+    memory_total_mib: int
+    memory_free_mib: int
+    compute_free_pct: int
+    holders: int
+    exclusive: bool
+    health: Health
+    util_pct: float | None
+    memory_used_mib: int | None
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """One node: host capacity, liveness and its devices."""
+
+    node_id: str
+    status: str
+    cpu_total_milli: int
+    cpu_free_milli: int
+    memory_total_mib: int
+    memory_free_mib: int
+    last_seen_ms: int
+    labels: dict[str, str]
+    devices: list[DeviceRecord] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """One lease or reservation."""
+
+    lease_id: str
+    job_id: str
+    tenant: str
+    owner: str
+    queue: str
+    priority: int
+    state: str
+    slices: list[TakenSlice]
+    token: int
+    ttl_ms: int
+    created_ms: int
+    granted_ms: int | None
+    expires_ms: int
+    end_reason: str | None
+    end_detail: str
+    ended_ms: int | None
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What the ledger knows of a job id (the idempotency key)."""
+
+    job_id: str
+    state: str
+    lease_id: str | None
+    reason: str
+    detail: str
+    since_ms: int | None
+
+
+def _int(value: Any, default: int = 0) -> int:
+    return int(float(value)) if value not in (None, b"", "") else default
+
+
+def _str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value or "")
+
+
+class Ledger:
+    """Typed access to one ledger namespace in Redis."""
+
+    def __init__(self, redis: Redis, namespace: str = "xpupool") -> None:
+        self._redis = redis
+        self.prefix = "{" + namespace + "}:"
+        package = resources.files("xpupool.ledger") / "lua"
+        prelude = (package / "_prelude.lua").read_text()
+        self._scripts = {
+            name: redis.register_script(prelude + "\n" + (package / f"{name}.lua").read_text())
+            for name in _SCRIPTS
+        }
+
+    @property
+    def redis(self) -> Redis:
+        """The underlying client (for the outbox relay and tests)."""
+        return self._redis
+
+    def key(self, *parts: str) -> str:
+        """A key of this ledger, as the scripts build it."""
+        return self.prefix + ":".join(parts)
+
+    async def _run(self, script: str, *args: str | int | float | bytes) -> ScriptResult:
+        raw = await self._scripts[script](keys=[self.prefix], args=list(args))
+        return _decode_result(raw)
+
+    # ---- inventory ---------------------------------------------------------------------------
+
+    async def register_node(
+        self,
+        node_id: str,
+        devices: Sequence[DeviceSpec],
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
+        labels: dict[str, str] | None = None,
+    ) -> ScriptResult:
+        """Register or reconcile a node; leases on devices that vanished end as ``lost``."""
+        payload = {
+            "node_id": node_id,
+            "cpu_milli": cpu_milli,
+            "memory_mib": memory_mib,
+            # Passed pre-encoded: cjson would turn an empty map into [].
+            "labels_json": msgspec.json.encode(labels or {}).decode(),
+            "devices": [
+                {
+                    "device_id": d.device_id,
+                    "spec": msgspec.json.encode(d).decode(),
+                    "memory_mib": d.memory_mib,
+                }
+                for d in devices
+            ],
+        }
+        return await self._run("register_node", msgspec.json.encode(payload))
+
+    async def heartbeat(self, node_id: str) -> ScriptResult:
+        """Stamp the node's last-seen time from the ledger's clock."""
+        return await self._run("heartbeat", node_id)
+
+    async def reap_nodes(self, grace_ms: int) -> ScriptResult:
+        """Declare lost the nodes silent for longer than ``grace_ms``; ends their leases."""
+        return await self._run("reap_nodes", grace_ms)
+
+    async def set_health(self, device_id: str, health: Health, reason: str = "") -> ScriptResult:
+        """Set a device's health; ``previous`` in the answer tells whether it changed."""
+        return await self._run("set_health", device_id, health.value, reason)
+
+    async def record_load(self, samples: Iterable[DeviceSample]) -> None:
+        """Write live load for many devices in one round trip (not atomic: last value wins)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for sample in samples:
+                mapping: dict[str, str | int | float] = {}
+                if sample.util_pct is not None:
+                    mapping["util"] = sample.util_pct
+                if sample.memory_used_mib is not None:
+                    mapping["mem_used"] = sample.memory_used_mib
+                if mapping:
+                    pipe.hset(self.key("dev", sample.device_id), mapping=mapping)
+            await pipe.execute()
+
+    # ---- scheduling --------------------------------------------------------------------------
+
+    async def reserve(self, reservation: Reservation) -> ScriptResult:
+        """Atomically re-check and reserve; idempotent per job id."""
+        return await self._run("reserve", msgspec.json.encode(reservation))
+
+    async def pend(
+        self,
+        job_id: str,
+        score: float,
+        request_json: bytes,
+        max_wait_ms: int | None,
+        reason: str,
+        detail: str = "",
+    ) -> ScriptResult:
+        """Park a request in the persistent pending queue (idempotent per job id)."""
+        return await self._run(
+            "pend", job_id, score, request_json,
+            "" if max_wait_ms is None else max_wait_ms, reason, detail,
+        )
+
+    async def pending(self, limit: int = 1000) -> list[tuple[str, bytes]]:
+        """The oldest-scored pending requests, as (job_id, request JSON)."""
+        job_ids = [_str(j) for j in await self._redis.zrange(self.key("pending"), 0, limit - 1)]
+        if not job_ids:
+            return []
+        bodies = await self._redis.mget([self.key("pending-req", j) for j in job_ids])
+        return [(j, b) for j, b in zip(job_ids, bodies, strict=True) if b is not None]
+
+    async def time_out_pending(self, limit: int = 100) -> ScriptResult:
+        """End pending requests past their max wait (events go through the outbox)."""
+        return await self._run("time_out_pending", limit)
+
+    # ---- leases ------------------------------------------------------------------------------
+
+    async def grant(self, lease_id: str) -> ScriptResult:
+        """Turn a reservation into a lease with a fencing token; idempotent."""
+        return await self._run("grant", lease_id)
+
+    async def renew(self, lease_id: str, token: int, ttl_ms: int | None = None) -> ScriptResult:
+        """Extend a lease; fails on a stale token or a lapsed term."""
+        return await self._run("renew", lease_id, token, "" if ttl_ms is None else ttl_ms)
+
+    async def end(
+        self, lease_id: str, reason: str, token: int | None = None, detail: str = ""
+    ) -> ScriptResult:
+        """End a lease (release or preemption); idempotent."""
+        return await self._run("end", lease_id, reason, "" if token is None else token, detail)
+
+    async def expire_due(self, limit: int = 256) -> ScriptResult:
+        """End leases and reservations whose term has passed."""
+        return await self._run("expire", limit)
+
+    # ---- reads -------------------------------------------------------------------------------
+
+    async def version(self) -> int:
+        """A counter bumped by every change of capacity or health (cheap cache invalidation)."""
+        return _int(await self._redis.get(self.key("ver")))
+
+    async def now_ms(self) -> int:
+        """The ledger's clock."""
+        seconds, micros = await self._redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def nodes(self) -> list[NodeRecord]:
+        """Every node with its devices, read in two pipelined round trips."""
+        node_ids = sorted(_str(n) for n in await self._redis.smembers(self.key("nodes")))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for node_id in node_ids:
+                pipe.hgetall(self.key("node", node_id))
+                pipe.smembers(self.key("node-devices", node_id))
+            raw = await pipe.execute()
+        node_rows = raw[0::2]
+        device_ids = [sorted(_str(d) for d in ids) for ids in raw[1::2]]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for ids in device_ids:
+                for device_id in ids:
+                    pipe.hgetall(self.key("dev", device_id))
+            device_rows = iter(await pipe.execute())
+        nodes = []
+        for node_id, row, ids in zip(node_ids, node_rows, device_ids, strict=True):
+            devices = [_device(node_id, next(device_rows)) for _ in ids]
+            nodes.append(_node(node_id, row, [d for d in devices if d is not None]))
+        return nodes
+
+    async def leases(self) -> list[LeaseRecord]:
+        """Every live lease and reservation."""
+        lease_ids = sorted(_str(x) for x in await self._redis.smembers(self.key("leases")))
+        return [lease for lease in await self.get_leases(lease_ids) if lease is not None]
+
+    async def get_leases(self, lease_ids: Sequence[str]) -> list[LeaseRecord | None]:
+        """The named leases (None where unknown), in one round trip."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for lease_id in lease_ids:
+                pipe.hgetall(self.key("lease", lease_id))
+            rows = await pipe.execute()
+        return [_lease(i, r) if r else None for i, r in zip(lease_ids, rows, strict=True)]
+
+    async def get_lease(self, lease_id: str) -> LeaseRecord | None:
+        """One lease, or None."""
+        return (await self.get_leases([lease_id]))[0]
+
+    async def get_job(self, job_id: str) -> JobRecord | None:
+        """What the ledger knows about a job id."""
+        row = await self._redis.hgetall(self.key("job", job_id))
+        if not row:
+            return None
+        r = {_str(a): _str(b) for a, b in row.items()}
+        return JobRecord(
+            job_id=job_id,
+            state=r.get("state", ""),
+            lease_id=r.get("lease_id") or None,
+            reason=r.get("reason", ""),
+            detail=r.get("detail", ""),
+            since_ms=_int(r.get("since_ms")) or None,
+        )
+
+    async def usage(self, scope: str) -> dict[str, float]:
+        """A quota scope's counters."""
+        row = await self._redis.hgetall(self.key("usage", scope))
+        return {_str(a): float(_str(b)) for a, b in row.items()}
+
+
+def _device(node_id: str, row: dict[Any, Any]) -> DeviceRecord | None:
+    if not row:
+        return None
+    r = {_str(a): _str(b) for a, b in row.items()}
+    return DeviceRecord(
+        spec=_SPEC_DECODER.decode(r["spec"]),
+        node_id=node_id,
+        memory_total_mib=_int(r.get("mem_total")),
+        memory_free_mib=_int(r.get("mem_free")),
+        compute_free_pct=_int(r.get("compute_free")),
+        holders=_int(r.get("holders")),
+        exclusive=r.get("exclusive") == "1",
+        health=Health(r.get("health", "healthy")),
+        util_pct=float(r["util"]) if r.get("util") else None,
+        memory_used_mib=_int(r["mem_used"]) if r.get("mem_used") else None,
+    )
+
+
+def _node(node_id: str, row: dict[Any, Any], devices: list[DeviceRecord]) -> NodeRecord:
+    r = {_str(a): _str(b) for a, b in row.items()}
+    labels = msgspec.json.decode(r.get("labels") or "{}")
+    return NodeRecord(
+        node_id=node_id,
+        status=r.get("status", "unknown"),
+        cpu_total_milli=_int(r.get("cpu_total")),
+        cpu_free_milli=_int(r.get("cpu_free")),
+        memory_total_mib=_int(r.get("mem_total")),
+        memory_free_mib=_int(r.get("mem_free")),
+        last_seen_ms=_int(r.get("last_seen_ms")),
+        labels=labels if isinstance(labels, dict) else {},
+        devices=devices,
+    )
+
+
+_SLICES_DECODER = msgspec.json.Decoder(list[TakenSlice])
+
+
+def _lease(lease_id: str, row: dict[Any, Any]) -> LeaseRecord:
+    r = {_str(a): _str(b) for a, b in row.items()}
+    return LeaseRecord(
+        lease_id=lease_id,
+        job_id=r.get("job_id", ""),
+        tenant=r.get("tenant", ""),
+        owner=r.get("owner", ""),
+        queue=r.get("queue", ""),
+        priority=_int(r.get("priority")),
+        state=r.get("state", ""),
+        slices=_SLICES_DECODER.decode(r.get("slices") or "[]"),
+        token=_int(r.get("token")),
+        ttl_ms=_int(r.get("ttl_ms")),
+        created_ms=_int(r.get("created_ms")),
+        granted_ms=_int(r.get("granted_ms")) or None,
+        expires_ms=_int(r.get("expires_ms")),
+        end_reason=r.get("end_reason") or None,
+        end_detail=r.get("end_detail", ""),
+        ended_ms=_int(r.get("ended_ms")) or None,
+    )

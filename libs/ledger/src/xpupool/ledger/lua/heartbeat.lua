@@ -1,0 +1,9 @@
+-- Record that a node's collector is alive, on the ledger's clock. A node already declared lost
+-- must register again (its devices were reset), so it is told so instead of silently revived.
+-- ARGV[1]: node_id
+local nk = k('node', ARGV[1])
+local status = redis.call('HGET', nk, 'status')
+if not status then return fail('unknown_node', ARGV[1]) end
+if status ~= 'up' then return fail('node_' .. status, ARGV[1]) end
+redis.call('HSET', nk, 'last_seen_ms', now_ms())
+return cjson.encode({ok = true})

@@ -1,0 +1,83 @@
+-- Reserve slices for a job: re-checks device health, capacity, host resources and quota, then
+-- writes them all at once. Two schedulers racing for the last slice cannot both win.
+-- ARGV[1]: JSON {job_id, lease_id, tenant, queue, priority, owner, ttl_ms, hold_ms,
+--   slices=[{device_id, memory_mib, compute_pct, whole}], host={node_id={cpu_milli, memory_mib}},
+--   usage=[{scope, field, inc, limit}]}   (limit < 0: unlimited)
+local r = cjson.decode(ARGV[1])
+local jk = k('job', r.job_id)
+local job = redis.call('HMGET', jk, 'state', 'lease_id')
+if job[2] and job[2] ~= '' then
+  return cjson.encode({ok = true, duplicate = true, lease_id = job[2]})
+end
+if job[1] == 'timed_out' then return fail('job_finished', job[1]) end
+
+local seen, taken = {}, {}
+for i, s in ipairs(r.slices) do
+  if seen[s.device_id] then return fail('duplicate_device', s.device_id) end
+  seen[s.device_id] = true
+  local d = redis.call('HMGET', k('dev', s.device_id), 'health', 'mem_free', 'compute_free',
+    'holders', 'exclusive', 'node', 'mem_total')
+  if not d[1] then return fail('device_gone', s.device_id) end
+  if d[1] ~= 'healthy' then return fail('device_unhealthy', s.device_id) end
+  if redis.call('HGET', k('node', d[6]), 'status') ~= 'up' then
+    return fail('node_down', d[6])
+  end
+  local mem_free, compute_free = tonumber(d[2]), tonumber(d[3])
+  if s.whole then
+    if tonumber(d[4]) > 0 then return fail('insufficient_capacity', s.device_id) end
+    taken[i] = {device_id = s.device_id, node_id = d[6], whole = true,
+      memory_mib = tonumber(d[7]), compute_pct = 100}
+  else
+    if tonumber(d[5]) == 1 or mem_free < s.memory_mib or compute_free < s.compute_pct then
+      return fail('insufficient_capacity', s.device_id)
+    end
+    taken[i] = {device_id = s.device_id, node_id = d[6], whole = false,
+      memory_mib = s.memory_mib, compute_pct = s.compute_pct}
+  end
+end
+for node_id, h in pairs(r.host) do
+  local n = redis.call('HMGET', k('node', node_id), 'cpu_free', 'mem_free')
+  if tonumber(n[1] or '0') < h.cpu_milli or tonumber(n[2] or '0') < h.memory_mib then
+    return fail('insufficient_host_resources', node_id)
+  end
+end
+for _, u in ipairs(r.usage) do
+  local current = tonumber(redis.call('HGET', k('usage', u.scope), u.field) or '0')
+  if u.limit >= 0 and current + u.inc > u.limit + 1e-9 then
+    return fail('quota_exceeded', u.scope .. '/' .. u.field)
+  end
+end
+
+-- Every check passed: write.
+local now = now_ms()
+local lk = k('lease', r.lease_id)
+for _, s in ipairs(taken) do
+  local dk = k('dev', s.device_id)
+  redis.call('HINCRBY', dk, 'mem_free', -s.memory_mib)
+  redis.call('HINCRBY', dk, 'compute_free', -s.compute_pct)
+  redis.call('HINCRBY', dk, 'holders', 1)
+  if s.whole then redis.call('HSET', dk, 'exclusive', 1) end
+  redis.call('SADD', k('dev-leases', s.device_id), r.lease_id)
+  redis.call('SADD', k('node-leases', s.node_id), r.lease_id)
+end
+for node_id, h in pairs(r.host) do
+  redis.call('HINCRBY', k('node', node_id), 'cpu_free', -h.cpu_milli)
+  redis.call('HINCRBY', k('node', node_id), 'mem_free', -h.memory_mib)
+  redis.call('SADD', k('node-leases', node_id), r.lease_id)
+end
+for _, u in ipairs(r.usage) do
+  redis.call('HINCRBYFLOAT', k('usage', u.scope), u.field, u.inc)
+end
+redis.call('HSET', lk, 'job_id', r.job_id, 'tenant', r.tenant, 'owner', r.owner,
+  'queue', r.queue, 'priority', r.priority, 'state', 'reserved', 'slices', cjson.encode(taken),
+  'host', cjson.encode(r.host), 'usage', cjson.encode(r.usage), 'ttl_ms', r.ttl_ms,
+  'created_ms', now, 'expires_ms', now + r.hold_ms, 'token', 0)
+redis.call('ZADD', k('expiry'), now + r.hold_ms, r.lease_id)
+redis.call('SADD', k('leases'), r.lease_id)
+redis.call('HSET', jk, 'state', 'reserved', 'lease_id', r.lease_id)
+redis.call('EXPIRE', jk, RETAIN_S)
+redis.call('ZREM', k('pending'), r.job_id)
+redis.call('DEL', k('pending-req', r.job_id))
+redis.call('XADD', k('outbox', 'scheduler'), '*', 'kind', 'reserved', 'lease_id', r.lease_id)
+bump()
+return cjson.encode({ok = true, lease_id = r.lease_id, slices = taken})
