@@ -39,6 +39,7 @@ __all__ = [
     "GangSpec",
     "Health",
     "HostDemand",
+    "InjectFault",
     "Identifier",
     "Intent",
     "Isolation",
@@ -230,6 +231,7 @@ class JobReserved(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpup
     turns the reservation into a lease."""
 
     job_id: str
+    lease_id: str
     tenant: str
     owner: str
     queue: str
@@ -401,3 +403,17 @@ class DeviceHealthChanged(Struct, frozen=True, kw_only=True, tag_field="type", t
     current: Health
     reason: str = ""
     at: Timestamp
+
+
+# --------------------------------------------------------------------------------------------
+# Simulation control (tests, the demo): only simulated backends obey it
+# --------------------------------------------------------------------------------------------
+
+
+class InjectFault(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.sim.fault.v1"):
+    """Make a simulated device misbehave (or recover) so health handling can be exercised."""
+
+    node_id: str
+    device_id: str = ""
+    fault: Literal["xid", "overheat", "disappear", "clear", "kill_node"]
+    xid_code: int = 79

@@ -154,10 +154,17 @@ DEVICE_HEALTH: Final = Channel(
     sender="telemetry-collector", receivers=("scheduler", "operators"), stream=EVENTS_STREAM,
 )
 
+SIM_FAULT: Final = Channel(
+    "xpupool.sim.v1.fault.{node_id}", (p.InjectFault,),
+    "Test and demo control: inject a fault into a simulated node (real backends ignore it).",
+    sender="operators", receivers=("telemetry-collector",),
+    parameters={"node_id": "the node's id"},
+)
+
 CHANNELS: Final[tuple[Channel, ...]] = (
     JOB_REQUESTED, JOB_REJECTED, JOB_PENDING, JOB_TIMED_OUT, JOB_RESERVED, LEASE_END,
     ALLOC_GRANTED, ALLOC_RENEWED, ALLOC_ENDED, LEASE_RENEW, LEASE_RELEASE,
-    NODE_REGISTERED, NODE_HEARTBEAT, NODE_LOST, TELEMETRY, DEVICE_HEALTH,
+    NODE_REGISTERED, NODE_HEARTBEAT, NODE_LOST, TELEMETRY, DEVICE_HEALTH, SIM_FAULT,
 )
 
 
@@ -174,7 +181,7 @@ def subject_of(event: object) -> str:
     channel = channel_of(event)
     if isinstance(event, p.LeaseEnded):
         return channel.subject(reason=event.reason.value)
-    if isinstance(event, p.NodeHeartbeat | p.TelemetrySampled):
+    if isinstance(event, p.NodeHeartbeat | p.TelemetrySampled | p.InjectFault):
         return channel.subject(node_id=event.node_id)
     return channel.subject()
 

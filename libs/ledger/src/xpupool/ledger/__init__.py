@@ -10,12 +10,15 @@ from xpupool.ledger.ledger import (
     Reservation,
     ScriptResult,
     SliceClaim,
+    SliceMeta,
     TakenSlice,
     UsageClaim,
 )
+from xpupool.ledger.audit import audit
 from xpupool.ledger.outbox import OutboxRelay
 
 __all__ = [
+    "audit",
     "DeviceRecord",
     "HostClaim",
     "JobRecord",
@@ -26,6 +29,7 @@ __all__ = [
     "Reservation",
     "ScriptResult",
     "SliceClaim",
+    "SliceMeta",
     "TakenSlice",
     "UsageClaim",
 ]

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 from redis.asyncio import Redis
 
-from xpupool.contracts import DeviceSample, DeviceSpec, Health
+from xpupool.contracts import DeviceSample, DeviceSlice, DeviceSpec, Health, Vendor
 
 _SCRIPTS = (
     "reserve", "grant", "renew", "end", "expire", "register_node", "heartbeat",
@@ -56,6 +56,15 @@ def _decode_result(raw: bytes | str) -> ScriptResult:
     return msgspec.convert(data, ScriptResult)
 
 
+class SliceMeta(msgspec.Struct, frozen=True):
+    """Identity of a sliced device, kept with the lease so its events need no further reads."""
+
+    vendor: str
+    model: str
+    index: int
+    uuid: str
+
+
 class SliceClaim(msgspec.Struct, frozen=True):
     """One device (or share of it) a reservation asks for; ``whole`` takes the entire device."""
 
@@ -63,6 +72,7 @@ class SliceClaim(msgspec.Struct, frozen=True):
     memory_mib: int = 0
     compute_pct: int = 0
     whole: bool = False
+    meta: SliceMeta | None = None
 
 
 class HostClaim(msgspec.Struct, frozen=True):
@@ -105,6 +115,22 @@ class TakenSlice(msgspec.Struct, frozen=True):
     whole: bool
     memory_mib: int
     compute_pct: int
+    meta: SliceMeta | None = None
+
+    def to_contract(self) -> DeviceSlice:
+        """The public form of this slice."""
+        meta = self.meta or SliceMeta(vendor="simulated", model="unknown", index=0, uuid="")
+        return DeviceSlice(
+            device_id=self.device_id,
+            node_id=self.node_id,
+            vendor=Vendor(meta.vendor),
+            model=meta.model,
+            index=meta.index,
+            uuid=meta.uuid,
+            memory_mib=self.memory_mib,
+            compute_pct=self.compute_pct,
+            whole=self.whole,
+        )
 
 
 @dataclass(frozen=True)
@@ -343,6 +369,15 @@ class Ledger:
             devices = [_device(node_id, next(device_rows)) for _ in ids]
             nodes.append(_node(node_id, row, [d for d in devices if d is not None]))
         return nodes
+
+    async def node_devices(self, node_id: str) -> list[DeviceRecord]:
+        """One node's devices (what the collector needs each tick), in two round trips."""
+        ids = sorted(_str(d) for d in await self._redis.smembers(self.key("node-devices", node_id)))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for device_id in ids:
+                pipe.hgetall(self.key("dev", device_id))
+            rows = await pipe.execute()
+        return [d for d in (_device(node_id, row) for row in rows) if d is not None]
 
     async def leases(self) -> list[LeaseRecord]:
         """Every live lease and reservation."""

@@ -9,6 +9,9 @@ end
 local function fail(reason, detail)
   return cjson.encode({ok = false, reason = reason, detail = detail or ''})
 end
+-- Lua 5.1 turns -0 into the string "-0", which HINCRBY refuses mid-script (after earlier
+-- writes): always negate through this.
+local function neg(x) return 0 - math.floor(tonumber(x)) end
 local function bump() redis.call('INCR', k('ver')) end
 local RETAIN_S = 7 * 24 * 3600
 
@@ -38,7 +41,7 @@ local function end_lease(lease_id, reason, detail, now)
     redis.call('SREM', k('node-leases', node_id), lease_id)
   end
   for _, u in ipairs(cjson.decode(l[4])) do
-    redis.call('HINCRBYFLOAT', k('usage', u.scope), u.field, -u.inc)
+    redis.call('HINCRBYFLOAT', k('usage', u.scope), u.field, 0 - tonumber(u.inc))
   end
   redis.call('ZREM', k('expiry'), lease_id)
   redis.call('SREM', k('leases'), lease_id)

@@ -26,13 +26,13 @@ for i, s in ipairs(r.slices) do
   if s.whole then
     if tonumber(d[4]) > 0 then return fail('insufficient_capacity', s.device_id) end
     taken[i] = {device_id = s.device_id, node_id = d[6], whole = true,
-      memory_mib = tonumber(d[7]), compute_pct = 100}
+      memory_mib = tonumber(d[7]), compute_pct = 100, meta = s.meta}
   else
     if tonumber(d[5]) == 1 or mem_free < s.memory_mib or compute_free < s.compute_pct then
       return fail('insufficient_capacity', s.device_id)
     end
     taken[i] = {device_id = s.device_id, node_id = d[6], whole = false,
-      memory_mib = s.memory_mib, compute_pct = s.compute_pct}
+      memory_mib = s.memory_mib, compute_pct = s.compute_pct, meta = s.meta}
   end
 end
 for node_id, h in pairs(r.host) do
@@ -53,16 +53,16 @@ local now = now_ms()
 local lk = k('lease', r.lease_id)
 for _, s in ipairs(taken) do
   local dk = k('dev', s.device_id)
-  redis.call('HINCRBY', dk, 'mem_free', -s.memory_mib)
-  redis.call('HINCRBY', dk, 'compute_free', -s.compute_pct)
+  redis.call('HINCRBY', dk, 'mem_free', neg(s.memory_mib))
+  redis.call('HINCRBY', dk, 'compute_free', neg(s.compute_pct))
   redis.call('HINCRBY', dk, 'holders', 1)
   if s.whole then redis.call('HSET', dk, 'exclusive', 1) end
   redis.call('SADD', k('dev-leases', s.device_id), r.lease_id)
   redis.call('SADD', k('node-leases', s.node_id), r.lease_id)
 end
 for node_id, h in pairs(r.host) do
-  redis.call('HINCRBY', k('node', node_id), 'cpu_free', -h.cpu_milli)
-  redis.call('HINCRBY', k('node', node_id), 'mem_free', -h.memory_mib)
+  redis.call('HINCRBY', k('node', node_id), 'cpu_free', neg(h.cpu_milli))
+  redis.call('HINCRBY', k('node', node_id), 'mem_free', neg(h.memory_mib))
   redis.call('SADD', k('node-leases', node_id), r.lease_id)
 end
 for _, u in ipairs(r.usage) do

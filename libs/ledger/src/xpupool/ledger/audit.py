@@ -1,0 +1,50 @@
+"""An invariant checker over the ledger: recompute every device's use from the live leases and
+compare it with the counters the scripts maintain. Used by tests and, later, the fault suite."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from xpupool.ledger.ledger import Ledger
+
+
+async def audit(ledger: Ledger) -> list[str]:
+    """Every violated invariant, as a sentence; an empty list means the ledger is consistent.
+
+    Checked: no device is over-allocated (free memory and compute never below zero); a whole
+    device has exactly one holder; the counters equal the sum of the live leases' slices.
+    """
+    # Reads are not one atomic snapshot; retry until no script ran while we read.
+    for _ in range(50):
+        version = await ledger.version()
+        leases, nodes = await ledger.leases(), await ledger.nodes()
+        if await ledger.version() == version:
+            break
+    problems: list[str] = []
+    memory: dict[str, int] = defaultdict(int)
+    compute: dict[str, int] = defaultdict(int)
+    holders: dict[str, int] = defaultdict(int)
+    whole: dict[str, int] = defaultdict(int)
+    for lease in leases:
+        for s in lease.slices:
+            memory[s.device_id] += s.memory_mib
+            compute[s.device_id] += s.compute_pct
+            holders[s.device_id] += 1
+            whole[s.device_id] += int(s.whole)
+    for node in nodes:
+        for d in node.devices:
+            i = d.spec.device_id
+            if d.memory_free_mib < 0 or d.compute_free_pct < 0:
+                problems.append(f"{i} over-allocated: free memory {d.memory_free_mib}, "
+                                f"free compute {d.compute_free_pct}")
+            if memory[i] > d.memory_total_mib or compute[i] > 100:
+                problems.append(f"{i} leases take {memory[i]} MiB / {compute[i]}% of "
+                                f"{d.memory_total_mib} MiB / 100%")
+            if whole[i] and holders[i] != 1:
+                problems.append(f"{i} is held whole and shared ({holders[i]} holders)")
+            if d.memory_total_mib - d.memory_free_mib != memory[i]:
+                problems.append(f"{i} memory counter {d.memory_total_mib - d.memory_free_mib} "
+                                f"!= leased {memory[i]}")
+            if 100 - d.compute_free_pct != compute[i] or d.holders != holders[i]:
+                problems.append(f"{i} compute/holder counters disagree with its leases")
+    return problems

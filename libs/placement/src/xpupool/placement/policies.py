@@ -1,0 +1,300 @@
+"""The placement policy protocol and the five baselines of the FGD paper plus FGD itself.
+
+Each baseline reproduces the published simulator (hkust-adsl/kubernetes-scheduler-simulator) as
+it ran the paper's experiments, because those details move the numbers:
+
+* scores are kube-scheduler integers 0-100, truncated, and equal scores go to the node whose
+  name sorts first;
+* whole-GPU pods take the first fully free GPUs of the chosen node; sharing pods take the
+  tightest GPU that fits (``gpusel=best``) except for Random (random GPU) and FGD (its own);
+* every policy shares one feasibility filter: CPU, memory, GPU model, enough GPUs with enough
+  free milli on one node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final, Protocol, runtime_checkable
+
+import numpy as np
+
+from xpupool.placement.frag import FragCache, FragEvaluator, ShapeDistribution
+from xpupool.placement.state import (
+    MILLI,
+    ClusterState,
+    FloatArray,
+    IntArray,
+    Placement,
+    PodDemand,
+)
+
+#: Largest node spec of the trace's cluster; BestFit and DotProd normalise by it, not per node.
+MAX_SPEC_CPU: Final = 128_000
+MAX_SPEC_GPU: Final = 8 * MILLI
+MAX_SCORE: Final = 100
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Chooses where a pod goes; must not mutate ``state``. None means "does not fit"."""
+
+    name: str
+
+    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+        """Return a placement that :meth:`ClusterState.allocate` accepts, or None."""
+        ...
+
+
+@dataclass
+class PolicyContext:
+    """What a policy factory may use: a seeded RNG and a description of the workload.
+
+    ``workload`` is the list of pods the cluster is expected to see (for the replay: the
+    original trace list, before inflation); ``typical`` overrides the FGD target distribution.
+    """
+
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    workload: Sequence[PodDemand] | None = None
+    typical: ShapeDistribution | None = None
+
+    def typical_shapes(self) -> ShapeDistribution:
+        """The FGD target workload: given, or the >= 95 % typical shapes of ``workload``."""
+        if self.typical is not None:
+            return self.typical
+        if not self.workload:
+            raise ValueError("this policy needs PolicyContext.workload or .typical")
+        self.typical = ShapeDistribution.typical(self.workload)
+        return self.typical
+
+
+def pick_node(state: ClusterState, idx: IntArray, scores: IntArray | FloatArray) -> int:
+    """Node of ``idx`` with the highest score; equal scores go to the first node name."""
+    best = scores.max()
+    cand = idx[scores == best]
+    return int(cand[np.argmin(state.name_rank[cand])])
+
+
+def _place(state: ClusterState, node: int, pod: PodDemand) -> Placement:
+    return Placement.for_pod(node, state.best_fit_gpus(node, pod), pod)
+
+
+class RandomPolicy:
+    """Random-fit: a uniformly random feasible node, a random fitting GPU for sharing pods."""
+
+    name = "random"
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+        """Random feasible node; random GPU among those that fit for sharing pods."""
+        idx = np.flatnonzero(state.feasible(pod))
+        if len(idx) == 0:
+            return None
+        node = int(idx[self.rng.integers(len(idx))])
+        if pod.is_sharing:
+            gpus = np.flatnonzero(state.gpu_free[node] >= pod.gpu_milli)
+            return Placement.for_pod(node, (int(gpus[self.rng.integers(len(gpus))]),), pod)
+        return _place(state, node, pod)
+
+
+class DotProdPolicy:
+    """Tetris dot product of free and requested (CPU, total GPU), normalised by the max spec.
+
+    A smaller dot product scores higher (``100 x (1 - dot/2)``), as in the simulator.
+    """
+
+    name = "dotprod"
+
+    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+        """Node minimising the normalised dot product; tightest GPU."""
+        idx = np.flatnonzero(state.feasible(pod))
+        if len(idx) == 0:
+            return None
+        cpu = state.cpu_free[idx] / MAX_SPEC_CPU * (pod.cpu_milli / MAX_SPEC_CPU)
+        gpu_left = state.gpu_free[idx].sum(axis=1)
+        gpu = gpu_left / MAX_SPEC_GPU * (pod.gpu_request_milli / MAX_SPEC_GPU)
+        scores = (MAX_SCORE * (1.0 - (cpu + gpu) / 2.0)).astype(np.int64)
+        return _place(state, pick_node(state, idx, scores), pod)
+
+
+class ClusteringPolicy:
+    """GPU clustering: nodes hosting only the pod's class > mixed > idle > other classes.
+
+    Within a tier, less free GPU scores higher (``25 x (8000 - free) / 8000``, integer maths).
+    CPU-only pods score 0 everywhere, i.e. first feasible node by name.
+    """
+
+    name = "clustering"
+
+    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+        """Node by class affinity tier, then by GPU fill."""
+        idx = np.flatnonzero(state.feasible(pod))
+        if len(idx) == 0:
+            return None
+        if pod.num_gpu == 0:
+            scores = np.zeros(len(idx), dtype=np.int64)
+        else:
+            col = Placement.for_pod(0, range(pod.num_gpu), pod).class_column
+            counts = state.class_counts[idx]
+            kinds = (counts > 0).sum(axis=1)
+            same = counts[:, col] > 0
+            base = (MAX_SCORE // 4) * (MAX_SPEC_GPU - state.gpu_free[idx].sum(axis=1))
+            base //= MAX_SPEC_GPU
+            tier = np.where(same, np.where(kinds == 1, 3, 2), np.where(kinds == 0, 1, 0))
+            scores = base + tier * (MAX_SCORE // 4)
+        return _place(state, pick_node(state, idx, scores), pod)
+
+
+class PackingPolicy:
+    """GPU packing: partially used GPUs (fullest first) > free GPUs on used nodes > idle nodes."""
+
+    name = "packing"
+
+    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+        """Node by the simulator's three-tier packing score; tightest GPU."""
+        idx = np.flatnonzero(state.feasible(pod))
+        if len(idx) == 0:
+            return None
+        if pod.num_gpu == 0:
+            scores = np.zeros(len(idx), dtype=np.int64)
+        else:
+            scores = self._scores(state, idx, pod)
+        return _place(state, pick_node(state, idx, scores), pod)
+
+    @staticmethod
+    def _scores(state: ClusterState, idx: IntArray, pod: PodDemand) -> IntArray:
+        free = state.gpu_free[idx]
+        full = (free == MILLI).sum(axis=1)
+        idle = full == state.num_gpu[idx]
+        idle_score = np.maximum(MAX_SCORE // 3 - full, full)
+        if pod.gpu_milli >= MILLI:
+            # Whole GPUs can only come from fully free ones: always case 2 on a used node.
+            used_score = np.full(len(idx), max(MAX_SCORE // 2 - pod.num_gpu, MAX_SCORE // 3))
+            return np.where(idle, idle_score, used_score).astype(np.int64)
+        if pod.num_gpu == 1:
+            fits = np.where(free >= pod.gpu_milli, free, MILLI + 1)
+            tight = fits.min(axis=1)
+            partial = np.maximum(MAX_SCORE - (tight * 100 // MILLI) // 10, MAX_SCORE // 2)
+            used_score = np.where(tight == MILLI, max(MAX_SCORE // 2 - 1, MAX_SCORE // 3), partial)
+            return np.where(idle, idle_score, used_score).astype(np.int64)
+        out = np.empty(len(idx), dtype=np.int64)
+        for k, node in enumerate(idx):
+            out[k] = _packing_score_general(state.gpu_free[node], bool(idle[k]), int(full[k]), pod)
+        return out
+
+
+def _packing_score_general(free: IntArray, idle: bool, full: int, pod: PodDemand) -> int:
+    # Multi-GPU sharing pods do not occur in the trace; kept for completeness.
+    if idle:
+        return max(MAX_SCORE // 3 - full, full)
+    order = np.argsort(free, kind="stable")
+    used = [int(g) for g in order if free[g] >= pod.gpu_milli][: pod.num_gpu]
+    fully = sum(1 for g in used if free[g] == MILLI)
+    if fully:
+        return max(MAX_SCORE // 2 - fully, MAX_SCORE // 3)
+    ratio = sum(int(free[g]) * 100 // MILLI for g in used)
+    return max(MAX_SCORE - ratio // 10, MAX_SCORE // 2)
+
+
+class BestFitPolicy:
+    """Best fit on 0.5 x leftover CPU + 0.5 x leftover GPU, normalised by the largest node spec."""
+
+    name = "bestfit"
+
+    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+        """Node with the least normalised leftover; tightest GPU."""
+        idx = np.flatnonzero(state.feasible(pod))
+        if len(idx) == 0:
+            return None
+        cpu_left = (state.cpu_free[idx] - pod.cpu_milli) / MAX_SPEC_CPU * 0.5
+        gpu_left = (state.gpu_free[idx].sum(axis=1) - pod.gpu_request_milli) / MAX_SPEC_GPU * 0.5
+        scores = ((1.0 - (cpu_left + gpu_left)) * MAX_SCORE).astype(np.int64)
+        return _place(state, pick_node(state, idx, scores), pod)
+
+
+def sigmoid_score(delta: FloatArray) -> IntArray:
+    """FGD's integer score ``int(sigmoid(delta / 1000) x 100)`` for a frag decrease ``delta``."""
+    out: IntArray = (MAX_SCORE / (1.0 + np.exp(-delta / MILLI))).astype(np.int64)
+    return out
+
+
+@dataclass
+class Candidates:
+    """Hypothetical after-states of placing one pod: one row per (node, GPU choice)."""
+
+    node: IntArray
+    gpu: IntArray
+    gpu_free: IntArray
+    cpu_free: IntArray
+
+
+def candidates(state: ClusterState, idx: IntArray, pod: PodDemand) -> Candidates:
+    """After-states of ``pod`` on each feasible node ``idx``.
+
+    Sharing pods get one row per GPU that fits, except GPUs whose free milli equals that of a
+    lower-indexed GPU on the same node: they lead to the same node state, and ties go to the
+    lower index anyway. Other pods get one row per node (``gpu`` = -1).
+    """
+    free = state.gpu_free[idx]
+    cpu_after = state.cpu_free[idx] - pod.cpu_milli
+    if pod.is_sharing:
+        width = free.shape[1]
+        same = free[:, :, None] == free[:, None, :]
+        earlier = np.tril(np.ones((width, width), dtype=np.bool_), k=-1)
+        dup = (same & earlier[None, :, :]).any(axis=2)
+        ok = (free >= pod.gpu_milli) & ~dup
+        rows, gpus = np.nonzero(ok)
+        after = free[rows].copy()
+        after[np.arange(len(rows)), gpus] -= pod.gpu_milli
+        return Candidates(idx[rows], gpus.astype(np.int64), after, cpu_after[rows])
+    after = free.copy()
+    if pod.num_gpu > 0:
+        if pod.gpu_milli >= MILLI:
+            full = after == MILLI
+            take = full & (np.cumsum(full, axis=1) <= pod.num_gpu)
+            after[take] = 0
+        else:
+            for k, node in enumerate(idx):
+                for g in state.best_fit_gpus(int(node), pod):
+                    after[k, g] -= pod.gpu_milli
+    minus_one = np.full(len(idx), -1, dtype=np.int64)
+    return Candidates(idx, minus_one, after, cpu_after)
+
+
+class FGDPolicy:
+    """Fragmentation Gradient Descent: minimise the growth of ``F_n`` (integer sigmoid score)."""
+
+    name = "fgd"
+
+    def __init__(self, typical: ShapeDistribution) -> None:
+        self.typical = typical
+        self._evaluator: FragEvaluator | None = None
+        self._cache: FragCache | None = None
+
+    def _frag(self, state: ClusterState) -> tuple[FragEvaluator, FragCache]:
+        if self._evaluator is None or self._evaluator.models != state.models:
+            self._evaluator = FragEvaluator(self.typical, state.models)
+            self._cache = FragCache(self._evaluator)
+        assert self._cache is not None
+        return self._evaluator, self._cache
+
+    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+        """Placement with the highest integer FGD score; first node name, lowest GPU on ties."""
+        idx = np.flatnonzero(state.feasible(pod))
+        if len(idx) == 0:
+            return None
+        evaluator, cache = self._frag(state)
+        before = cache.values(state)
+        cand = candidates(state, idx, pod)
+        after = evaluator.evaluate(cand.gpu_free, cand.cpu_free, state.model_id[cand.node])
+        scores = sigmoid_score(before[cand.node] - after)
+        # Lexicographic: score desc, node name asc, GPU index asc (rows are already in GPU order).
+        best = scores == scores.max()
+        rows = np.flatnonzero(best)
+        row = int(rows[np.argmin(state.name_rank[cand.node[rows]])])
+        node = int(cand.node[row])
+        if pod.is_sharing:
+            return Placement.for_pod(node, (int(cand.gpu[row]),), pod)
+        return _place(state, node, pod)

@@ -1,0 +1,1 @@
+"""The lease-manager: turns reservations into fenced leases and ends them cleanly."""

@@ -1,0 +1,3 @@
+from xpupool.lease_manager.main import main
+
+main()

@@ -1,0 +1,122 @@
+"""Lease-manager handlers: plain async functions of (message, dependencies).
+
+State changes happen in ledger scripts, which also queue the resulting events in the outbox;
+``build_events`` turns an outbox entry into the public event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import msgspec
+
+from xpupool.contracts import (
+    AllocationGranted,
+    EndLease,
+    EndReason,
+    JobReserved,
+    LeaseEnded,
+    LeaseRenewed,
+    LeaseReply,
+    NodeLost,
+    ReleaseLease,
+    RenewLease,
+)
+from xpupool.lease_manager.env import job_environment
+from xpupool.ledger import Ledger, LeaseRecord
+from xpupool.obs import get_logger
+
+
+def _time(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+async def grant_reservation(event: JobReserved, ledger: Ledger) -> Sequence[msgspec.Struct]:
+    """Turn the scheduler's reservation into a fenced lease (the outbox announces it)."""
+    result = await ledger.grant(event.lease_id)
+    if not result.ok:
+        # Already ended (e.g. the reservation expired unclaimed): its terminal event is out.
+        get_logger().warning("grant_refused", reason=result.reason, lease_id=event.lease_id)
+    return []
+
+
+async def end_lease(command: EndLease, ledger: Ledger) -> Sequence[msgspec.Struct]:
+    """End a lease on the scheduler's request (preemption); idempotent."""
+    await ledger.end(command.lease_id, command.reason.value, None, command.detail)
+    return []
+
+
+async def renew_lease(command: RenewLease, ledger: Ledger) -> Sequence[msgspec.Struct]:
+    """Extend a lease if the holder's fencing token is current."""
+    ttl_ms = None if command.ttl_s is None else int(command.ttl_s * 1000)
+    result = await ledger.renew(command.lease_id, command.fencing_token, ttl_ms)
+    if not result.ok:
+        return [LeaseReply(ok=False, lease_id=command.lease_id, error=result.reason)]
+    return [LeaseReply(ok=True, lease_id=command.lease_id, expires_at=_time(result.expires_ms))]
+
+
+async def release_lease(command: ReleaseLease, ledger: Ledger) -> Sequence[msgspec.Struct]:
+    """Give a lease back; a stale token cannot release a lease it no longer holds."""
+    result = await ledger.end(command.lease_id, EndReason.RELEASED.value, command.fencing_token)
+    return [LeaseReply(ok=result.ok, lease_id=command.lease_id, error=result.reason or None)]
+
+
+def reject_invalid_command(data: bytes, field: str | None, reason: str) -> Sequence[msgspec.Struct]:
+    """A renew/release that does not decode gets an error reply naming the field."""
+    where = f"{field}: " if field else ""
+    return [LeaseReply(ok=False, lease_id="", error=f"invalid request: {where}{reason}")]
+
+
+def granted_event(lease: LeaseRecord) -> AllocationGranted:
+    """The public grant, with the environment the job must run with."""
+    slices = [s.to_contract() for s in lease.slices]
+    return AllocationGranted(
+        job_id=lease.job_id,
+        lease_id=lease.lease_id,
+        tenant=lease.tenant,
+        owner=lease.owner,
+        fencing_token=lease.token,
+        granted_at=_time(lease.granted_ms or lease.created_ms),
+        expires_at=_time(lease.expires_ms),
+        slices=slices,
+        env=job_environment(slices, lease.job_id, lease.lease_id, lease.token),
+    )
+
+
+async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgspec.Struct]:
+    """The public event for one lease-manager outbox entry."""
+    kind = fields.get("kind")
+    if kind == "node_lost":
+        last_seen = int(fields.get("last_seen_ms") or 0)
+        return [NodeLost(node_id=fields["node_id"], last_seen=_time(last_seen) if last_seen else None)]
+    lease = await ledger.get_lease(fields.get("lease_id", ""))
+    if lease is None:
+        get_logger().error("outbox_entry_without_lease", entry=fields)
+        return []
+    if kind == "granted":
+        return [granted_event(lease)]
+    if kind == "renewed":
+        expires_ms = int(fields.get("expires_ms") or lease.expires_ms)
+        return [
+            LeaseRenewed(
+                job_id=lease.job_id,
+                lease_id=lease.lease_id,
+                fencing_token=lease.token,
+                expires_at=_time(expires_ms),
+            )
+        ]
+    if kind == "ended":
+        return [
+            LeaseEnded(
+                job_id=lease.job_id,
+                lease_id=lease.lease_id,
+                tenant=lease.tenant,
+                reason=EndReason(lease.end_reason or "released"),
+                fencing_token=lease.token,
+                ended_at=_time(lease.ended_ms or lease.expires_ms),
+                detail=lease.end_detail,
+            )
+        ]
+    get_logger().error("outbox_entry_unknown", entry=fields)
+    return []

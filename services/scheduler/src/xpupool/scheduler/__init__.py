@@ -1,0 +1,1 @@
+"""The scheduler: validates job requests, places them and commits reservations to the ledger."""

@@ -1,0 +1,3 @@
+from xpupool.scheduler.main import main
+
+main()

@@ -1,0 +1,21 @@
+"""Scheduler configuration (``XPUPOOL_*`` environment variables)."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the scheduler reads from its environment."""
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    namespace: str = "xpupool"
+    log_level: str = "info"
+    # How long a reservation waits for the lease-manager before the ledger takes it back.
+    reservation_hold_s: float = 60.0
+    # Pending requests are retried on every capacity event and at least this often.
+    retry_interval_s: float = 1.0
+    # Commit attempts per decision before a request is parked (stale snapshot races).
+    commit_attempts: int = 3
+    queue_config: str = ""

@@ -1,0 +1,3 @@
+from xpupool.telemetry_collector.main import main
+
+main()

@@ -1,0 +1,88 @@
+"""Collector entry point: one process per node."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+from redis.asyncio import Redis
+
+from xpupool.bus import BusSettings, Publisher, connect, ensure_streams, serve_subject
+from xpupool.bus.lifecycle import run_until_stopped, stop_on_signals
+from xpupool.contracts import subjects
+from xpupool.devices import Catalog, DeviceBackend, SimulatedBackend, load_catalog
+from xpupool.ledger import Ledger
+from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
+from xpupool.telemetry_collector import handlers
+from xpupool.telemetry_collector.health import HealthModel
+from xpupool.telemetry_collector.settings import CollectorSettings
+
+SERVICE = "telemetry-collector"
+
+
+def build_backend(settings: CollectorSettings, catalog: Catalog) -> DeviceBackend:
+    """The device backend named by the settings."""
+    if settings.backend == "simulated":
+        return SimulatedBackend(settings.node_id, settings.node_profile, catalog, settings.seed)
+    from xpupool.devices.registry import create_backend
+
+    return create_backend(settings.backend, settings.node_id)
+
+
+async def sample_loop(
+    deps: handlers.CollectorDeps, publisher: Publisher, stop: asyncio.Event
+) -> None:
+    """Sample every interval until stopped; a failed tick is logged and the next one retries."""
+    log = get_logger()
+    while not stop.is_set():
+        try:
+            await publisher.publish_all(await handlers.collect(deps))
+        except Exception as error:  # noqa: BLE001  (Redis or NATS away: try next tick)
+            log.warning("collect_failed", error=repr(error))
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=deps.settings.sample_interval_s)
+        except TimeoutError:
+            pass
+
+
+async def run(settings: CollectorSettings) -> None:
+    """Run the collector until SIGINT/SIGTERM."""
+    configure_logging(SERVICE, settings.log_level)
+    provider = configure_tracing(SERVICE)
+    stop = stop_on_signals()
+    catalog = load_catalog(Path(settings.catalog) if settings.catalog else None)
+    backend = build_backend(settings, catalog)
+    async with AsyncExitStack() as stack:
+        stack.callback(backend.close)
+        nc = await connect(BusSettings(url=settings.nats_url, name=f"{SERVICE}-{settings.node_id}"))
+        stack.push_async_callback(nc.drain)
+        js = nc.jetstream()
+        await ensure_streams(js, subjects.STREAMS)
+        redis = Redis.from_url(settings.redis_url)
+        stack.push_async_callback(redis.aclose)
+        deps = handlers.CollectorDeps(
+            ledger=Ledger(redis, settings.namespace),
+            backend=backend,
+            catalog=catalog,
+            settings=settings,
+            health=HealthModel(missed_limit=settings.missed_samples_lost),
+        )
+        publisher = Publisher(nc, js, source=f"/services/{SERVICE}/{settings.node_id}")
+        await publisher.publish_all(await handlers.register_node(deps))
+        await serve_subject(
+            nc, subjects.SIM_FAULT, functools.partial(handlers.inject_fault, deps=deps),
+            publisher, queue=f"{SERVICE}-{settings.node_id}",
+        )
+        await run_until_stopped(stop, sample_loop(deps, publisher, stop))
+    provider.shutdown()
+
+
+def main() -> None:
+    """Console entry point."""
+    asyncio.run(run(load_settings(CollectorSettings)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Collector configuration (``XPUPOOL_*`` environment variables)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from typing import Annotated
+
+import msgspec
+
+NodeId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
+def _default_node_id() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:64] or "node"
+
+
+class CollectorSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the collector reads from its environment."""
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    namespace: str = "xpupool"
+    log_level: str = "info"
+    # A subject token, so letters, digits, '-' and '_' only.
+    node_id: NodeId = msgspec.field(default_factory=_default_node_id)
+    # "simulated" (needs node_profile), or a vendor backend: nvml, npu-smi, cnmon, rocm-smi.
+    backend: str = "simulated"
+    node_profile: str = "2xA100-80GB"
+    catalog: str = ""
+    seed: int = 0
+    sample_interval_s: float = 1.0
+    # Consecutive ticks without a sample before a device counts as lost.
+    missed_samples_lost: int = 3
+    cpu_milli: int = msgspec.field(default_factory=lambda: (os.cpu_count() or 1) * 1000)
+    memory_mib: int = 0

@@ -1,0 +1,78 @@
+"""Shared fixtures: real nats-server and redis-server processes on free ports, per test."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from xpupool.devstack.servers import NatsServer, RedisServer
+from xpupool.devstack.stack import NodeSpec, Stack
+from xpupool.ledger import Ledger
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A fresh JetStream-enabled nats-server for one test."""
+    server = NatsServer(tmp_path / "nats")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh redis-server for one test."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def ledger(redis_server: RedisServer) -> AsyncIterator[Ledger]:
+    """A ledger on the test's Redis."""
+    redis = Redis.from_url(redis_server.url)
+    yield Ledger(redis, "test")
+    await redis.aclose()
+
+
+@pytest.fixture
+def make_stack(
+    tmp_path: Path, nats_server: NatsServer, redis_server: RedisServer
+) -> Iterator[Callable[..., Stack]]:
+    """Start a whole stack (services as subprocesses) on the test's servers."""
+    stacks: list[Stack] = []
+
+    def make(nodes: list[NodeSpec], **kwargs: object) -> Stack:
+        stack = Stack(
+            nodes=nodes, nats_url=nats_server.url, redis_url=redis_server.url,
+            workdir=tmp_path / f"stack{len(stacks)}", **kwargs,  # type: ignore[arg-type]
+        )
+        stack.workdir.mkdir(parents=True, exist_ok=True)
+        stacks.append(stack)
+        stack.start()
+        return stack
+
+    yield make
+    for stack in stacks:
+        stack.stop()
+
+
+async def eventually(
+    check: Callable[[], object], timeout_s: float = 20.0, interval_s: float = 0.1
+) -> object:
+    """Poll an async or sync check until it returns something truthy."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s")
+        await asyncio.sleep(interval_s)

@@ -1,0 +1,235 @@
+"""The walking skeleton end to end: every service a real subprocess on real NATS and Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tests.conftest import eventually
+from tests.e2e.conftest import Ready
+from xpupool.client import connected
+from xpupool.contracts import AllocationGranted, DeviceDemand, JobRequested, JobRejected
+from xpupool.devstack.stack import NodeSpec, Stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+
+
+
+async def test_submit_grant_release_returns_capacity(make_stack: Callable[..., Stack], ready: Ready) -> None:
+    """A whole-GPU job is granted with the NVIDIA env, and releasing it frees the device."""
+    stack = make_stack([NodeSpec("node-a", "2xA100-80GB")])
+    ledger = await ready(stack, 2)
+    assert stack.nats_url
+    async with connected(stack.nats_url) as client:
+        outcome = await client.submit_and_wait(JobRequested(job_id="job-1", tenant="team-a"))
+        assert isinstance(outcome, AllocationGranted), outcome
+        assert len(outcome.slices) == 1 and outcome.slices[0].whole
+        assert outcome.env["CUDA_VISIBLE_DEVICES"] == outcome.slices[0].uuid
+        assert outcome.env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+        device_id = outcome.slices[0].device_id
+
+        async def device_busy() -> bool:
+            nodes = await ledger.nodes()
+            return any(d.spec.device_id == device_id and d.holders == 1 for d in nodes[0].devices)
+
+        await eventually(device_busy)
+        reply = await client.release(outcome.lease_id, outcome.fencing_token)
+        assert reply.ok, reply
+
+        async def device_free() -> bool:
+            nodes = await ledger.nodes()
+            return all(d.holders == 0 and d.memory_free_mib == d.memory_total_mib
+                       for d in nodes[0].devices)
+
+        await eventually(device_free)
+
+
+async def test_invalid_request_is_rejected_naming_the_field(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
+    """A request with a bad field gets a rejection event naming it."""
+    stack = make_stack([NodeSpec("node-a", "1xA100-80GB")])
+    await ready(stack, 1)
+    assert stack.nats_url
+    async with connected(stack.nats_url) as client:
+        future = client.expect("bad-1")
+        await client.submit_raw(b'{"job_id": "bad-1", "tenant": "t", "count": 0}')
+        outcome = await future_with_timeout(future)
+        assert isinstance(outcome, JobRejected)
+        assert outcome.field_name == "count"
+        assert outcome.reason == "invalid_request"
+
+
+async def future_with_timeout(future: object, timeout_s: float = 20.0) -> object:
+    import asyncio
+
+    return await asyncio.wait_for(future, timeout_s)  # type: ignore[arg-type]
+
+
+async def test_share_request_gets_limits(make_stack: Callable[..., Stack], ready: Ready) -> None:
+    """A fractional request gets a share with memory and compute limits in its env."""
+    stack = make_stack([NodeSpec("node-a", "1xA100-80GB")])
+    await ready(stack, 1)
+    assert stack.nats_url
+    async with connected(stack.nats_url) as client:
+        outcome = await client.submit_and_wait(
+            JobRequested(job_id="share-1", tenant="t",
+                         device=DeviceDemand(memory_mib=20000, compute_pct=25))
+        )
+        assert isinstance(outcome, AllocationGranted), outcome
+        assert not outcome.slices[0].whole
+        assert outcome.env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "20000m"
+        assert outcome.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+
+
+class EventLog:
+    """Every event on the public subjects, decoded, in arrival order."""
+
+    def __init__(self) -> None:
+        self.events: list[object] = []
+
+    async def attach(self, nc: object) -> None:
+        from xpupool.contracts import (
+            AllocationGranted, JobPending, JobRejected, JobTimedOut, LeaseEnded, LeaseRenewed,
+            decoder_for,
+        )
+
+        decoder = decoder_for(
+            (AllocationGranted, LeaseEnded, LeaseRenewed, JobRejected, JobPending, JobTimedOut)
+        )
+
+        async def on_message(msg: object) -> None:
+            self.events.append(decoder.decode(msg.data))  # type: ignore[attr-defined]
+
+        for subject in ("xpupool.alloc.v1.>", "xpupool.jobs.v1.rejected",
+                        "xpupool.jobs.v1.pending", "xpupool.jobs.v1.timed_out"):
+            await nc.subscribe(subject, cb=on_message)  # type: ignore[attr-defined]
+
+    def of(self, kind: type, job_id: str | None = None) -> list[object]:
+        return [e for e in self.events
+                if isinstance(e, kind) and (job_id is None or e.job_id == job_id)]  # type: ignore[attr-defined]
+
+
+async def test_unrenewed_lease_expires_and_renewed_one_lives(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
+    """A lease renewed in time outlives its term; one left alone expires and frees its device."""
+    from xpupool.contracts import EndReason, LeaseEnded
+
+    stack = make_stack([NodeSpec("node-a", "2xA100-80GB")])
+    ledger = await ready(stack, 2)
+    assert stack.nats_url
+    log = EventLog()
+    async with connected(stack.nats_url) as client:
+        await log.attach(client.nc)
+        kept = await client.submit_and_wait(JobRequested(job_id="kept", tenant="t", lease_ttl_s=1.5))
+        left = await client.submit_and_wait(JobRequested(job_id="left", tenant="t", lease_ttl_s=1.5))
+        assert isinstance(kept, AllocationGranted) and isinstance(left, AllocationGranted)
+        import asyncio
+
+        for _ in range(8):  # 4 s, well past the 1.5 s term
+            reply = await client.renew(kept.lease_id, kept.fencing_token)
+            assert reply.ok, reply
+            await asyncio.sleep(0.5)
+        ended = await eventually(lambda: log.of(LeaseEnded, "left"))
+        assert ended[0].reason is EndReason.EXPIRED  # type: ignore[index,union-attr]
+        assert not log.of(LeaseEnded, "kept")
+        lease = await ledger.get_lease(kept.lease_id)
+        assert lease is not None and lease.state == "active"
+        stale = await client.renew(kept.lease_id, kept.fencing_token + 1)
+        assert not stale.ok and stale.error == "stale_token"
+
+
+async def test_duplicate_job_id_yields_one_lease(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
+    """The same job id submitted several times (with and without dedup headers) is one lease."""
+    import asyncio
+
+    stack = make_stack([NodeSpec("node-a", "4xA100-80GB")])
+    ledger = await ready(stack, 4)
+    assert stack.nats_url
+    log = EventLog()
+    async with connected(stack.nats_url) as client:
+        await log.attach(client.nc)
+        request = JobRequested(job_id="dup", tenant="t")
+        from xpupool.contracts import encode
+
+        await client.submit(request)
+        await client.submit(request)
+        await client.submit_raw(encode(request))  # no Nats-Msg-Id: only the ledger dedups it
+        await asyncio.sleep(0.5)
+        await client.submit_raw(encode(request), msg_id="another-id")
+        await eventually(lambda: log.of(AllocationGranted, "dup"))
+        await asyncio.sleep(1.5)
+        assert len(log.of(AllocationGranted, "dup")) == 1
+        leases = [lease for lease in await ledger.leases() if lease.job_id == "dup"]
+        assert len(leases) == 1
+
+
+async def test_waiting_job_is_granted_when_capacity_frees(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
+    """A job that does not fit waits with a reason, and is granted when a lease ends."""
+    from xpupool.contracts import JobPending
+
+    stack = make_stack([NodeSpec("node-a", "1xA100-80GB")])
+    await ready(stack, 1)
+    assert stack.nats_url
+    log = EventLog()
+    async with connected(stack.nats_url) as client:
+        await log.attach(client.nc)
+        first = await client.submit_and_wait(JobRequested(job_id="first", tenant="t"))
+        assert isinstance(first, AllocationGranted)
+        waiting = client.expect("second")
+        await client.submit(JobRequested(job_id="second", tenant="t"))
+        pending = await eventually(lambda: log.of(JobPending, "second"))
+        assert pending[0].reason == "insufficient_capacity"  # type: ignore[index,union-attr]
+        await client.release(first.lease_id, first.fencing_token)
+        outcome = await future_with_timeout(waiting)
+        assert isinstance(outcome, AllocationGranted)
+
+
+async def test_two_schedulers_and_200_concurrent_requests_never_over_allocate(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
+    """Two scheduler replicas race over 200 requests for a tiny pool; the ledger never
+    over-allocates, every grant is unique, and grants match the ledger's live leases."""
+    import asyncio
+
+    from xpupool.contracts import JobPending
+    from xpupool.ledger import audit
+
+    stack = make_stack([NodeSpec("node-a", "2xA100-80GB")], schedulers=2)
+    ledger = await ready(stack, 2)
+    assert stack.nats_url
+    log = EventLog()
+    shapes = [
+        DeviceDemand(),  # whole
+        DeviceDemand(memory_mib=16384, compute_pct=20),
+        DeviceDemand(compute_pct=30),
+        DeviceDemand(memory_pct=25),
+    ]
+    async with connected(stack.nats_url) as client:
+        await log.attach(client.nc)
+        requests = [
+            JobRequested(job_id=f"race-{i}", tenant=f"t{i % 3}", device=shapes[i % len(shapes)])
+            for i in range(200)
+        ]
+        await asyncio.gather(*(client.submit(r) for r in requests))
+
+        def settled() -> bool:
+            decided = {e.job_id for e in log.events  # type: ignore[attr-defined]
+                       if isinstance(e, AllocationGranted | JobPending)}
+            return len(decided) == 200
+
+        await eventually(settled, timeout_s=60)
+        await asyncio.sleep(1.0)
+        assert await audit(ledger) == []
+        granted = log.of(AllocationGranted)
+        assert len({g.job_id for g in granted}) == len(granted)  # type: ignore[attr-defined]
+        live = await ledger.leases()
+        assert {g.lease_id for g in granted} == {lease.lease_id for lease in live}  # type: ignore[attr-defined]
+        assert 2 <= len(granted) < 200
