@@ -49,8 +49,11 @@ def make_stack(
 
     def make(nodes: list[NodeSpec], **kwargs: object) -> Stack:
         stack = Stack(
-            nodes=nodes, nats_url=nats_server.url, redis_url=redis_server.url,
-            workdir=tmp_path / f"stack{len(stacks)}", **kwargs,  # type: ignore[arg-type]
+            nodes=nodes,
+            nats_url=nats_server.url,
+            redis_url=redis_server.url,
+            workdir=tmp_path / f"stack{len(stacks)}",
+            **kwargs,  # type: ignore[arg-type]
         )
         stack.workdir.mkdir(parents=True, exist_ok=True)
         stacks.append(stack)

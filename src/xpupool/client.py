@@ -50,7 +50,9 @@ class XpupoolClient:
     async def start(self) -> None:
         """Listen for job outcomes (call before submitting, so no outcome is missed)."""
         for channel in (s.ALLOC_GRANTED, s.JOB_REJECTED, s.JOB_TIMED_OUT):
-            self._subscriptions.append(await self.nc.subscribe(channel.address, cb=self._on_outcome))
+            self._subscriptions.append(
+                await self.nc.subscribe(channel.address, cb=self._on_outcome)
+            )
 
     async def _on_outcome(self, msg: Msg) -> None:
         try:
@@ -88,7 +90,8 @@ class XpupoolClient:
             encode(RenewLease(lease_id=lease_id, fencing_token=token, ttl_s=ttl_s)),
             timeout=5,
         )
-        return _REPLY_DECODER.decode(reply.data)
+        result: LeaseReply = _REPLY_DECODER.decode(reply.data)
+        return result
 
     async def release(self, lease_id: str, token: int) -> LeaseReply:
         """Release a lease by request/reply."""
@@ -97,7 +100,8 @@ class XpupoolClient:
             encode(ReleaseLease(lease_id=lease_id, fencing_token=token)),
             timeout=5,
         )
-        return _REPLY_DECODER.decode(reply.data)
+        result: LeaseReply = _REPLY_DECODER.decode(reply.data)
+        return result
 
     async def close(self) -> None:
         """Stop listening."""
@@ -120,4 +124,5 @@ async def connected(url: str) -> AsyncIterator[XpupoolClient]:
 
 def decode_lease_ended(data: bytes) -> LeaseEnded:
     """Decode a lease-ended event."""
-    return _ENDED_DECODER.decode(data)
+    ended: LeaseEnded = _ENDED_DECODER.decode(data)
+    return ended

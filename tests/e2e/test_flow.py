@@ -9,15 +9,15 @@ import pytest
 from tests.conftest import eventually
 from tests.e2e.conftest import Ready
 from xpupool.client import connected
-from xpupool.contracts import AllocationGranted, DeviceDemand, JobRequested, JobRejected
+from xpupool.contracts import AllocationGranted, DeviceDemand, JobRejected, JobRequested
 from xpupool.devstack.stack import NodeSpec, Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 
-
-
-async def test_submit_grant_release_returns_capacity(make_stack: Callable[..., Stack], ready: Ready) -> None:
+async def test_submit_grant_release_returns_capacity(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
     """A whole-GPU job is granted with the NVIDIA env, and releasing it frees the device."""
     stack = make_stack([NodeSpec("node-a", "2xA100-80GB")])
     ledger = await ready(stack, 2)
@@ -40,8 +40,9 @@ async def test_submit_grant_release_returns_capacity(make_stack: Callable[..., S
 
         async def device_free() -> bool:
             nodes = await ledger.nodes()
-            return all(d.holders == 0 and d.memory_free_mib == d.memory_total_mib
-                       for d in nodes[0].devices)
+            return all(
+                d.holders == 0 and d.memory_free_mib == d.memory_total_mib for d in nodes[0].devices
+            )
 
         await eventually(device_free)
 
@@ -75,8 +76,9 @@ async def test_share_request_gets_limits(make_stack: Callable[..., Stack], ready
     assert stack.nats_url
     async with connected(stack.nats_url) as client:
         outcome = await client.submit_and_wait(
-            JobRequested(job_id="share-1", tenant="t",
-                         device=DeviceDemand(memory_mib=20000, compute_pct=25))
+            JobRequested(
+                job_id="share-1", tenant="t", device=DeviceDemand(memory_mib=20000, compute_pct=25)
+            )
         )
         assert isinstance(outcome, AllocationGranted), outcome
         assert not outcome.slices[0].whole
@@ -92,7 +94,12 @@ class EventLog:
 
     async def attach(self, nc: object) -> None:
         from xpupool.contracts import (
-            AllocationGranted, JobPending, JobRejected, JobTimedOut, LeaseEnded, LeaseRenewed,
+            AllocationGranted,
+            JobPending,
+            JobRejected,
+            JobTimedOut,
+            LeaseEnded,
+            LeaseRenewed,
             decoder_for,
         )
 
@@ -103,13 +110,18 @@ class EventLog:
         async def on_message(msg: object) -> None:
             self.events.append(decoder.decode(msg.data))  # type: ignore[attr-defined]
 
-        for subject in ("xpupool.alloc.v1.>", "xpupool.jobs.v1.rejected",
-                        "xpupool.jobs.v1.pending", "xpupool.jobs.v1.timed_out"):
+        for subject in (
+            "xpupool.alloc.v1.>",
+            "xpupool.jobs.v1.rejected",
+            "xpupool.jobs.v1.pending",
+            "xpupool.jobs.v1.timed_out",
+        ):
             await nc.subscribe(subject, cb=on_message)  # type: ignore[attr-defined]
 
     def of(self, kind: type, job_id: str | None = None) -> list[object]:
-        return [e for e in self.events
-                if isinstance(e, kind) and (job_id is None or e.job_id == job_id)]  # type: ignore[attr-defined]
+        return [
+            e for e in self.events if isinstance(e, kind) and (job_id is None or e.job_id == job_id)
+        ]  # type: ignore[attr-defined]
 
 
 async def test_unrenewed_lease_expires_and_renewed_one_lives(
@@ -124,8 +136,12 @@ async def test_unrenewed_lease_expires_and_renewed_one_lives(
     log = EventLog()
     async with connected(stack.nats_url) as client:
         await log.attach(client.nc)
-        kept = await client.submit_and_wait(JobRequested(job_id="kept", tenant="t", lease_ttl_s=1.5))
-        left = await client.submit_and_wait(JobRequested(job_id="left", tenant="t", lease_ttl_s=1.5))
+        kept = await client.submit_and_wait(
+            JobRequested(job_id="kept", tenant="t", lease_ttl_s=1.5)
+        )
+        left = await client.submit_and_wait(
+            JobRequested(job_id="left", tenant="t", lease_ttl_s=1.5)
+        )
         assert isinstance(kept, AllocationGranted) and isinstance(left, AllocationGranted)
         import asyncio
 
@@ -221,8 +237,11 @@ async def test_two_schedulers_and_200_concurrent_requests_never_over_allocate(
         await asyncio.gather(*(client.submit(r) for r in requests))
 
         def settled() -> bool:
-            decided = {e.job_id for e in log.events  # type: ignore[attr-defined]
-                       if isinstance(e, AllocationGranted | JobPending)}
+            decided = {
+                e.job_id
+                for e in log.events  # type: ignore[attr-defined]
+                if isinstance(e, AllocationGranted | JobPending)
+            }
             return len(decided) == 200
 
         await eventually(settled, timeout_s=60)

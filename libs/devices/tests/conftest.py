@@ -34,9 +34,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("fixture_file", [pytest.param(None, id=f"MISSING: {exc}")])
         return
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix != ".md")
-    metafunc.parametrize(
-        "fixture_file", files, ids=[str(p.relative_to(root)) for p in files]
-    )
+    metafunc.parametrize("fixture_file", files, ids=[str(p.relative_to(root)) for p in files])
 
 
 @pytest.fixture(scope="session")

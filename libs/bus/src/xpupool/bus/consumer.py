@@ -247,7 +247,13 @@ async def serve_subject(
                 span.set_status(Status(StatusCode.ERROR, repr(error)))
                 log.error("request_failed", error=repr(error))
                 if msg.reply:
-                    await msg.respond(b"", headers={"Nats-Service-Error": repr(error)[:200],
-                                                    "Nats-Service-Error-Code": "500"})
+                    await nc.publish(
+                        msg.reply,
+                        b"",
+                        headers={
+                            "Nats-Service-Error": repr(error)[:200],
+                            "Nats-Service-Error-Code": "500",
+                        },
+                    )
 
     return await nc.subscribe(_filter_subject(channel), queue=queue, cb=on_message)

@@ -9,7 +9,7 @@ Units live in field names (``_mib``, ``_pct``, ``_s``).
 from __future__ import annotations
 
 from datetime import datetime
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Literal
 
 from msgspec import Meta, Struct, field
@@ -63,7 +63,7 @@ __all__ = [
 ]
 
 
-class Vendor(str, Enum):
+class Vendor(StrEnum):
     """Accelerator vendors xpupool knows how to hand out."""
 
     NVIDIA = "nvidia"
@@ -74,7 +74,7 @@ class Vendor(str, Enum):
     SIMULATED = "simulated"
 
 
-class Health(str, Enum):
+class Health(StrEnum):
     """Health of one device as the collector sees it; only ``healthy`` devices take new grants."""
 
     HEALTHY = "healthy"
@@ -83,7 +83,7 @@ class Health(str, Enum):
     LOST = "lost"
 
 
-class Intent(str, Enum):
+class Intent(StrEnum):
     """What a job optimises for when several device classes would do."""
 
     CHEAPEST = "cheapest"
@@ -91,14 +91,14 @@ class Intent(str, Enum):
     BALANCED = "balanced"
 
 
-class Isolation(str, Enum):
+class Isolation(StrEnum):
     """How strictly a shared slice must be isolated from its neighbours."""
 
     ANY = "any"
     HARD = "hard"
 
 
-class EndReason(str, Enum):
+class EndReason(StrEnum):
     """Why a lease ended. Each reason is also the last token of its event's subject."""
 
     RELEASED = "released"
@@ -157,7 +157,9 @@ class GangSpec(Struct, frozen=True, kw_only=True):
     same_domain: bool = False
 
 
-class JobRequested(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.requested.v1"):
+class JobRequested(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.requested.v1"
+):
     """An upstream system asks for accelerators. ``job_id`` is the idempotency key."""
 
     job_id: Identifier
@@ -196,7 +198,9 @@ class DeviceSlice(Struct, frozen=True, kw_only=True):
     whole: bool
 
 
-class JobRejected(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.rejected.v1"):
+class JobRejected(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.rejected.v1"
+):
     """A request that will never be placed: terminal. ``field_name`` names the offending input
     (a dotted path such as ``device.memory_mib``) when one input is to blame."""
 
@@ -217,7 +221,9 @@ class JobPending(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupo
     since: Timestamp
 
 
-class JobTimedOut(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.timed_out.v1"):
+class JobTimedOut(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.timed_out.v1"
+):
     """A pending request waited past its ``max_wait_s``: terminal."""
 
     job_id: str
@@ -226,7 +232,9 @@ class JobTimedOut(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpup
     last_reason: str = ""
 
 
-class JobReserved(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.reserved.v1"):
+class JobReserved(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.reserved.v1"
+):
     """Internal: the scheduler holds these slices for the job in the ledger until the lease-manager
     turns the reservation into a lease."""
 
@@ -258,7 +266,9 @@ class EndLease(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool
 # --------------------------------------------------------------------------------------------
 
 
-class AllocationGranted(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.alloc.granted.v1"):
+class AllocationGranted(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.alloc.granted.v1"
+):
     """The job holds a lease on these slices until ``expires_at`` unless it renews.
 
     ``env`` is what the job must run with: the vendors' visible-device variables and limits.
@@ -276,7 +286,9 @@ class AllocationGranted(Struct, frozen=True, kw_only=True, tag_field="type", tag
     env: dict[str, str]
 
 
-class LeaseRenewed(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.alloc.renewed.v1"):
+class LeaseRenewed(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.alloc.renewed.v1"
+):
     """A lease's term was extended."""
 
     job_id: str
@@ -310,7 +322,9 @@ class RenewLease(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupo
     ttl_s: Annotated[float, Meta(gt=0, le=7 * 24 * 3600)] | None = None
 
 
-class ReleaseLease(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.lease.release.v1"):
+class ReleaseLease(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.lease.release.v1"
+):
     """Give a lease back before its term."""
 
     lease_id: str
@@ -349,7 +363,9 @@ class DeviceSpec(Struct, frozen=True, kw_only=True):
     parent_uuid: str | None = None
 
 
-class NodeRegistered(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.node.registered.v1"):
+class NodeRegistered(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.node.registered.v1"
+):
     """A collector put its node and devices into the ledger (idempotent on restart)."""
 
     node_id: str
@@ -359,7 +375,9 @@ class NodeRegistered(Struct, frozen=True, kw_only=True, tag_field="type", tag="x
     labels: dict[str, str] = field(default_factory=dict)
 
 
-class NodeHeartbeat(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.node.heartbeat.v1"):
+class NodeHeartbeat(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.node.heartbeat.v1"
+):
     """A collector is alive; published on core NATS."""
 
     node_id: str
@@ -386,7 +404,9 @@ class DeviceSample(Struct, frozen=True, kw_only=True):
     xid: int | None = None
 
 
-class TelemetrySampled(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.telemetry.sampled.v1"):
+class TelemetrySampled(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.telemetry.sampled.v1"
+):
     """A batch of device samples from one node; core NATS, the latest value wins."""
 
     node_id: str
@@ -394,7 +414,9 @@ class TelemetrySampled(Struct, frozen=True, kw_only=True, tag_field="type", tag=
     samples: list[DeviceSample]
 
 
-class DeviceHealthChanged(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.device.health.v1"):
+class DeviceHealthChanged(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.device.health.v1"
+):
     """A device moved between health states."""
 
     node_id: str

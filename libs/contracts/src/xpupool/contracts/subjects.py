@@ -71,100 +71,162 @@ EVENTS_STREAM: Final = Stream(
 STREAMS: Final = (JOBS_STREAM, SCHED_STREAM, EVENTS_STREAM)
 
 JOB_REQUESTED: Final = Channel(
-    "xpupool.jobs.v1.requested", (p.JobRequested,),
+    "xpupool.jobs.v1.requested",
+    (p.JobRequested,),
     "Submit a job request. Publish with header Nats-Msg-Id = job_id so retries deduplicate.",
-    sender="upstream", receivers=("scheduler",), stream=JOBS_STREAM,
+    sender="upstream",
+    receivers=("scheduler",),
+    stream=JOBS_STREAM,
 )
 JOB_REJECTED: Final = Channel(
-    "xpupool.jobs.v1.rejected", (p.JobRejected,),
+    "xpupool.jobs.v1.rejected",
+    (p.JobRejected,),
     "Terminal: the request is invalid or can never be placed.",
-    sender="scheduler", receivers=("upstream",), stream=EVENTS_STREAM,
+    sender="scheduler",
+    receivers=("upstream",),
+    stream=EVENTS_STREAM,
 )
 JOB_PENDING: Final = Channel(
-    "xpupool.jobs.v1.pending", (p.JobPending,),
+    "xpupool.jobs.v1.pending",
+    (p.JobPending,),
     "The request waits for capacity; the reason says why.",
-    sender="scheduler", receivers=("upstream",), stream=EVENTS_STREAM,
+    sender="scheduler",
+    receivers=("upstream",),
+    stream=EVENTS_STREAM,
 )
 JOB_TIMED_OUT: Final = Channel(
-    "xpupool.jobs.v1.timed_out", (p.JobTimedOut,),
+    "xpupool.jobs.v1.timed_out",
+    (p.JobTimedOut,),
     "Terminal: the request waited longer than its max_wait_s.",
-    sender="scheduler", receivers=("upstream",), stream=EVENTS_STREAM,
+    sender="scheduler",
+    receivers=("upstream",),
+    stream=EVENTS_STREAM,
 )
 JOB_RESERVED: Final = Channel(
-    "xpupool.sched.v1.reserved", (p.JobReserved,),
+    "xpupool.sched.v1.reserved",
+    (p.JobReserved,),
     "Internal: slices reserved in the ledger, to be turned into a lease.",
-    sender="scheduler", receivers=("lease-manager",), stream=SCHED_STREAM,
+    sender="scheduler",
+    receivers=("lease-manager",),
+    stream=SCHED_STREAM,
 )
 LEASE_END: Final = Channel(
-    "xpupool.sched.v1.end_lease", (p.EndLease,),
+    "xpupool.sched.v1.end_lease",
+    (p.EndLease,),
     "Internal: end a lease (preemption).",
-    sender="scheduler", receivers=("lease-manager",), stream=SCHED_STREAM,
+    sender="scheduler",
+    receivers=("lease-manager",),
+    stream=SCHED_STREAM,
 )
 ALLOC_GRANTED: Final = Channel(
-    "xpupool.alloc.v1.granted", (p.AllocationGranted,),
+    "xpupool.alloc.v1.granted",
+    (p.AllocationGranted,),
     "The job holds a lease; the payload carries the slices and the environment to run with.",
-    sender="lease-manager", receivers=("upstream", "scheduler"), stream=EVENTS_STREAM,
+    sender="lease-manager",
+    receivers=("upstream", "scheduler"),
+    stream=EVENTS_STREAM,
 )
 ALLOC_RENEWED: Final = Channel(
-    "xpupool.alloc.v1.renewed", (p.LeaseRenewed,),
+    "xpupool.alloc.v1.renewed",
+    (p.LeaseRenewed,),
     "A lease's term was extended.",
-    sender="lease-manager", receivers=("upstream",), stream=EVENTS_STREAM,
+    sender="lease-manager",
+    receivers=("upstream",),
+    stream=EVENTS_STREAM,
 )
 ALLOC_ENDED: Final = Channel(
-    "xpupool.alloc.v1.ended.{reason}", (p.LeaseEnded,),
+    "xpupool.alloc.v1.ended.{reason}",
+    (p.LeaseEnded,),
     "Terminal: a lease ended (released, expired, preempted or lost); its slices are free again.",
-    sender="lease-manager", receivers=("upstream", "scheduler"), stream=EVENTS_STREAM,
+    sender="lease-manager",
+    receivers=("upstream", "scheduler"),
+    stream=EVENTS_STREAM,
     parameters={"reason": "released | expired | preempted | lost"},
 )
 LEASE_RENEW: Final = Channel(
-    "xpupool.leases.v1.renew", (p.RenewLease,),
+    "xpupool.leases.v1.renew",
+    (p.RenewLease,),
     "Renew a lease. Send as a request to get a LeaseReply, or publish to fire and forget.",
-    sender="upstream", receivers=("lease-manager",), reply=p.LeaseReply,
+    sender="upstream",
+    receivers=("lease-manager",),
+    reply=p.LeaseReply,
 )
 LEASE_RELEASE: Final = Channel(
-    "xpupool.leases.v1.release", (p.ReleaseLease,),
+    "xpupool.leases.v1.release",
+    (p.ReleaseLease,),
     "Release a lease. Send as a request to get a LeaseReply, or publish to fire and forget.",
-    sender="upstream", receivers=("lease-manager",), reply=p.LeaseReply,
+    sender="upstream",
+    receivers=("lease-manager",),
+    reply=p.LeaseReply,
 )
 NODE_REGISTERED: Final = Channel(
-    "xpupool.nodes.v1.registered", (p.NodeRegistered,),
+    "xpupool.nodes.v1.registered",
+    (p.NodeRegistered,),
     "A node and its devices joined (or re-joined) the ledger.",
-    sender="telemetry-collector", receivers=("scheduler", "autoscaler"), stream=EVENTS_STREAM,
+    sender="telemetry-collector",
+    receivers=("scheduler", "autoscaler"),
+    stream=EVENTS_STREAM,
 )
 NODE_HEARTBEAT: Final = Channel(
-    "xpupool.nodes.v1.heartbeat.{node_id}", (p.NodeHeartbeat,),
+    "xpupool.nodes.v1.heartbeat.{node_id}",
+    (p.NodeHeartbeat,),
     "A collector is alive (core NATS).",
-    sender="telemetry-collector", receivers=("lease-manager",),
+    sender="telemetry-collector",
+    receivers=("lease-manager",),
     parameters={"node_id": "the node's id"},
 )
 NODE_LOST: Final = Channel(
-    "xpupool.nodes.v1.lost", (p.NodeLost,),
+    "xpupool.nodes.v1.lost",
+    (p.NodeLost,),
     "A node missed its heartbeats past the grace period.",
-    sender="lease-manager", receivers=("upstream", "scheduler", "autoscaler"), stream=EVENTS_STREAM,
+    sender="lease-manager",
+    receivers=("upstream", "scheduler", "autoscaler"),
+    stream=EVENTS_STREAM,
 )
 TELEMETRY: Final = Channel(
-    "xpupool.telemetry.v1.{node_id}", (p.TelemetrySampled,),
+    "xpupool.telemetry.v1.{node_id}",
+    (p.TelemetrySampled,),
     "Live device samples of one node (core NATS, latest value wins).",
-    sender="telemetry-collector", receivers=("operators",),
+    sender="telemetry-collector",
+    receivers=("operators",),
     parameters={"node_id": "the node's id"},
 )
 DEVICE_HEALTH: Final = Channel(
-    "xpupool.devices.v1.health", (p.DeviceHealthChanged,),
+    "xpupool.devices.v1.health",
+    (p.DeviceHealthChanged,),
     "A device changed health state.",
-    sender="telemetry-collector", receivers=("scheduler", "operators"), stream=EVENTS_STREAM,
+    sender="telemetry-collector",
+    receivers=("scheduler", "operators"),
+    stream=EVENTS_STREAM,
 )
 
 SIM_FAULT: Final = Channel(
-    "xpupool.sim.v1.fault.{node_id}", (p.InjectFault,),
+    "xpupool.sim.v1.fault.{node_id}",
+    (p.InjectFault,),
     "Test and demo control: inject a fault into a simulated node (real backends ignore it).",
-    sender="operators", receivers=("telemetry-collector",),
+    sender="operators",
+    receivers=("telemetry-collector",),
     parameters={"node_id": "the node's id"},
 )
 
 CHANNELS: Final[tuple[Channel, ...]] = (
-    JOB_REQUESTED, JOB_REJECTED, JOB_PENDING, JOB_TIMED_OUT, JOB_RESERVED, LEASE_END,
-    ALLOC_GRANTED, ALLOC_RENEWED, ALLOC_ENDED, LEASE_RENEW, LEASE_RELEASE,
-    NODE_REGISTERED, NODE_HEARTBEAT, NODE_LOST, TELEMETRY, DEVICE_HEALTH, SIM_FAULT,
+    JOB_REQUESTED,
+    JOB_REJECTED,
+    JOB_PENDING,
+    JOB_TIMED_OUT,
+    JOB_RESERVED,
+    LEASE_END,
+    ALLOC_GRANTED,
+    ALLOC_RENEWED,
+    ALLOC_ENDED,
+    LEASE_RENEW,
+    LEASE_RELEASE,
+    NODE_REGISTERED,
+    NODE_HEARTBEAT,
+    NODE_LOST,
+    TELEMETRY,
+    DEVICE_HEALTH,
+    SIM_FAULT,
 )
 
 

@@ -8,12 +8,13 @@ import subprocess
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from xpupool.contracts import Health, Vendor
+from xpupool.contracts import Health
 from xpupool.devices.backend import BackendUnavailable
 
 __all__ = [
     "Runner",
     "health_from_word",
+    "inum",
     "mib",
     "num",
     "run_tool",
@@ -119,8 +120,3 @@ def health_from_word(word: str) -> tuple[Health, list[str]]:
     if lowered == "warning":
         return Health.DEGRADED, [f"health {cleaned}"]
     return Health.UNHEALTHY, [f"health {cleaned}"]
-
-
-def vendor_label(vendor: Vendor) -> str:
-    """The vendor as shown to operators."""
-    return vendor.value

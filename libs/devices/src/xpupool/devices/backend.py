@@ -358,5 +358,3 @@ def assign_domains(infos: Sequence[DeviceInfo], interconnect: str) -> list[Devic
         structs.replace(info, domain=label[find(info.index)]) if info.index in linked else info
         for info in infos
     ]
-
-

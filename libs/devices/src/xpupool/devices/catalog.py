@@ -132,7 +132,6 @@ class CatalogEntry(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
             return min(int(vnpu.group(1)) / self.ai_cores, 1.0)
         return None
 
-
     def profile_for_memory(self, memory_mib: int | None) -> str | None:
         """The MIG profile whose memory is nearest ``memory_mib`` (within 15 %), for tools that
         report a MIG device's memory but not its profile (``nvidia-smi -q -x``)."""

@@ -13,12 +13,9 @@ from typing import Any, TextIO
 
 import msgspec
 
-from xpupool.contracts import Vendor
 from xpupool.devices.backend import BackendUnavailable, DeviceBackend, DeviceInfo
 from xpupool.devices.catalog import Catalog, CatalogError, load_catalog
-from xpupool.devices.cnmon import CnmonBackend
-from xpupool.devices.npu_smi import NpuSmiBackend
-from xpupool.devices.rocm_smi import RocmSmiBackend
+from xpupool.devices.registry import create_backend
 from xpupool.devices.saved import SavedOutput, parse_saved, parse_saved_dir
 from xpupool.devices.simulated import SimulatedBackend
 
@@ -55,20 +52,18 @@ def build_parser(prog: str = "xpupool devices") -> argparse.ArgumentParser:
     return parser
 
 
-def _nvml(node_id: str, catalog: Catalog) -> DeviceBackend:
-    from xpupool.devices.nvml import NvmlBackend
-
-    return NvmlBackend(node_id)
+def _factory(name: str) -> BackendFactory:
+    return lambda node_id, catalog: create_backend(name, node_id, catalog)
 
 
 def _tool_backends() -> list[tuple[str, str | None, BackendFactory]]:
     """(label, tool that must be on PATH or None, factory) for every real backend."""
     return [
-        ("NVML (libnvidia-ml)", None, _nvml),
-        ("npu-smi", "npu-smi", lambda n, c: NpuSmiBackend(n, c)),
-        ("cnmon", "cnmon", lambda n, c: CnmonBackend(n, c)),
-        ("rocm-smi", "rocm-smi", lambda n, c: RocmSmiBackend(n, c)),
-        ("hy-smi", "hy-smi", lambda n, c: RocmSmiBackend(n, c, vendor=Vendor.HYGON, tool="hy-smi")),
+        ("NVML (libnvidia-ml)", None, _factory("nvml")),
+        ("npu-smi", "npu-smi", _factory("npu-smi")),
+        ("cnmon", "cnmon", _factory("cnmon")),
+        ("rocm-smi", "rocm-smi", _factory("rocm-smi")),
+        ("hy-smi", "hy-smi", _factory("hy-smi")),
     ]
 
 

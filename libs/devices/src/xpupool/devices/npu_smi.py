@@ -309,11 +309,7 @@ def _ecc(block: dict[str, str]) -> EccCounts | None:
         return None
 
     def total(kind: str, aggregate: bool) -> int | None:
-        picked = [
-            inum(block[k])
-            for k in keys
-            if kind in k and (("Aggregate" in k) == aggregate)
-        ]
+        picked = [inum(block[k]) for k in keys if kind in k and (("Aggregate" in k) == aggregate)]
         values = [v for v in picked if v is not None]
         return sum(values) if values else None
 

@@ -2,8 +2,9 @@
 
 Every NVML call goes through :meth:`NvmlBackend._call`, so a query the board does not support
 (``NVMLError_NotSupported``, ``NoPermission``, ``FunctionNotFound``, ``NotFound``) reads as
-``None`` instead of failing discovery; ``GPUIsLost`` marks the device ``lost``. Health comes from
-XID and double-bit-ECC events drained at every call (``NVMLError_Timeout`` means "no event").
+``None`` instead of failing discovery; ``NVML_ERROR_GPU_IS_LOST`` marks the device ``lost``.
+Health comes from XID and double-bit-ECC events drained at every call
+(``NVMLError_Timeout`` means "no event").
 A hardware XID keeps the GPU unhealthy until :meth:`NvmlBackend.clear_faults`, as NVIDIA's
 device plugin does; application XIDs (13, 31, 43, 45, 68) are reported but leave it healthy.
 
@@ -40,7 +41,14 @@ _MIG_PROFILE: Final = re.compile(r"MIG\s+(\d+)g\.(\d+)gb", re.IGNORECASE)
 _MIG_SLICES: Final = 7
 # NVML_TOPOLOGY_* -> the nvidia-smi topo -m words.
 _TOPOLOGY: Final = {0: "x", 10: "pix", 20: "pxb", 30: "phb", 40: "node", 50: "sys"}
-_BENIGN: Final = ("NotSupported", "NoPermission", "FunctionNotFound", "NotFound")
+# NVML_ERROR_* codes that mean "this board cannot answer", not a fault. Compared by code, not
+# class name: the generated classes are spelled e.g. NVMLError_GpuIsLost, not ...GPUIsLost.
+_BENIGN_CODES: Final = (
+    "NVML_ERROR_NOT_SUPPORTED",
+    "NVML_ERROR_NO_PERMISSION",
+    "NVML_ERROR_FUNCTION_NOT_FOUND",
+    "NVML_ERROR_NOT_FOUND",
+)
 
 
 class _GpuLost(Exception):
@@ -58,9 +66,7 @@ class NvmlBackend:
     libnvidia-ml cannot be loaded or initialised.
     """
 
-    def __init__(
-        self, node_id: str, *, nvml: Any = None, event_timeout_ms: int = 0
-    ) -> None:
+    def __init__(self, node_id: str, *, nvml: Any = None, event_timeout_ms: int = 0) -> None:
         self._node_id = node_id
         self._event_timeout_ms = event_timeout_ms
         if nvml is None:
@@ -69,6 +75,7 @@ class NvmlBackend:
             except ImportError as exc:
                 raise BackendUnavailable("nvidia-ml-py (pynvml) is not installed") from exc
         self._nv: Any = nvml
+        self._benign = {self._code(n) for n in _BENIGN_CODES} - {None}
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
@@ -103,12 +110,16 @@ class NvmlBackend:
         try:
             return fn(*args)
         except self._nv.NVMLError as exc:
-            kind = type(exc).__name__.removeprefix("NVMLError_")
-            if kind == "GPUIsLost":
+            code = getattr(exc, "value", None)
+            if code == self._code("NVML_ERROR_GPU_IS_LOST"):
                 raise _GpuLost from exc
-            if kind not in _BENIGN and reasons is not None:
+            if code not in self._benign and reasons is not None:
                 reasons.append(f"{name}: {_text(exc)}")
             return None
+
+    def _code(self, name: str) -> int | None:
+        value = getattr(self._nv, name, None)
+        return int(value) if value is not None else None
 
     def _setup_events(self) -> None:
         nv = self._nv
@@ -326,10 +337,11 @@ class NvmlBackend:
             try:
                 state = nv.nvmlDeviceGetNvLinkState(handle, link)
             except nv.NVMLError as exc:
-                if type(exc).__name__ == "NVMLError_GPUIsLost":
+                code = getattr(exc, "value", None)
+                if code == self._code("NVML_ERROR_GPU_IS_LOST"):
                     raise _GpuLost from exc
                 # PCIe-only boards (T4, L40S) fail on link 0; others fail past their last link.
-                if link == 0 or type(exc).__name__ == "NVMLError_NotSupported":
+                if link == 0 or code == self._code("NVML_ERROR_NOT_SUPPORTED"):
                     break
                 continue
             if state != nv.NVML_FEATURE_ENABLED:

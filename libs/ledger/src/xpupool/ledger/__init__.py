@@ -1,11 +1,12 @@
 """The Redis device ledger: typed adapter, Lua transitions and the outbox relay."""
 
+from xpupool.ledger.audit import audit
 from xpupool.ledger.ledger import (
     DeviceRecord,
     HostClaim,
     JobRecord,
-    Ledger,
     LeaseRecord,
+    Ledger,
     NodeRecord,
     Reservation,
     ScriptResult,
@@ -14,7 +15,6 @@ from xpupool.ledger.ledger import (
     TakenSlice,
     UsageClaim,
 )
-from xpupool.ledger.audit import audit
 from xpupool.ledger.outbox import OutboxRelay
 
 __all__ = [

@@ -35,16 +35,22 @@ async def audit(ledger: Ledger) -> list[str]:
         for d in node.devices:
             i = d.spec.device_id
             if d.memory_free_mib < 0 or d.compute_free_pct < 0:
-                problems.append(f"{i} over-allocated: free memory {d.memory_free_mib}, "
-                                f"free compute {d.compute_free_pct}")
+                problems.append(
+                    f"{i} over-allocated: free memory {d.memory_free_mib}, "
+                    f"free compute {d.compute_free_pct}"
+                )
             if memory[i] > d.memory_total_mib or compute[i] > 100:
-                problems.append(f"{i} leases take {memory[i]} MiB / {compute[i]}% of "
-                                f"{d.memory_total_mib} MiB / 100%")
+                problems.append(
+                    f"{i} leases take {memory[i]} MiB / {compute[i]}% of "
+                    f"{d.memory_total_mib} MiB / 100%"
+                )
             if whole[i] and holders[i] != 1:
                 problems.append(f"{i} is held whole and shared ({holders[i]} holders)")
             if d.memory_total_mib - d.memory_free_mib != memory[i]:
-                problems.append(f"{i} memory counter {d.memory_total_mib - d.memory_free_mib} "
-                                f"!= leased {memory[i]}")
+                problems.append(
+                    f"{i} memory counter {d.memory_total_mib - d.memory_free_mib} "
+                    f"!= leased {memory[i]}"
+                )
             if 100 - d.compute_free_pct != compute[i] or d.holders != holders[i]:
                 problems.append(f"{i} compute/holder counters disagree with its leases")
     return problems

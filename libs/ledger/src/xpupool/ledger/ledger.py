@@ -18,8 +18,17 @@ from redis.asyncio import Redis
 from xpupool.contracts import DeviceSample, DeviceSlice, DeviceSpec, Health, Vendor
 
 _SCRIPTS = (
-    "reserve", "grant", "renew", "end", "expire", "register_node", "heartbeat",
-    "reap_nodes", "set_health", "pend", "time_out_pending",
+    "reserve",
+    "grant",
+    "renew",
+    "end",
+    "expire",
+    "register_node",
+    "heartbeat",
+    "reap_nodes",
+    "set_health",
+    "pend",
+    "time_out_pending",
 )
 _SPEC_DECODER = msgspec.json.Decoder(DeviceSpec)
 
@@ -276,13 +285,11 @@ class Ledger:
         """Write live load for many devices in one round trip (not atomic: last value wins)."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for sample in samples:
-                mapping: dict[str, str | int | float] = {}
+                key = self.key("dev", sample.device_id)
                 if sample.util_pct is not None:
-                    mapping["util"] = sample.util_pct
+                    pipe.hset(key, "util", sample.util_pct)
                 if sample.memory_used_mib is not None:
-                    mapping["mem_used"] = sample.memory_used_mib
-                if mapping:
-                    pipe.hset(self.key("dev", sample.device_id), mapping=mapping)
+                    pipe.hset(key, "mem_used", sample.memory_used_mib)
             await pipe.execute()
 
     # ---- scheduling --------------------------------------------------------------------------
@@ -302,11 +309,16 @@ class Ledger:
     ) -> ScriptResult:
         """Park a request in the persistent pending queue (idempotent per job id)."""
         return await self._run(
-            "pend", job_id, score, request_json,
-            "" if max_wait_ms is None else max_wait_ms, reason, detail,
+            "pend",
+            job_id,
+            score,
+            request_json,
+            "" if max_wait_ms is None else max_wait_ms,
+            reason,
+            detail,
         )
 
-    async def pending(self, limit: int = 1000) -> list[tuple[str, bytes]]:
+    async def pending(self, limit: int = 1000) -> list[tuple[str, bytes | str]]:
         """The oldest-scored pending requests, as (job_id, request JSON)."""
         job_ids = [_str(j) for j in await self._redis.zrange(self.key("pending"), 0, limit - 1)]
         if not job_ids:

@@ -78,7 +78,9 @@ class OutboxRelay:
             if "BUSYGROUP" not in str(error):
                 raise
 
-    async def _read(self, start: str, block_ms: int | None = None) -> list[tuple[str, dict[str, str]]]:
+    async def _read(
+        self, start: str, block_ms: int | None = None
+    ) -> list[tuple[str, dict[str, str]]]:
         reply: Any = await self._ledger.redis.xreadgroup(
             GROUP, self._consumer, {self._stream: start}, count=100, block=block_ms
         )
@@ -86,7 +88,12 @@ class OutboxRelay:
 
     async def _claim_stale(self) -> list[tuple[str, dict[str, str]]]:
         reply: Any = await self._ledger.redis.xautoclaim(
-            self._stream, GROUP, self._consumer, min_idle_time=STALE_AFTER_MS, start_id="0", count=100
+            self._stream,
+            GROUP,
+            self._consumer,
+            min_idle_time=STALE_AFTER_MS,
+            start_id="0",
+            count=100,
         )
         return [(_s(i), _fields(f)) for i, f in reply[1] if f]
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
 from opentelemetry import trace
 
 
-def _add_trace_ids(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _add_trace_ids(
+    _: Any, __: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
     """Put the current span's trace and span id on every line, so logs join traces."""
     context = trace.get_current_span().get_span_context()
     if context.is_valid:

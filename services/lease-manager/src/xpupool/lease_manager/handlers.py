@@ -24,7 +24,7 @@ from xpupool.contracts import (
     RenewLease,
 )
 from xpupool.lease_manager.env import job_environment
-from xpupool.ledger import Ledger, LeaseRecord
+from xpupool.ledger import LeaseRecord, Ledger
 from xpupool.obs import get_logger
 
 
@@ -89,7 +89,9 @@ async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgsp
     kind = fields.get("kind")
     if kind == "node_lost":
         last_seen = int(fields.get("last_seen_ms") or 0)
-        return [NodeLost(node_id=fields["node_id"], last_seen=_time(last_seen) if last_seen else None)]
+        return [
+            NodeLost(node_id=fields["node_id"], last_seen=_time(last_seen) if last_seen else None)
+        ]
     lease = await ledger.get_lease(fields.get("lease_id", ""))
     if lease is None:
         get_logger().error("outbox_entry_without_lease", entry=fields)

@@ -8,7 +8,14 @@ from contextlib import AsyncExitStack
 
 from redis.asyncio import Redis
 
-from xpupool.bus import BusSettings, Publisher, connect, consume_stream, ensure_streams, serve_subject
+from xpupool.bus import (
+    BusSettings,
+    Publisher,
+    connect,
+    consume_stream,
+    ensure_streams,
+    serve_subject,
+)
 from xpupool.bus.lifecycle import run_until_stopped, stop_on_signals
 from xpupool.contracts import subjects
 from xpupool.lease_manager import handlers
@@ -31,7 +38,9 @@ async def expire_leases(ledger: Ledger, interval_s: float, stop: asyncio.Event) 
         await asyncio.sleep(interval_s)
 
 
-async def reap_nodes(ledger: Ledger, grace_s: float, interval_s: float, stop: asyncio.Event) -> None:
+async def reap_nodes(
+    ledger: Ledger, grace_s: float, interval_s: float, stop: asyncio.Event
+) -> None:
     """Declare lost the nodes whose heartbeats stopped; the lease-manager owns this check."""
     log = get_logger()
     while not stop.is_set():
@@ -60,24 +69,45 @@ async def run(settings: LeaseManagerSettings) -> None:
         publisher = Publisher(nc, js, source=f"/services/{SERVICE}")
 
         await serve_subject(
-            nc, subjects.LEASE_RENEW, functools.partial(handlers.renew_lease, ledger=ledger),
-            publisher, queue=SERVICE, on_invalid=handlers.reject_invalid_command,
+            nc,
+            subjects.LEASE_RENEW,
+            functools.partial(handlers.renew_lease, ledger=ledger),
+            publisher,
+            queue=SERVICE,
+            on_invalid=handlers.reject_invalid_command,
         )
         await serve_subject(
-            nc, subjects.LEASE_RELEASE, functools.partial(handlers.release_lease, ledger=ledger),
-            publisher, queue=SERVICE, on_invalid=handlers.reject_invalid_command,
+            nc,
+            subjects.LEASE_RELEASE,
+            functools.partial(handlers.release_lease, ledger=ledger),
+            publisher,
+            queue=SERVICE,
+            on_invalid=handlers.reject_invalid_command,
         )
         relay = OutboxRelay(
-            ledger, SERVICE, functools.partial(handlers.build_events, ledger=ledger),
+            ledger,
+            SERVICE,
+            functools.partial(handlers.build_events, ledger=ledger),
             publisher.publish,
         )
         await run_until_stopped(
             stop,
-            consume_stream(js, subjects.JOB_RESERVED, "lease-manager-grants",
-                           functools.partial(handlers.grant_reservation, ledger=ledger),
-                           publisher, stop),
-            consume_stream(js, subjects.LEASE_END, "lease-manager-ends",
-                           functools.partial(handlers.end_lease, ledger=ledger), publisher, stop),
+            consume_stream(
+                js,
+                subjects.JOB_RESERVED,
+                "lease-manager-grants",
+                functools.partial(handlers.grant_reservation, ledger=ledger),
+                publisher,
+                stop,
+            ),
+            consume_stream(
+                js,
+                subjects.LEASE_END,
+                "lease-manager-ends",
+                functools.partial(handlers.end_lease, ledger=ledger),
+                publisher,
+                stop,
+            ),
             relay.run(stop),
             expire_leases(ledger, settings.expiry_interval_s, stop),
             reap_nodes(ledger, settings.node_grace_s, settings.node_check_interval_s, stop),

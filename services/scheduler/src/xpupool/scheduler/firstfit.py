@@ -69,7 +69,9 @@ def share_size(demand: DeviceDemand, device_memory_mib: int) -> tuple[int, int]:
 def validate(request: JobRequested) -> Reject | None:
     """Checks the schema cannot express."""
     if request.device.memory_mib is not None and request.device.memory_pct is not None:
-        return Reject("invalid_request", "device.memory_pct", "give memory_mib or memory_pct, not both")
+        return Reject(
+            "invalid_request", "device.memory_pct", "give memory_mib or memory_pct, not both"
+        )
     return None
 
 

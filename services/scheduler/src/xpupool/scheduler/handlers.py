@@ -128,8 +128,9 @@ async def _park(
         return []
     since = datetime.fromtimestamp(result.since_ms / 1000, tz=UTC)
     return [
-        JobPending(job_id=request.job_id, tenant=request.tenant, reason=reason, detail=detail,
-                   since=since)
+        JobPending(
+            job_id=request.job_id, tenant=request.tenant, reason=reason, detail=detail, since=since
+        )
     ]
 
 
@@ -151,9 +152,7 @@ async def schedule_job(request: JobRequested, deps: SchedulerDeps) -> Sequence[m
     return await place_job(request, deps)
 
 
-def reject_invalid_request(
-    data: bytes, field: str | None, reason: str
-) -> Sequence[msgspec.Struct]:
+def reject_invalid_request(data: bytes, field: str | None, reason: str) -> Sequence[msgspec.Struct]:
     """A request that does not decode is rejected, naming the field, and acknowledged."""
     job_id, tenant = "", None
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, suppress
 from typing import Any
 
 from redis.asyncio import Redis
@@ -26,10 +26,8 @@ async def retry_loop(
     """Retry pending requests whenever capacity may have freed, and at least periodically."""
     log = get_logger()
     while not stop.is_set():
-        try:
+        with suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), timeout=deps.settings.retry_interval_s)
-        except TimeoutError:
-            pass
         wake.clear()
         try:
             await publisher.publish_all(await handlers.retry_pending(deps))
@@ -62,14 +60,20 @@ async def run(settings: SchedulerSettings) -> None:
             await nc.subscribe(channel.address.replace("{reason}", "*"), cb=on_capacity_change)
 
         relay = OutboxRelay(
-            ledger, SERVICE, functools.partial(handlers.build_events, ledger=ledger),
+            ledger,
+            SERVICE,
+            functools.partial(handlers.build_events, ledger=ledger),
             publisher.publish,
         )
         await run_until_stopped(
             stop,
             consume_stream(
-                js, subjects.JOB_REQUESTED, "scheduler-jobs",
-                functools.partial(handlers.schedule_job, deps=deps), publisher, stop,
+                js,
+                subjects.JOB_REQUESTED,
+                "scheduler-jobs",
+                functools.partial(handlers.schedule_job, deps=deps),
+                publisher,
+                stop,
                 on_invalid=handlers.reject_invalid_request,
                 on_give_up=handlers.give_up_request,
             ),

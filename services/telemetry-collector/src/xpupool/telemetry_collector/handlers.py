@@ -54,14 +54,21 @@ async def register_node(deps: CollectorDeps) -> Sequence[msgspec.Struct]:
     infos = await asyncio.to_thread(deps.backend.discover)
     specs = to_specs(infos, deps.settings.node_id, deps.catalog)
     result = await deps.ledger.register_node(
-        deps.settings.node_id, specs, deps.settings.cpu_milli, deps.settings.memory_mib,
+        deps.settings.node_id,
+        specs,
+        deps.settings.cpu_milli,
+        deps.settings.memory_mib,
         {"backend": deps.settings.backend},
     )
     if not result.ok:
         raise RuntimeError(f"registration refused: {result.reason} {result.detail}")
     get_logger().info(
-        "node_registered", node_id=deps.settings.node_id, devices=len(specs),
-        added=len(result.added), removed=result.removed, leases_lost=result.lost,
+        "node_registered",
+        node_id=deps.settings.node_id,
+        devices=len(specs),
+        added=len(result.added),
+        removed=result.removed,
+        leases_lost=result.lost,
     )
     return [
         NodeRegistered(
@@ -106,13 +113,20 @@ async def collect(deps: CollectorDeps) -> Sequence[msgspec.Struct]:
             await deps.ledger.set_health(t.device_id, t.current, t.reason)
         events.append(
             DeviceHealthChanged(
-                node_id=node_id, device_id=t.device_id, previous=t.previous,
-                current=t.current, reason=t.reason, at=_now(),
+                node_id=node_id,
+                device_id=t.device_id,
+                previous=t.previous,
+                current=t.current,
+                reason=t.reason,
+                at=_now(),
             )
         )
         get_logger().warning(
-            "device_health_changed", device_id=t.device_id, previous=t.previous.value,
-            current=t.current.value, reason=t.reason,
+            "device_health_changed",
+            device_id=t.device_id,
+            previous=t.previous.value,
+            current=t.current.value,
+            reason=t.reason,
         )
         reconcile = reconcile or t.current is Health.LOST or t.previous is Health.LOST
 

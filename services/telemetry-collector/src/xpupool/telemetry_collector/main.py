@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -13,6 +13,7 @@ from xpupool.bus import BusSettings, Publisher, connect, ensure_streams, serve_s
 from xpupool.bus.lifecycle import run_until_stopped, stop_on_signals
 from xpupool.contracts import subjects
 from xpupool.devices import Catalog, DeviceBackend, SimulatedBackend, load_catalog
+from xpupool.devices.registry import create_backend
 from xpupool.ledger import Ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
 from xpupool.telemetry_collector import handlers
@@ -26,9 +27,7 @@ def build_backend(settings: CollectorSettings, catalog: Catalog) -> DeviceBacken
     """The device backend named by the settings."""
     if settings.backend == "simulated":
         return SimulatedBackend(settings.node_id, settings.node_profile, catalog, settings.seed)
-    from xpupool.devices.registry import create_backend
-
-    return create_backend(settings.backend, settings.node_id)
+    return create_backend(settings.backend, settings.node_id, catalog)
 
 
 async def sample_loop(
@@ -41,10 +40,8 @@ async def sample_loop(
             await publisher.publish_all(await handlers.collect(deps))
         except Exception as error:  # noqa: BLE001  (Redis or NATS away: try next tick)
             log.warning("collect_failed", error=repr(error))
-        try:
+        with suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=deps.settings.sample_interval_s)
-        except TimeoutError:
-            pass
 
 
 async def run(settings: CollectorSettings) -> None:
@@ -72,8 +69,11 @@ async def run(settings: CollectorSettings) -> None:
         publisher = Publisher(nc, js, source=f"/services/{SERVICE}/{settings.node_id}")
         await publisher.publish_all(await handlers.register_node(deps))
         await serve_subject(
-            nc, subjects.SIM_FAULT, functools.partial(handlers.inject_fault, deps=deps),
-            publisher, queue=f"{SERVICE}-{settings.node_id}",
+            nc,
+            subjects.SIM_FAULT,
+            functools.partial(handlers.inject_fault, deps=deps),
+            publisher,
+            queue=f"{SERVICE}-{settings.node_id}",
         )
         await run_until_stopped(stop, sample_loop(deps, publisher, stop))
     provider.shutdown()

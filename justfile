@@ -1,0 +1,51 @@
+# xpupool: the single entry point for development, tests and benchmarks.
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+[private]
+default:
+    @just --list
+
+# Install every workspace package and the dev tools into .venv
+[group("setup")]
+sync:
+    uv sync --frozen --all-packages
+
+# Run the demo: embedded NATS and Redis, every service, a burst of mixed jobs, a report
+[group("run")]
+demo: sync
+    uv run --frozen xpupool demo
+
+# Start the whole stack and keep it running (prints the URLs)
+[group("run")]
+up: sync
+    uv run --frozen xpupool dev up
+
+# The whole default test suite (real nats-server and redis-server processes, no Docker)
+[group("tests")]
+test *ARGS: sync
+    uv run --frozen pytest -q {{ARGS}}
+
+# Regenerate proto/ (JSON Schemas and the AsyncAPI document) from the contracts
+[group("contracts")]
+proto: sync
+    uv run --frozen python -m xpupool.contracts.asyncapi proto
+
+# Lint and type-check
+[group("lint")]
+lint: sync
+    uv run --frozen ruff check .
+    uv run --frozen mypy libs/*/src services/*/src src
+
+# Placement quality on the Alibaba GPU trace: every policy, seeds 42-51
+[group("bench")]
+bench-placement: sync
+    uv run --frozen python -m xpupool.placement.replay_cli --policy random,dotprod,clustering,packing,bestfit,fgd,xpupool --seeds 42-51
+
+# Scheduler decision time against pools of 100 to 10,000 devices
+[group("bench")]
+bench-scheduler: sync
+    uv run --frozen python services/scheduler/bench/bench_decide.py
+
+# What CI runs
+[group("tests")]
+ci: test

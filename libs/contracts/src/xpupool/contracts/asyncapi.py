@@ -1,0 +1,173 @@
+"""Generate ``proto/``: one JSON Schema per payload and an AsyncAPI 3.0 document, from the Structs
+and the subject registry. Never edit the output by hand: ``just proto`` rewrites it and a test
+fails when the committed files drift from the code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from xpupool.contracts.codec import ce_type
+from xpupool.contracts.subjects import CHANNELS, STREAMS, Channel
+
+REF = "#/components/schemas/{name}"
+HEADERS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "CloudEvents binary mode over NATS headers, plus W3C trace context.",
+    "properties": {
+        "ce-specversion": {"type": "string", "const": "1.0"},
+        "ce-id": {"type": "string", "description": "Unique per event; also Nats-Msg-Id."},
+        "ce-source": {"type": "string", "description": "URI reference of the sender."},
+        "ce-type": {"type": "string", "description": "Equals the payload's `type` tag."},
+        "ce-time": {"type": "string", "format": "date-time"},
+        "Nats-Msg-Id": {
+            "type": "string",
+            "description": "JetStream deduplication id; for job requests, the job_id.",
+        },
+        "traceparent": {"type": "string", "description": "W3C trace context."},
+        "tracestate": {"type": "string"},
+    },
+}
+
+
+def _payload_types() -> list[type]:
+    seen: dict[str, type] = {}
+    for channel in CHANNELS:
+        for t in (*channel.payloads, *((channel.reply,) if channel.reply else ())):
+            seen.setdefault(t.__name__, t)
+    return list(seen.values())
+
+
+def _strip_discriminators(node: Any) -> Any:
+    """AsyncAPI's discriminator is a bare property name; msgspec emits OpenAPI's object form."""
+    if isinstance(node, dict):
+        return {
+            k: _strip_discriminators(v)
+            for k, v in node.items()
+            if not (k == "discriminator" and isinstance(v, dict))
+        }
+    if isinstance(node, list):
+        return [_strip_discriminators(v) for v in node]
+    return node
+
+
+def schemas() -> dict[str, Any]:
+    """Every component schema, keyed by Struct name."""
+    _, components = msgspec.json.schema_components(_payload_types(), ref_template=REF)
+    return _strip_discriminators(components)  # type: ignore[no-any-return]
+
+
+def _channel_id(channel: Channel) -> str:
+    return channel.address.replace(".", "_").replace("{", "").replace("}", "")
+
+
+def asyncapi() -> dict[str, Any]:
+    """The AsyncAPI 3.0 document of every channel."""
+    channels: dict[str, Any] = {}
+    operations: dict[str, Any] = {}
+    messages: dict[str, Any] = {}
+    for channel in CHANNELS:
+        cid = _channel_id(channel)
+        channel_messages = {}
+        for t in channel.payloads:
+            messages[t.__name__] = {
+                "name": t.__name__,
+                "title": ce_type(t),
+                "summary": (t.__doc__ or "").strip().split("\n")[0],
+                "contentType": "application/json",
+                "headers": HEADERS_SCHEMA,
+                "payload": {"$ref": REF.format(name=t.__name__)},
+            }
+            channel_messages[t.__name__] = {"$ref": f"#/components/messages/{t.__name__}"}
+        entry: dict[str, Any] = {
+            "address": channel.address,
+            "description": channel.description,
+            "messages": channel_messages,
+        }
+        if channel.parameters:
+            entry["parameters"] = {k: {"description": v} for k, v in channel.parameters.items()}
+        if channel.stream is not None:
+            entry["x-jetstream-stream"] = channel.stream.name
+        channels[cid] = entry
+        operation: dict[str, Any] = {
+            "action": "receive" if channel.sender != "upstream" else "send",
+            "channel": {"$ref": f"#/channels/{cid}"},
+            "summary": f"{channel.sender} -> {', '.join(channel.receivers)}",
+        }
+        if channel.reply is not None:
+            reply = channel.reply.__name__
+            messages[reply] = {
+                "name": reply,
+                "contentType": "application/json",
+                "payload": {"$ref": REF.format(name=reply)},
+            }
+            operation["reply"] = {
+                "address": {"location": "$message.header#/_reply"},
+                "messages": [{"$ref": f"#/components/messages/{reply}"}],
+            }
+        operations[f"{operation['action']}_{cid}"] = operation
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "xpupool",
+            "version": "1.0.0",
+            "description": (
+                "Events and commands of the xpupool accelerator pool. Payloads are JSON; every "
+                "event carries CloudEvents binary-mode headers. JetStream streams: "
+                + "; ".join(f"{s.name} ({', '.join(s.subjects)})" for s in STREAMS)
+            ),
+        },
+        "defaultContentType": "application/json",
+        "servers": {
+            "local": {"host": "127.0.0.1:4222", "protocol": "nats", "description": "dev stack"}
+        },
+        "channels": channels,
+        "operations": operations,
+        "components": {"messages": messages, "schemas": schemas()},
+    }
+
+
+def render() -> dict[str, str]:
+    """Every generated file, relative to ``proto/``, with its text."""
+    files = {"asyncapi.yaml": yaml.safe_dump(asyncapi(), sort_keys=False, width=100)}
+    all_schemas = schemas()
+    for name in sorted(all_schemas):
+        standalone = {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": f"https://xpupool.dev/schemas/{name}.json",
+            **all_schemas[name],
+            "$defs": {k: v for k, v in all_schemas.items() if k != name},
+        }
+        text = json.dumps(standalone, indent=2, sort_keys=True).replace(
+            "#/components/schemas/", "#/$defs/"
+        )
+        files[f"schemas/{name}.json"] = text + "\n"
+    return files
+
+
+def write(directory: Path) -> list[Path]:
+    """Write (and prune) the generated files under ``directory``."""
+    files = render()
+    schema_dir = directory / "schemas"
+    schema_dir.mkdir(parents=True, exist_ok=True)
+    for stale in schema_dir.glob("*.json"):
+        if f"schemas/{stale.name}" not in files:
+            stale.unlink()
+    written = []
+    for relative, text in files.items():
+        path = directory / relative
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    import sys
+
+    target = Path(sys.argv[1] if len(sys.argv) > 1 else "proto")
+    for path in write(target):
+        print(path)

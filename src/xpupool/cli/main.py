@@ -1,0 +1,264 @@
+"""The ``xpupool`` command line: submit and manage jobs, inspect the pool, run a dev stack."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Sequence
+
+import msgspec
+from redis.asyncio import Redis
+
+from xpupool.client import connected
+from xpupool.contracts import DeviceDemand, DeviceSelector, JobRequested, Vendor
+from xpupool.ledger import Ledger
+
+DEFAULT_NATS = "nats://127.0.0.1:4222"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+
+
+def _urls(args: argparse.Namespace) -> tuple[str, str, str]:
+    return (
+        args.nats_url or os.environ.get("XPUPOOL_NATS_URL", DEFAULT_NATS),
+        args.redis_url or os.environ.get("XPUPOOL_REDIS_URL", DEFAULT_REDIS),
+        os.environ.get("XPUPOOL_NAMESPACE", "xpupool"),
+    )
+
+
+def _print_json(value: object) -> None:
+    sys.stdout.write(msgspec.json.format(msgspec.json.encode(value), indent=2).decode() + "\n")
+
+
+async def _submit(args: argparse.Namespace) -> int:
+    nats_url, _, _ = _urls(args)
+    request = JobRequested(
+        job_id=args.job_id or f"job-{uuid.uuid4().hex[:12]}",
+        tenant=args.tenant,
+        count=args.count,
+        device=DeviceDemand(
+            memory_mib=args.memory_mib, memory_pct=args.memory_pct, compute_pct=args.compute_pct
+        ),
+        selector=DeviceSelector(
+            vendor=Vendor(args.vendor) if args.vendor else None, models=args.model or []
+        ),
+        lease_ttl_s=args.ttl,
+        priority=args.priority,
+        queue=args.queue,
+    )
+    async with connected(nats_url) as client:
+        if not args.wait:
+            await client.submit(request)
+            _print_json({"job_id": request.job_id, "submitted": True})
+            return 0
+        try:
+            outcome = await client.submit_and_wait(request, timeout_s=args.timeout)
+        except TimeoutError:
+            sys.stderr.write(
+                f"no outcome for {request.job_id} within {args.timeout}s "
+                f"(see `xpupool explain {request.job_id}`)\n"
+            )
+            return 2
+        _print_json(outcome)
+        return 0 if type(outcome).__name__ == "AllocationGranted" else 1
+
+
+async def _lease_command(args: argparse.Namespace) -> int:
+    nats_url, _, _ = _urls(args)
+    async with connected(nats_url) as client:
+        if args.command == "release":
+            reply = await client.release(args.lease_id, args.token)
+        else:
+            reply = await client.renew(args.lease_id, args.token, args.ttl)
+    _print_json(reply)
+    return 0 if reply.ok else 1
+
+
+async def _status(args: argparse.Namespace) -> int:
+    _, redis_url, namespace = _urls(args)
+    redis = Redis.from_url(redis_url)
+    try:
+        nodes = await Ledger(redis, namespace).nodes()
+    finally:
+        await redis.aclose()
+    if args.json:
+        _print_json(
+            [
+                {
+                    "node_id": n.node_id,
+                    "status": n.status,
+                    "devices": [
+                        {
+                            "device_id": d.spec.device_id,
+                            "model": d.spec.model,
+                            "vendor": d.spec.vendor,
+                            "health": d.health,
+                            "memory_total_mib": d.memory_total_mib,
+                            "memory_free_mib": d.memory_free_mib,
+                            "compute_free_pct": d.compute_free_pct,
+                            "holders": d.holders,
+                        }
+                        for d in n.devices
+                    ],
+                }
+                for n in nodes
+            ]
+        )
+        return 0
+    if not nodes:
+        print("no nodes registered")
+    for n in nodes:
+        print(f"{n.node_id}  {n.status}  cpu {n.cpu_free_milli}/{n.cpu_total_milli} milli free")
+        for d in n.devices:
+            used = 1 - d.memory_free_mib / d.memory_total_mib if d.memory_total_mib else 0
+            bar = "#" * round(used * 20)
+            print(
+                f"  {d.spec.device_id:<24} {d.spec.model:<18} {d.health.value:<9} "
+                f"[{bar:<20}] {used:5.0%} mem used, {100 - d.compute_free_pct:3d}% compute, "
+                f"{d.holders} holder(s)"
+            )
+    return 0
+
+
+async def _explain(args: argparse.Namespace) -> int:
+    _, redis_url, namespace = _urls(args)
+    redis = Redis.from_url(redis_url)
+    try:
+        ledger = Ledger(redis, namespace)
+        job = await ledger.get_job(args.job_id)
+        lease = await ledger.get_lease(job.lease_id) if job and job.lease_id else None
+    finally:
+        await redis.aclose()
+    if job is None:
+        print(f"{args.job_id}: unknown to the ledger (never accepted, rejected, or long gone)")
+        return 1
+    result: dict[str, object] = {"job_id": job.job_id, "state": job.state}
+    if job.state == "pending":
+        result.update(reason=job.reason, detail=job.detail)
+    if lease is not None:
+        result.update(
+            lease_id=lease.lease_id,
+            lease_state=lease.state,
+            devices=[s.device_id for s in lease.slices],
+        )
+        if lease.end_reason:
+            result.update(end_reason=lease.end_reason, end_detail=lease.end_detail)
+    _print_json(result)
+    return 0
+
+
+def _dev_up(args: argparse.Namespace) -> int:
+    from xpupool.devstack.demo import DEFAULT_FLEET
+    from xpupool.devstack.stack import Stack
+
+    stack = Stack(
+        nodes=DEFAULT_FLEET,
+        nats_url=os.environ.get("XPUPOOL_NATS_URL"),
+        redis_url=os.environ.get("XPUPOOL_REDIS_URL"),
+    )
+    stop = False
+
+    def on_signal(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        stack.start()
+        print(f"XPUPOOL_NATS_URL={stack.nats_url}")
+        print(f"XPUPOOL_REDIS_URL={stack.redis_url}")
+        print(f"logs in {stack.workdir}; Ctrl-C stops everything", flush=True)
+        while not stop:
+            signal.pause()
+    finally:
+        stack.stop()
+    return 0
+
+
+def _delegate(module: str, argv: Sequence[str]) -> int:
+    import importlib
+
+    entry = importlib.import_module(module)
+    return int(entry.main(list(argv)))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs)."""
+    parser = argparse.ArgumentParser(prog="xpupool", description=__doc__)
+    parser.add_argument("--nats-url", help=f"default $XPUPOOL_NATS_URL or {DEFAULT_NATS}")
+    parser.add_argument("--redis-url", help=f"default $XPUPOOL_REDIS_URL or {DEFAULT_REDIS}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    submit = sub.add_parser("submit", help="publish a job request")
+    submit.add_argument("--tenant", required=True)
+    submit.add_argument("--job-id")
+    submit.add_argument("--count", type=int, default=1)
+    submit.add_argument("--memory-mib", type=int)
+    submit.add_argument("--memory-pct", type=int)
+    submit.add_argument("--compute-pct", type=int)
+    submit.add_argument("--vendor", choices=[v.value for v in Vendor])
+    submit.add_argument("--model", action="append")
+    submit.add_argument("--ttl", type=float, default=300.0, help="lease term in seconds")
+    submit.add_argument("--priority", default="normal")
+    submit.add_argument("--queue")
+    submit.add_argument("--wait", action="store_true", help="wait and print the outcome as JSON")
+    submit.add_argument("--timeout", type=float, default=60.0)
+
+    for name in ("release", "renew"):
+        cmd = sub.add_parser(name, help=f"{name} a lease")
+        cmd.add_argument("lease_id")
+        cmd.add_argument("--token", type=int, required=True, help="the lease's fencing token")
+        if name == "renew":
+            cmd.add_argument("--ttl", type=float)
+
+    status = sub.add_parser("status", help="devices per node with their free and used share")
+    status.add_argument("--json", action="store_true")
+    explain = sub.add_parser("explain", help="where a job stands and why")
+    explain.add_argument("job_id")
+
+    dev = sub.add_parser("dev", help="development stack")
+    dev.add_argument("action", choices=["up"])
+    sub.add_parser("demo", help="run the demo on embedded servers and print a report")
+    sub.add_parser("devices", help="list the accelerators on this machine", add_help=False)
+    sub.add_parser(
+        "replay", help="replay a cluster trace through the placement code", add_help=False
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for index, word in enumerate(argv):
+        if word in ("devices", "replay"):
+            module = {"devices": "xpupool.devices.cli", "replay": "xpupool.placement.replay_cli"}[
+                word
+            ]
+            return _delegate(module, argv[index + 1 :])
+        if not word.startswith("-"):
+            break
+    args = build_parser().parse_args(argv)
+    match args.command:
+        case "submit":
+            return asyncio.run(_submit(args))
+        case "release" | "renew":
+            return asyncio.run(_lease_command(args))
+        case "status":
+            return asyncio.run(_status(args))
+        case "explain":
+            return asyncio.run(_explain(args))
+        case "dev":
+            return _dev_up(args)
+        case "demo":
+            from xpupool.devstack.demo import run_demo
+
+            return run_demo()
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

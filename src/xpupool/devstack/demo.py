@@ -1,0 +1,154 @@
+"""The demo: a small heterogeneous simulated fleet, a burst of mixed jobs, a short report.
+
+Runs on embedded nats-server and redis-server unless ``XPUPOOL_NATS_URL``/``XPUPOOL_REDIS_URL``
+are set, and leaves no process behind, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import statistics
+import time
+from typing import Any
+
+from redis.asyncio import Redis
+
+from xpupool.client import XpupoolClient, connected
+from xpupool.contracts import (
+    AllocationGranted,
+    DeviceDemand,
+    DeviceSelector,
+    GangSpec,
+    JobRejected,
+    JobRequested,
+    JobTimedOut,
+    Vendor,
+)
+from xpupool.devstack.stack import NodeSpec, Stack
+from xpupool.ledger import Ledger, audit
+
+DEFAULT_FLEET = [
+    NodeSpec("node-a", "2xA100-80GB"),
+    NodeSpec("node-b", "4xAscend910B"),
+    NodeSpec("node-c", "2xT4,1xMLU370-X4"),
+]
+BURST = 60
+
+
+def burst(size: int = BURST) -> list[JobRequested]:
+    """A reproducible mix: whole devices, shares, gangs, vendor pins, and bad requests."""
+    shapes: list[tuple[str, dict[str, Any]]] = [
+        ("whole", {}),
+        ("share", {"device": DeviceDemand(memory_mib=8192, compute_pct=25)}),
+        ("quarter", {"device": DeviceDemand(memory_pct=25)}),
+        (
+            "ascend-gang",
+            {"count": 2, "gang": GangSpec(), "selector": DeviceSelector(vendor=Vendor.ASCEND)},
+        ),
+        (
+            "mlu-share",
+            {
+                "device": DeviceDemand(compute_pct=50),
+                "selector": DeviceSelector(vendor=Vendor.CAMBRICON),
+            },
+        ),
+        ("t4", {"selector": DeviceSelector(models=["T4"])}),
+    ]
+    requests = []
+    for i in range(size):
+        name, fields = shapes[i % len(shapes)]
+        requests.append(
+            JobRequested(
+                job_id=f"demo-{i:03d}-{name}",
+                tenant=f"team-{i % 3}",
+                lease_ttl_s=20.0,
+                max_wait_s=15.0,
+                **fields,
+            )
+        )
+    requests.append(JobRequested(job_id="demo-impossible", tenant="team-0", count=64))
+    return requests
+
+
+async def _drive(stack: Stack) -> int:
+    assert stack.nats_url and stack.redis_url
+    redis = Redis.from_url(stack.redis_url)
+    ledger = Ledger(redis, stack.namespace)
+    try:
+        expected = 9
+        deadline = time.monotonic() + 30
+        while sum(len(n.devices) for n in await ledger.nodes()) < expected:
+            if time.monotonic() > deadline:
+                print("the fleet did not register in 30 s; see logs in", stack.workdir)
+                return 1
+            await asyncio.sleep(0.1)
+        print(f"fleet: {', '.join(f'{n.node_id}={n.profile}' for n in stack.nodes)}")
+        async with connected(stack.nats_url) as client:
+            return await _burst(client, ledger)
+    finally:
+        await redis.aclose()
+
+
+async def _burst(client: XpupoolClient, ledger: Ledger) -> int:
+    requests = burst()
+    sent: dict[str, float] = {}
+    futures = {r.job_id: client.expect(r.job_id) for r in requests}
+    bad = b'{"job_id": "demo-bad", "tenant": "team-0", "device": {"compute_pct": 400}}'
+    futures["demo-bad"] = client.expect("demo-bad")
+    started = time.perf_counter()
+    for r in requests:
+        sent[r.job_id] = time.perf_counter()
+        await client.submit(r)
+    sent["demo-bad"] = time.perf_counter()
+    await client.submit_raw(bad, msg_id="demo-bad")
+
+    latencies: list[float] = []
+    outcomes: dict[str, object] = {}
+
+    async def settle(job_id: str) -> None:
+        outcome = await futures[job_id]
+        outcomes[job_id] = outcome
+        if isinstance(outcome, AllocationGranted):
+            latencies.append(time.perf_counter() - sent[job_id])
+            await asyncio.sleep(1.0)  # the "job" runs, then gives its slices back
+            await client.release(outcome.lease_id, outcome.fencing_token)
+
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*(settle(j) for j in futures)), timeout=45)
+    elapsed = time.perf_counter() - started
+    granted = [o for o in outcomes.values() if isinstance(o, AllocationGranted)]
+    rejected = [o for o in outcomes.values() if isinstance(o, JobRejected)]
+    timed_out = [o for o in outcomes.values() if isinstance(o, JobTimedOut)]
+    problems = await audit(ledger)
+    quantiles = statistics.quantiles(latencies, n=100) if len(latencies) >= 2 else [0.0] * 99
+    print(f"submitted      {len(futures)} requests in a burst ({elapsed:.1f} s to settle)")
+    print(f"granted        {len(granted)}")
+    for rejection in rejected:
+        what = f"{rejection.reason} {rejection.field_name or ''} {rejection.detail}"
+        print(f"rejected       {rejection.job_id}: {what}".rstrip())
+    print(f"timed out      {len(timed_out)}")
+    print(f"no outcome     {len(futures) - len(outcomes)}")
+    print(f"submit->grant  p50 {quantiles[49] * 1000:.1f} ms, p99 {quantiles[98] * 1000:.1f} ms")
+    print(f"ledger audit   {problems if problems else 'consistent'}")
+    return 0 if not problems and len(outcomes) == len(futures) else 1
+
+
+def run_demo() -> int:
+    """Start the stack, run the burst, print the report, stop everything."""
+    stack = Stack(
+        nodes=DEFAULT_FLEET,
+        nats_url=os.environ.get("XPUPOOL_NATS_URL"),
+        redis_url=os.environ.get("XPUPOOL_REDIS_URL"),
+        namespace=os.environ.get("XPUPOOL_NAMESPACE", f"demo-{os.getpid()}"),
+        extra_env={"XPUPOOL_LOG_LEVEL": "warning"},
+    )
+    try:
+        stack.start()
+        return asyncio.run(_drive(stack))
+    except KeyboardInterrupt:
+        print("interrupted; stopping")
+        return 130
+    finally:
+        stack.stop()
