@@ -1,0 +1,516 @@
+"""Queue tree and policy configuration: the file the operator edits and the scheduler reloads.
+
+The file is YAML (``.yaml``/``.yml``) or TOML (``.toml``) with this shape (every key optional)::
+
+    priority_classes: {low: 100, normal: 500, high: 900, critical: 1000}
+    default_priority: normal
+    auto_tenant_queues: true        # a tenant without a mapping gets a queue named after it
+    tenants: {alice: vision}        # tenant -> leaf queue
+    preemption: {enabled: true, min_runtime_s: 300, max_victims: 16, max_candidate_nodes: 64}
+    fair_share: {half_life_s: 3600, history_weight: 0.5}
+    aging: {rate_per_s: 0.5, max_boost: 400}
+    starvation: {after_s: 600, max_holds: 1, backfill_max_duration_s: 0}
+    placement: {default_policy: xpupool, hot_util_pct: 85, typical_share_pct: 25}
+    queues:
+      - name: research
+        weight: 2
+        guaranteed: {units: 16, devices: {A100-SXM4-80GB: 8}}
+        limit: {units: 32}
+        over_quota: true
+        placement: xpupool
+        preemptible: true
+        children:
+          - {name: vision, guaranteed: {units: 8}, tenants: [bob]}
+
+Top-level queues hang under an implicit, unlimited ``root``. Queue names are unique across the
+tree; jobs (and ``tenants``) name a leaf queue. Units are normalized capacity units
+(A100 = 1.0); ``devices`` maps a
+device model to a device count (a share counts as the fraction of the device it takes).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+__all__ = [
+    "BUILTIN_POLICIES",
+    "DEFAULT_PRIORITY_CLASSES",
+    "ROOT",
+    "AgingConfig",
+    "ConfigError",
+    "FairShareConfig",
+    "PlacementConfig",
+    "PreemptionConfig",
+    "QueueConfig",
+    "SchedulerConfig",
+    "StarvationConfig",
+    "default_config",
+    "load_config",
+    "parse_config",
+]
+
+ROOT: Final = "root"
+BUILTIN_POLICIES: Final = ("xpupool", "binpack", "spread")
+DEFAULT_PRIORITY_CLASSES: Final[Mapping[str, int]] = {
+    "low": 100,
+    "normal": 500,
+    "high": 900,
+    "critical": 1000,
+}
+
+
+class ConfigError(ValueError):
+    """The configuration file is malformed; the message names the file and the offending key."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """One queue of the tree. ``None`` limits mean unlimited.
+
+    ``over_quota`` allows borrowing idle capacity beyond the guarantee (reclaimable);
+    ``preemptible`` lets the queue's leases be preempted at all.
+    """
+
+    name: str
+    parent: str | None = ROOT
+    weight: float = 1.0
+    guaranteed_units: float = 0.0
+    limit_units: float | None = None
+    guaranteed_devices: Mapping[str, float] = field(default_factory=dict)
+    limit_devices: Mapping[str, float] = field(default_factory=dict)
+    over_quota: bool = True
+    placement: str | None = None
+    preemptible: bool = True
+    children: tuple[str, ...] = ()
+
+    @property
+    def is_leaf(self) -> bool:
+        """Only leaf queues take jobs."""
+        return not self.children
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionConfig:
+    """When and how far the scheduler may preempt."""
+
+    enabled: bool = True
+    min_runtime_s: float = 300.0
+    max_victims: int = 16
+    max_candidate_nodes: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class FairShareConfig:
+    """Decay of recent usage in the weighted dominant-resource share."""
+
+    half_life_s: float = 3600.0
+    history_weight: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class AgingConfig:
+    """Waiting raises a request's ordering priority (never its preemption rights)."""
+
+    rate_per_s: float = 0.5
+    max_boost: float = 400.0
+
+
+@dataclass(frozen=True, slots=True)
+class StarvationConfig:
+    """A request waiting longer than ``after_s`` holds nodes so small requests cannot take them.
+
+    ``backfill_max_duration_s`` > 0 lets requests declaring an ``expected_duration_s`` at most that
+    long still use held nodes.
+    """
+
+    after_s: float = 600.0
+    max_holds: int = 1
+    backfill_max_duration_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementConfig:
+    """Defaults for the placement policies."""
+
+    default_policy: str = "xpupool"
+    hot_util_pct: float = 85.0
+    typical_share_pct: float = 25.0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """The whole policy configuration; build it with :func:`parse_config` or :func:`default_config`.
+
+    Queues are keyed by name and include ``root``.
+    """
+
+    queues: Mapping[str, QueueConfig]
+    priority_classes: Mapping[str, int] = field(
+        default_factory=lambda: dict(DEFAULT_PRIORITY_CLASSES)
+    )
+    default_priority: str = "normal"
+    tenants: Mapping[str, str] = field(default_factory=dict)
+    auto_tenant_queues: bool = True
+    preemption: PreemptionConfig = PreemptionConfig()
+    fair_share: FairShareConfig = FairShareConfig()
+    aging: AgingConfig = AgingConfig()
+    starvation: StarvationConfig = StarvationConfig()
+    placement: PlacementConfig = PlacementConfig()
+    # Memo of derived, immutable answers (auto queues, paths): the hot path asks them per request.
+    _memo: dict[tuple[str, str], object] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+
+    def queue(self, name: str) -> QueueConfig | None:
+        """The queue called ``name``; an auto tenant queue is synthesized when enabled."""
+        q = self.queues.get(name)
+        if q is None and self.auto_tenant_queues and name != ROOT:
+            key = ("queue", name)
+            hit = self._memo.get(key)
+            if not isinstance(hit, QueueConfig):
+                hit = self._memo[key] = QueueConfig(name=name)
+            return hit
+        return q
+
+    def path(self, name: str) -> tuple[str, ...]:
+        """Queue names from ``name`` up to ``root`` (inclusive); unknown names hang off root."""
+        key = ("path", name)
+        hit = self._memo.get(key)
+        if isinstance(hit, tuple):
+            return hit
+        out: list[str] = []
+        cur: str | None = name
+        while cur is not None and cur not in out:
+            out.append(cur)
+            q = self.queues.get(cur)
+            cur = q.parent if q is not None else (ROOT if cur != ROOT else None)
+        path = self._memo[key] = tuple(out)
+        return path
+
+    def resolve_queue(self, tenant: str, queue: str | None) -> str | None:
+        """The leaf queue a job of ``tenant`` naming ``queue`` goes to, or ``None`` if invalid."""
+        if queue is not None:
+            q = self.queues.get(queue)
+            if q is not None:
+                return queue if q.is_leaf and queue != ROOT else None
+            return queue if self.auto_tenant_queues and queue == tenant else None
+        mapped = self.tenants.get(tenant)
+        if mapped is not None:
+            return mapped
+        if tenant in self.queues:
+            return tenant if self.queues[tenant].is_leaf else None
+        return tenant if self.auto_tenant_queues else None
+
+    def charge_queue(self, tenant: str, queue: str) -> str:
+        """The queue an existing lease is charged to, even after a reload removed its queue."""
+        if queue in self.queues:
+            return queue
+        if self.auto_tenant_queues:
+            return queue or tenant
+        return ROOT
+
+    def priority_value(self, name: str) -> int | None:
+        """The number of priority class ``name`` (an integer string is taken literally)."""
+        v = self.priority_classes.get(name)
+        if v is None and name.lstrip("-").isdigit():
+            return int(name)
+        return v
+
+
+def default_config() -> SchedulerConfig:
+    """The configuration without a file: one unlimited root, a queue per tenant under it."""
+    return SchedulerConfig(queues={ROOT: QueueConfig(name=ROOT, parent=None)})
+
+
+def load_config(
+    path: str | Path, *, known_policies: tuple[str, ...] = BUILTIN_POLICIES
+) -> SchedulerConfig:
+    """Read and validate a YAML or TOML configuration file; raise :class:`ConfigError`."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc}") from exc
+    try:
+        if p.suffix == ".toml":
+            data: Any = tomllib.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{p}: cannot parse: {exc}") from exc
+    return parse_config({} if data is None else data, source=str(p), known_policies=known_policies)
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation helpers: each takes the dotted location so errors point at the offending key.
+# ----------------------------------------------------------------------------------------------
+
+
+class _Ctx:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str, msg: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {where}: {msg}")
+
+    def mapping(
+        self, v: object, where: str, allowed: frozenset[str] | None = None
+    ) -> Mapping[str, Any]:
+        if not isinstance(v, Mapping):
+            raise self.fail(where, f"must be a mapping, got {type(v).__name__}")
+        for k in v:
+            if not isinstance(k, str):
+                raise self.fail(where, f"keys must be strings, got {k!r}")
+            if allowed is not None and k not in allowed:
+                raise self.fail(
+                    f"{where}.{k}" if where else k,
+                    f"unknown key (allowed: {', '.join(sorted(allowed))})",
+                )
+        return v
+
+    def number(self, v: object, where: str, *, minimum: float = 0.0, strict: bool = False) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise self.fail(where, f"must be a number, got {v!r}")
+        f = float(v)
+        if f < minimum or (strict and f <= minimum):
+            raise self.fail(where, f"must be {'>' if strict else '>='} {minimum:g}, got {v!r}")
+        return f
+
+    def integer(self, v: object, where: str, *, minimum: int | None = None) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.fail(where, f"must be an integer, got {v!r}")
+        if minimum is not None and v < minimum:
+            raise self.fail(where, f"must be >= {minimum}, got {v!r}")
+        return v
+
+    def boolean(self, v: object, where: str) -> bool:
+        if not isinstance(v, bool):
+            raise self.fail(where, f"must be true or false, got {v!r}")
+        return v
+
+    def string(self, v: object, where: str) -> str:
+        if not isinstance(v, str) or not v:
+            raise self.fail(where, f"must be a non-empty string, got {v!r}")
+        return v
+
+    def devices(self, v: object, where: str) -> dict[str, float]:
+        m = self.mapping(v, where)
+        return {k: self.number(n, f"{where}.{k}") for k, n in m.items()}
+
+
+_QUEUE_KEYS = frozenset(
+    {
+        "name",
+        "weight",
+        "guaranteed",
+        "limit",
+        "over_quota",
+        "placement",
+        "preemptible",
+        "tenants",
+        "children",
+    }
+)
+_QUOTA_KEYS = frozenset({"units", "devices"})
+_TOP_KEYS = frozenset(
+    {
+        "priority_classes",
+        "default_priority",
+        "auto_tenant_queues",
+        "tenants",
+        "preemption",
+        "fair_share",
+        "aging",
+        "starvation",
+        "placement",
+        "queues",
+    }
+)
+
+
+def parse_config(
+    data: Mapping[str, Any],
+    *,
+    source: str = "<config>",
+    known_policies: tuple[str, ...] = BUILTIN_POLICIES,
+) -> SchedulerConfig:
+    """Validate an already-parsed document (YAML/TOML/dict) into a :class:`SchedulerConfig`."""
+    c = _Ctx(source)
+    top = c.mapping(data, "", _TOP_KEYS)
+
+    prio_raw = top.get("priority_classes", DEFAULT_PRIORITY_CLASSES)
+    prio = {
+        k: c.integer(v, f"priority_classes.{k}")
+        for k, v in c.mapping(prio_raw, "priority_classes").items()
+    }
+    if not prio:
+        raise c.fail("priority_classes", "must name at least one class")
+    default_priority = c.string(top.get("default_priority", "normal"), "default_priority")
+    if default_priority not in prio:
+        raise c.fail(
+            "default_priority", f"{default_priority!r} is not a priority class ({', '.join(prio)})"
+        )
+
+    pre = c.mapping(
+        top.get("preemption", {}), "preemption", frozenset(PreemptionConfig.__dataclass_fields__)
+    )
+    preemption = PreemptionConfig(
+        enabled=c.boolean(pre.get("enabled", True), "preemption.enabled"),
+        min_runtime_s=c.number(pre.get("min_runtime_s", 300.0), "preemption.min_runtime_s"),
+        max_victims=c.integer(pre.get("max_victims", 16), "preemption.max_victims", minimum=1),
+        max_candidate_nodes=c.integer(
+            pre.get("max_candidate_nodes", 64), "preemption.max_candidate_nodes", minimum=1
+        ),
+    )
+    fs = c.mapping(
+        top.get("fair_share", {}), "fair_share", frozenset(FairShareConfig.__dataclass_fields__)
+    )
+    fair_share = FairShareConfig(
+        half_life_s=c.number(fs.get("half_life_s", 3600.0), "fair_share.half_life_s", strict=True),
+        history_weight=c.number(fs.get("history_weight", 0.5), "fair_share.history_weight"),
+    )
+    if fair_share.history_weight > 1.0:
+        raise c.fail("fair_share.history_weight", "must be between 0 and 1")
+    ag = c.mapping(top.get("aging", {}), "aging", frozenset(AgingConfig.__dataclass_fields__))
+    aging = AgingConfig(
+        rate_per_s=c.number(ag.get("rate_per_s", 0.5), "aging.rate_per_s"),
+        max_boost=c.number(ag.get("max_boost", 400.0), "aging.max_boost"),
+    )
+    st = c.mapping(
+        top.get("starvation", {}), "starvation", frozenset(StarvationConfig.__dataclass_fields__)
+    )
+    starvation = StarvationConfig(
+        after_s=c.number(st.get("after_s", 600.0), "starvation.after_s"),
+        max_holds=c.integer(st.get("max_holds", 1), "starvation.max_holds", minimum=0),
+        backfill_max_duration_s=c.number(
+            st.get("backfill_max_duration_s", 0.0), "starvation.backfill_max_duration_s"
+        ),
+    )
+    pl = c.mapping(
+        top.get("placement", {}), "placement", frozenset(PlacementConfig.__dataclass_fields__)
+    )
+    placement = PlacementConfig(
+        default_policy=c.string(pl.get("default_policy", "xpupool"), "placement.default_policy"),
+        hot_util_pct=c.number(pl.get("hot_util_pct", 85.0), "placement.hot_util_pct"),
+        typical_share_pct=c.number(
+            pl.get("typical_share_pct", 25.0), "placement.typical_share_pct"
+        ),
+    )
+    if placement.default_policy not in known_policies:
+        raise c.fail(
+            "placement.default_policy",
+            f"unknown policy {placement.default_policy!r} (known: {', '.join(known_policies)})",
+        )
+
+    queues: dict[str, QueueConfig] = {}
+    tenants: dict[str, str] = {}
+
+    def parse_queue(raw: object, where: str, parent: str) -> str:
+        q = c.mapping(raw, where, _QUEUE_KEYS)
+        name = c.string(q.get("name"), f"{where}.name")
+        if name == ROOT:
+            raise c.fail(f"{where}.name", f"{ROOT!r} is reserved for the implicit top of the tree")
+        if name in queues:
+            raise c.fail(f"{where}.name", f"duplicate queue name {name!r}")
+        queues[name] = QueueConfig(name=name)  # claims the name before children recurse
+        g = c.mapping(q.get("guaranteed", {}), f"{where}.guaranteed", _QUOTA_KEYS)
+        lim = c.mapping(q.get("limit", {}), f"{where}.limit", _QUOTA_KEYS)
+        g_units = c.number(g.get("units", 0.0), f"{where}.guaranteed.units")
+        l_units = (
+            None if lim.get("units") is None else c.number(lim["units"], f"{where}.limit.units")
+        )
+        if l_units is not None and l_units < g_units:
+            raise c.fail(
+                f"{where}.limit.units", f"limit {l_units:g} is below the guarantee {g_units:g}"
+            )
+        g_dev = c.devices(g.get("devices", {}), f"{where}.guaranteed.devices")
+        l_dev = c.devices(lim.get("devices", {}), f"{where}.limit.devices")
+        for model, n in g_dev.items():
+            if model in l_dev and l_dev[model] < n:
+                raise c.fail(
+                    f"{where}.limit.devices.{model}",
+                    f"limit {l_dev[model]:g} is below the guarantee {n:g}",
+                )
+        policy = q.get("placement")
+        if policy is not None:
+            policy = c.string(policy, f"{where}.placement")
+            if policy not in known_policies:
+                raise c.fail(
+                    f"{where}.placement",
+                    f"unknown policy {policy!r} (known: {', '.join(known_policies)})",
+                )
+        for t in q.get("tenants", []) or []:
+            tenants[c.string(t, f"{where}.tenants")] = name
+        kids_raw = q.get("children", []) or []
+        if not isinstance(kids_raw, list):
+            raise c.fail(f"{where}.children", "must be a list of queues")
+        kids = tuple(parse_queue(k, f"{where}.children[{i}]", name) for i, k in enumerate(kids_raw))
+        if g_units > 0:
+            kid_sum = sum(queues[k].guaranteed_units for k in kids)
+            if kid_sum > g_units + 1e-9:
+                raise c.fail(
+                    f"{where}.guaranteed.units",
+                    f"children guarantee {kid_sum:g} units, more than the queue's {g_units:g}",
+                )
+        queues[name] = QueueConfig(
+            name=name,
+            parent=parent,
+            weight=c.number(q.get("weight", 1.0), f"{where}.weight", strict=True),
+            guaranteed_units=g_units,
+            limit_units=l_units,
+            guaranteed_devices=g_dev,
+            limit_devices=l_dev,
+            over_quota=c.boolean(q.get("over_quota", True), f"{where}.over_quota"),
+            placement=policy,
+            preemptible=c.boolean(q.get("preemptible", True), f"{where}.preemptible"),
+            children=kids,
+        )
+        return name
+
+    top_raw = top.get("queues", []) or []
+    if not isinstance(top_raw, list):
+        raise c.fail("queues", "must be a list of queues")
+    top_names = tuple(parse_queue(q, f"queues[{i}]", ROOT) for i, q in enumerate(top_raw))
+    queues[ROOT] = QueueConfig(name=ROOT, parent=None, children=top_names)
+
+    for tenant, qname in c.mapping(top.get("tenants", {}), "tenants").items():
+        tenants[tenant] = c.string(qname, f"tenants.{tenant}")
+    for tenant, qname in tenants.items():
+        target = queues.get(qname)
+        if target is None:
+            raise c.fail(f"tenants.{tenant}", f"unknown queue {qname!r}")
+        if not target.is_leaf or qname == ROOT:
+            raise c.fail(
+                f"tenants.{tenant}", f"queue {qname!r} is not a leaf; jobs go to leaf queues"
+            )
+
+    return SchedulerConfig(
+        queues=queues,
+        priority_classes=prio,
+        default_priority=default_priority,
+        tenants=tenants,
+        auto_tenant_queues=c.boolean(top.get("auto_tenant_queues", True), "auto_tenant_queues"),
+        preemption=preemption,
+        fair_share=fair_share,
+        aging=aging,
+        starvation=starvation,
+        placement=placement,
+    )
+
+
+def with_queues(config: SchedulerConfig, *queues: QueueConfig) -> SchedulerConfig:
+    """A copy of ``config`` with ``queues`` added under their parents (for tests and tools)."""
+    qs = dict(config.queues)
+    for q in queues:
+        qs[q.name] = q
+        parent = q.parent or ROOT
+        pq = qs.get(parent, QueueConfig(name=parent, parent=None if parent == ROOT else ROOT))
+        if q.name not in pq.children:
+            qs[parent] = replace(pq, children=(*pq.children, q.name))
+    return replace(config, queues=qs)

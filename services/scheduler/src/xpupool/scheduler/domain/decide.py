@@ -1,0 +1,539 @@
+"""The scheduler's decisions: pure functions from (requests, ledger snapshot, config) to outcomes.
+
+The I/O shell reads a :class:`~.model.PoolSnapshot` from Redis, calls :func:`decide_batch` with
+the pending requests, and for each ``(job_id, decision)``:
+
+* :class:`Reserve`: commit the slices and host charges with the Lua script (which re-checks
+  capacity, health and quota); on a failed commit the job simply stays pending for the next cycle;
+* :class:`Preempt`: send ``EndLease(reason=preempted)`` for each victim, mark the job nominated
+  (``PendingRequest.nominated``) and mark the victims ``terminating`` / ``preempted_for`` in later
+  snapshots; the job is reserved by a later cycle once the slices are back;
+* :class:`Wait`: publish ``JobPending`` with the reason;
+* :class:`Reject` / :class:`TimedOut`: publish the terminal event.
+
+Within a batch every reservation and preemption is applied to the working pool, so the batch
+never hands out the same capacity twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xpupool.contracts.payloads import DeviceSlice, JobRequested, JobReserved, Vendor
+from xpupool.scheduler.domain.config import SchedulerConfig, default_config
+from xpupool.scheduler.domain.fairshare import (
+    FairOrder,
+    FairShareHistory,
+    effective_priority,
+    share_path,
+)
+from xpupool.scheduler.domain.matching import Demand, make_demand, never_fits
+from xpupool.scheduler.domain.model import HostCharge, LeaseSlice, LeaseState, PoolSnapshot
+from xpupool.scheduler.domain.placement import (
+    Placement,
+    PlacementPolicy,
+    PolicyRegistry,
+    default_registry,
+    eligible_devices,
+    place_in_class,
+    placeable_count,
+)
+from xpupool.scheduler.domain.pool import WorkingPool, domain_key
+from xpupool.scheduler.domain.preemption import plan_preemption
+from xpupool.scheduler.domain.quota import (
+    QuotaVerdict,
+    below_guarantee,
+    check_quota,
+    mark_over_quota,
+)
+from xpupool.scheduler.domain.reasons import Reason
+
+__all__ = [
+    "Decision",
+    "PendingRequest",
+    "Preempt",
+    "Reject",
+    "Reserve",
+    "TimedOut",
+    "Wait",
+    "apply_decision",
+    "decide",
+    "decide_batch",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRequest:
+    """A request waiting in the scheduler, with what the shell remembers about it."""
+
+    request: JobRequested
+    enqueued_at_s: float
+    nominated: bool = False
+    """Leases were preempted for it and have not all ended yet."""
+    last_reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    """Reserve these slices (and host resources) for the job."""
+
+    job_id: str
+    tenant: str
+    owner: str
+    queue: str
+    priority: int
+    lease_ttl_s: float
+    slices: tuple[DeviceSlice, ...]
+    host: tuple[HostCharge, ...]
+    capacity_units: float
+    in_quota: bool
+    policy: str
+
+    def to_event(self, lease_id: str) -> JobReserved:
+        """The contract event for this reservation; ``lease_id`` is minted by the shell."""
+        return JobReserved(
+            job_id=self.job_id,
+            lease_id=lease_id,
+            tenant=self.tenant,
+            owner=self.owner,
+            queue=self.queue,
+            priority=self.priority,
+            lease_ttl_s=self.lease_ttl_s,
+            slices=list(self.slices),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """End ``victims`` (lease ids) as preempted; ``reserve`` is what the job will then get."""
+
+    job_id: str
+    victims: tuple[str, ...]
+    reserve: Reserve
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """The job stays pending; ``reason`` is from :class:`~.reasons.Reason`."""
+
+    job_id: str
+    reason: Reason
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """The job can never be placed: terminal. ``field`` is the dotted input path to blame."""
+
+    job_id: str
+    reason: Reason
+    field: str | None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TimedOut:
+    """The job waited past ``max_wait_s``: terminal."""
+
+    job_id: str
+    waited_s: float
+    last_reason: Reason
+    reason: Reason = Reason.MAX_WAIT_EXCEEDED
+
+
+Decision = Reserve | Preempt | Wait | Reject | TimedOut
+
+
+@dataclass(slots=True)
+class _Ctx:
+    config: SchedulerConfig
+    registry: PolicyRegistry
+    history: FairShareHistory | None
+    now_s: float
+
+
+def _vendor(v: str) -> Vendor:
+    try:
+        return Vendor(v)
+    except ValueError:
+        return Vendor.SIMULATED
+
+
+def _reserve(
+    pool: WorkingPool, req: JobRequested, queue: str, priority: int, pl: Placement, in_quota: bool
+) -> Reserve:
+    slices = []
+    units = 0.0
+    for i in pl.devices:
+        d = pool.devices[i]
+        mem = d.memory_total_mib if pl.whole else pl.memory_mib
+        comp = 100 if pl.whole else pl.compute_pct
+        units += d.capacity_units * pool.slice_fraction(i, mem, comp, pl.whole)
+        slices.append(
+            DeviceSlice(
+                device_id=d.device_id,
+                node_id=d.node_id,
+                vendor=_vendor(d.vendor),
+                model=d.model,
+                index=d.index,
+                uuid=d.uuid,
+                memory_mib=mem,
+                compute_pct=comp,
+                whole=pl.whole,
+            )
+        )
+    host = tuple(HostCharge(pool.nodes[ni].node_id, cpu, mem) for ni, cpu, mem in pl.host)
+    return Reserve(
+        job_id=req.job_id,
+        tenant=req.tenant,
+        owner=req.owner or req.tenant,
+        queue=queue,
+        priority=priority,
+        lease_ttl_s=req.lease_ttl_s,
+        slices=tuple(slices),
+        host=host,
+        capacity_units=units,
+        in_quota=in_quota,
+        policy=pl.policy,
+    )
+
+
+def apply_decision(pool: WorkingPool, decision: Decision, now_s: float | None = None) -> None:
+    """Apply a Reserve/Preempt to ``pool`` as if committed (victims released, slices taken).
+
+    The reservation becomes a non-preemptible pseudo-lease ``reservation:<job_id>``.
+    """
+    if isinstance(decision, Preempt):
+        pool.release_many(decision.victims)
+        r = decision.reserve
+    elif isinstance(decision, Reserve):
+        r = decision
+    else:
+        return
+    pool.add_lease(
+        LeaseState(
+            lease_id=f"reservation:{r.job_id}",
+            job_id=r.job_id,
+            tenant=r.tenant,
+            queue=r.queue,
+            priority=r.priority,
+            started_at_s=pool.now_s if now_s is None else now_s,
+            slices=tuple(
+                LeaseSlice(s.device_id, s.memory_mib, s.compute_pct, s.whole) for s in r.slices
+            ),
+            capacity_units=r.capacity_units,
+            preemptible=False,
+            host=r.host,
+        )
+    )
+
+
+def _policy_for(ctx: _Ctx, queue: str) -> PlacementPolicy:
+    q = ctx.config.queue(queue)
+    return ctx.registry.get(
+        q.placement if q is not None and q.placement else ctx.config.placement.default_policy
+    )
+
+
+@dataclass(slots=True)
+class _Outcome:
+    decision: Decision
+    demand: Demand | None = None
+    classes: tuple[int, ...] = ()
+
+
+def _decide_one(item: PendingRequest, pool: WorkingPool, ctx: _Ctx) -> _Outcome:
+    req = item.request
+    cfg = ctx.config
+    demand = make_demand(req, pool)
+    rej = never_fits(req, pool, cfg, demand)
+    if rej is not None:
+        return _Outcome(Reject(req.job_id, rej.reason, rej.field, rej.detail))
+    queue = cfg.resolve_queue(req.tenant, req.queue)
+    priority = cfg.priority_value(req.priority)
+    assert queue is not None and priority is not None  # never_fits validated both
+    policy = _policy_for(ctx, queue)
+    ranked = policy.rank_classes(pool, demand, demand.classes)
+
+    verdicts = {ci: check_quota(pool, cfg, queue, demand, ci) for ci in ranked}
+    allowed = tuple(ci for ci in ranked if verdicts[ci].allowed)
+    backfill = cfg.starvation.backfill_max_duration_s
+    may_backfill = (
+        backfill > 0 and req.expected_duration_s is not None and req.expected_duration_s <= backfill
+    )
+    for ci in allowed:
+        pl = place_in_class(pool, demand, policy, ci, respect_holds=not may_backfill)
+        if pl is not None:
+            return _Outcome(
+                _reserve(pool, req, queue, priority, pl, verdicts[ci].in_quota), demand, allowed
+            )
+
+    wait = _why_not(item, pool, ctx, demand, policy, queue, priority, ranked, allowed, verdicts)
+    if isinstance(wait, Wait) and req.max_wait_s is not None:
+        waited = ctx.now_s - item.enqueued_at_s
+        if waited >= req.max_wait_s:
+            return _Outcome(TimedOut(req.job_id, waited, wait.reason), demand, allowed)
+    return _Outcome(wait, demand, allowed)
+
+
+def _why_not(
+    item: PendingRequest,
+    pool: WorkingPool,
+    ctx: _Ctx,
+    demand: Demand,
+    policy: PlacementPolicy,
+    queue: str,
+    priority: int,
+    ranked: list[int],
+    allowed: tuple[int, ...],
+    verdicts: dict[int, QuotaVerdict],
+) -> Decision:
+    """It does not fit now: preempt, or explain why it waits (in this order of precedence)."""
+    req = item.request
+    cfg = ctx.config
+    job = req.job_id
+    ok, allowed_ids, avoided = pool.dev_ok, demand.allowed, demand.avoided
+    healthy = any(
+        ok[i] and (allowed_ids is None or i in allowed_ids) and i not in avoided
+        for ci in ranked
+        for i in pool.class_devs[ci]
+    )
+    if not healthy:
+        return Wait(job, Reason.NO_MATCHING_DEVICE, "every matching device is unhealthy or lost")
+
+    def quota_ok(ci: int) -> bool:
+        return check_quota(pool, cfg, queue, demand, ci).allowed
+
+    # Capacity already on its way back: do not preempt more while leases are ending.
+    ending = [lid for lid, pl in pool.leases.items() if pl.state.terminating]
+    if ending:
+        mine = any(pool.leases[lid].state.preempted_for == job for lid in ending)
+        released = pool.release_many(ending)
+        try:
+            fits = any(
+                quota_ok(ci) and place_in_class(pool, demand, policy, ci) is not None
+                for ci in ranked
+            )
+        finally:
+            pool.restore_many(released)
+        if mine or (fits and item.nominated):
+            return Wait(
+                job,
+                Reason.PREEMPTION_IN_PROGRESS,
+                f"waiting for {len(ending)} preempted lease(s) to end",
+            )
+        if fits:
+            return Wait(
+                job,
+                Reason.CAPACITY_INCOMING,
+                f"fits once {len(ending)} ending lease(s) give their slices back",
+            )
+
+    if pool.held_nodes and any(
+        place_in_class(pool, demand, policy, ci, respect_holds=False) for ci in allowed
+    ):
+        return Wait(
+            job,
+            Reason.CAPACITY_RESERVED,
+            f"fits only on {len(pool.held_nodes)} node(s) held for a starved job",
+        )
+
+    in_quota = any(v.in_quota for v in verdicts.values())
+    plan = plan_preemption(
+        pool,
+        demand,
+        policy,
+        ranked,
+        queue=queue,
+        priority=priority,
+        in_quota=in_quota,
+        config=cfg,
+        quota_ok=quota_ok,
+    )
+    if plan is not None:
+        iq = check_quota(pool, cfg, queue, demand, plan.placement.class_index).in_quota
+        reserve = _reserve(pool, req, queue, priority, plan.placement, iq)
+        return Preempt(job, plan.victims, reserve, f"preempting {len(plan.victims)} lease(s)")
+
+    if not allowed:
+        first = verdicts[ranked[0]]
+        return Wait(job, Reason.QUOTA_EXHAUSTED, first.detail)
+    if demand.gang:
+        ready = max((placeable_count(pool, demand, ci) for ci in allowed), default=0)
+        if ready > 0:
+            where = {"node": "one node", "domain": "one interconnect domain", "any": "the pool"}[
+                demand.scope
+            ]
+            return Wait(
+                job,
+                Reason.WAITING_FOR_GANG,
+                f"{ready} of {demand.count} devices could be placed now; "
+                f"the gang needs all of them on {where}",
+            )
+    cls = pool.classes[allowed[0]]
+    free = placeable_count(pool, demand, allowed[0])
+    return Wait(
+        job,
+        Reason.INSUFFICIENT_CAPACITY,
+        f"needs {demand.count} x {cls.model}; {free} can take a slice now",
+    )
+
+
+def _hold_nodes(pool: WorkingPool, demand: Demand, classes: Sequence[int]) -> set[int]:
+    """Nodes where a starved request is likeliest to fit first; later requests must leave them."""
+    k = demand.count
+    for ci in classes:
+        mem, comp = demand.share(pool.classes[ci])
+        free = {
+            ni: len(eligible_devices(pool, demand, devs, mem, comp))
+            for ni, devs in pool.class_nodes[ci].items()
+            if pool.nodes[ni].cpu_milli_total >= demand.cpu_milli
+            and pool.nodes[ni].memory_mib_total >= demand.host_memory_mib
+        }
+        if demand.scope == "node":
+            big = [ni for ni in free if len(pool.class_nodes[ci][ni]) >= k]
+            if big:
+                return {max(big, key=lambda n: (free[n], pool.node_mem_free[n], -n))}
+        elif demand.scope == "domain":
+            doms: dict[str, list[int]] = {}
+            for ni in free:
+                for i in pool.class_nodes[ci][ni]:
+                    dk = domain_key(pool.devices[i].domain, pool.nodes[ni].node_id)
+                    if ni not in doms.setdefault(dk, []):
+                        doms[dk].append(ni)
+            fits = [
+                (sum(free[n] for n in ns), dk)
+                for dk, ns in doms.items()
+                if sum(len(pool.class_nodes[ci][n]) for n in ns) >= k
+            ]
+            if fits:
+                return set(doms[max(fits)[1]])
+        else:
+            out: set[int] = set()
+            got = 0
+            for ni in sorted(free, key=lambda n: (-free[n], n)):
+                if got >= k:
+                    break
+                out.add(ni)
+                got += len(pool.class_nodes[ci][ni])
+            if got >= k:
+                return out
+    return set()
+
+
+def _as_pending(x: PendingRequest | JobRequested, now_s: float) -> PendingRequest:
+    return x if isinstance(x, PendingRequest) else PendingRequest(x, now_s)
+
+
+def _setup(
+    pool: PoolSnapshot | WorkingPool,
+    config: SchedulerConfig | None,
+    now_s: float | None,
+    policies: PolicyRegistry | None,
+    history: FairShareHistory | None,
+) -> tuple[WorkingPool, _Ctx]:
+    if isinstance(pool, WorkingPool):
+        wp = pool
+        cfg = config or pool.config
+    else:
+        cfg = config or default_config()
+        wp = WorkingPool(pool, cfg)
+    if now_s is not None:
+        wp.now_s = now_s
+    mark_over_quota(wp, cfg)
+    ctx = _Ctx(cfg, policies or default_registry(cfg.placement), history, wp.now_s)
+    return wp, ctx
+
+
+def decide(
+    request: JobRequested | PendingRequest,
+    pool: PoolSnapshot | WorkingPool,
+    config: SchedulerConfig | None = None,
+    *,
+    now_s: float | None = None,
+    policies: PolicyRegistry | None = None,
+    apply: bool = False,
+) -> Decision:
+    """Decide one request against ``pool``.
+
+    A :class:`~.model.PoolSnapshot` is turned into a fresh working pool; a
+    :class:`~.pool.WorkingPool` is used as is and, with ``apply=True``, the decision is applied to
+    it. ``now_s`` defaults to the snapshot's clock. ``config`` defaults to the pool's, or to
+    :func:`~.config.default_config`.
+    """
+    wp, ctx = _setup(pool, config, now_s, policies, None)
+    out = _decide_one(_as_pending(request, ctx.now_s), wp, ctx).decision
+    if apply:
+        apply_decision(wp, out, ctx.now_s)
+    return out
+
+
+def decide_batch(
+    pending: Sequence[PendingRequest | JobRequested],
+    pool: PoolSnapshot | WorkingPool,
+    config: SchedulerConfig | None = None,
+    *,
+    now_s: float | None = None,
+    policies: PolicyRegistry | None = None,
+    history: FairShareHistory | None = None,
+) -> list[tuple[str, Decision]]:
+    """Decide every pending request against one snapshot, in fair-share order.
+
+    The order and the anti-starvation holds are described in :mod:`.fairshare`. Each Reserve and
+    Preempt is applied to the working pool before the next request is considered, so the batch
+    never over-allocates. A :class:`~.pool.WorkingPool` passed in is mutated; a snapshot is not.
+    Returns ``(job_id, decision)`` in decision order, one per request.
+    """
+    wp, ctx = _setup(pool, config, now_s, policies, history)
+    cfg = ctx.config
+    wp.held_nodes = set()
+    items = [_as_pending(p, ctx.now_s) for p in pending]
+    groups: dict[str, list[PendingRequest]] = {}
+    rejected: list[tuple[str, Decision]] = []
+    prio_of: dict[str, float] = {}
+    for it in items:
+        r = it.request
+        q = cfg.resolve_queue(r.tenant, r.queue)
+        p = cfg.priority_value(r.priority)
+        if q is None or p is None:
+            rej = never_fits(r, wp, cfg)
+            assert rej is not None
+            rejected.append((r.job_id, Reject(r.job_id, rej.reason, rej.field, rej.detail)))
+            continue
+        prio_of[r.job_id] = effective_priority(p, ctx.now_s - it.enqueued_at_s, cfg.aging)
+        groups.setdefault(q, []).append(it)
+
+    def head_key(it: PendingRequest) -> tuple[int, float, float, str]:
+        return (
+            0 if it.nominated else 1,
+            -prio_of[it.request.job_id],
+            it.enqueued_at_s,
+            it.request.job_id,
+        )
+
+    def queue_key(q: str) -> tuple[int, tuple[float, ...]]:
+        return (0 if below_guarantee(wp, cfg, q) else 1, share_path(wp, cfg, history, q))
+
+    out: list[tuple[str, Decision]] = list(rejected)
+    holds = 0
+    order = FairOrder(groups, head_key, queue_key)
+    for it in order:
+        res = _decide_one(it, wp, ctx)
+        d = res.decision
+        if isinstance(d, Reserve | Preempt):
+            apply_decision(wp, d, ctx.now_s)
+        elif (
+            isinstance(d, Wait)
+            and d.reason in (Reason.INSUFFICIENT_CAPACITY, Reason.WAITING_FOR_GANG)
+            and holds < cfg.starvation.max_holds
+            and ctx.now_s - it.enqueued_at_s >= cfg.starvation.after_s
+            and res.demand is not None
+        ):
+            held = _hold_nodes(wp, res.demand, res.classes)
+            if held:
+                wp.held_nodes |= held
+                holds += 1
+        out.append((it.request.job_id, d))
+    return out

@@ -1,0 +1,464 @@
+"""Placement: which devices on which nodes serve a demand, under a pluggable policy.
+
+The engine (:func:`place`) is shared; a :class:`PlacementPolicy` only supplies three judgements:
+
+* ``rank_classes``: the order in which device classes are tried (heterogeneity: the request's
+  intent, cheapest / fastest / balanced, against the catalog's cost and capacity);
+* ``device_score``: which devices on a node to take (higher is better);
+* ``node_score``: which node to take (higher is better).
+
+Policies are looked up by name in a :class:`PolicyRegistry` and selected per queue. A node-scoring
+function (for instance the FGD scorer of ``xpupool.placement``) plugs in with
+:class:`ScoredPolicy` without touching the engine.
+
+Topology: scope ``node`` puts every slice on one node; ``domain`` puts them in one interconnect
+domain (NVLink / HCCS / MLU-Link; a device without a domain is its node's own domain); ``any``
+prefers one node, then fills the fewest nodes. Host demand is charged on every node used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from xpupool.scheduler.domain.config import PlacementConfig
+from xpupool.scheduler.domain.matching import Demand
+from xpupool.scheduler.domain.pool import DeviceClass, WorkingPool, domain_key
+
+__all__ = [
+    "BinpackPolicy",
+    "NodeScorer",
+    "Placement",
+    "PlacementPolicy",
+    "PolicyRegistry",
+    "ScoredPolicy",
+    "SpreadPolicy",
+    "XpupoolPolicy",
+    "class_cost_key",
+    "default_registry",
+    "eligible_devices",
+    "place",
+    "place_in_class",
+    "placeable_count",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a demand goes: devices of one class, the share on each, host charges per node."""
+
+    class_index: int
+    devices: tuple[int, ...]
+    memory_mib: int
+    compute_pct: int
+    whole: bool
+    host: tuple[tuple[int, int, int], ...]
+    """(node index, cpu_milli, memory_mib) charged on each node used."""
+    score: float
+    policy: str
+
+
+class PlacementPolicy(Protocol):
+    """What a placement policy decides; see the module docstring."""
+
+    @property
+    def name(self) -> str:
+        """The name queues select the policy by."""
+        ...
+
+    def rank_classes(self, pool: WorkingPool, demand: Demand, classes: Sequence[int]) -> list[int]:
+        """The matching classes in the order to try them."""
+        ...
+
+    def device_score(
+        self, pool: WorkingPool, i: int, memory_mib: int, compute_pct: int, whole: bool
+    ) -> float:
+        """How good device ``i`` is for one slice (higher is better)."""
+        ...
+
+    def node_score(
+        self, pool: WorkingPool, ni: int, chosen: Sequence[int], demand: Demand, memory_mib: int
+    ) -> float:
+        """How good node ``ni`` is when it takes devices ``chosen`` (higher is better)."""
+        ...
+
+
+NodeScorer = Callable[[WorkingPool, int, Sequence[int], Demand, int], float]
+"""Signature of a pluggable node scorer: (pool, node index, chosen devices, demand, memory_mib)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Class ranking by intent.
+# ----------------------------------------------------------------------------------------------
+
+
+def class_cost_key(cls: DeviceClass, demand: Demand, intent: str) -> tuple[float, float]:
+    """Sort key of a class for ``intent`` (smaller first).
+
+    * ``cheapest``: the hourly cost of the slices the request takes (a light share on a big,
+      expensive device can cost more than a whole cheap one), then the weaker class, so strong
+      devices stay free for requests only they can serve;
+    * ``fastest``: the highest capacity, then the cheaper;
+    * ``balanced``: the lowest cost per capacity unit (price/performance), then the faster.
+
+    A class without a price (0) is priced at its capacity units, so capacity still orders it.
+    """
+    price = cls.cost_per_hour if cls.cost_per_hour > 0 else cls.capacity_units
+    if intent == "fastest":
+        return (-cls.capacity_units, price)
+    if intent == "balanced":
+        return (price / max(cls.capacity_units, 1e-9), -cls.capacity_units)
+    mem, compute = demand.share(cls)
+    frac = 1.0 if demand.whole else max(compute / 100.0, mem / max(cls.memory_total_mib, 1))
+    return (price * frac, cls.capacity_units)
+
+
+class _Base:
+    """Shared parts: intent ranking and the load/fragmentation knobs."""
+
+    def __init__(self, cfg: PlacementConfig | None = None) -> None:
+        c = cfg or PlacementConfig()
+        self.hot_util_pct = c.hot_util_pct
+        self.typical_share = c.typical_share_pct / 100.0
+
+    def rank_classes(self, pool: WorkingPool, demand: Demand, classes: Sequence[int]) -> list[int]:
+        """Order matching classes by the request's intent (:func:`class_cost_key`)."""
+        return sorted(
+            classes, key=lambda ci: (*class_cost_key(pool.classes[ci], demand, demand.intent), ci)
+        )
+
+    @staticmethod
+    def _busy_after(pool: WorkingPool, ni: int, chosen: Sequence[int]) -> float:
+        total = len(pool.node_devs[ni]) or 1
+        newly = sum(1 for i in chosen if pool.dev_holders[i] == 0 and not pool.dev_exclusive[i])
+        return (pool.node_busy[ni] + newly) / total
+
+
+class BinpackPolicy(_Base):
+    """Fill the busiest nodes and the fullest devices first (HAMi/KAI ``binpack``)."""
+
+    name = "binpack"
+
+    def device_score(
+        self, pool: WorkingPool, i: int, memory_mib: int, compute_pct: int, whole: bool
+    ) -> float:
+        """Least memory and compute left over after the slice."""
+        if whole:
+            return 0.0
+        total = pool.devices[i].memory_total_mib or 1
+        return (
+            -((pool.dev_mem_free[i] - memory_mib) / total)
+            - (pool.dev_compute_free[i] - compute_pct) / 100.0
+        )
+
+    def node_score(
+        self, pool: WorkingPool, ni: int, chosen: Sequence[int], demand: Demand, memory_mib: int
+    ) -> float:
+        """Fraction of the node's devices in use afterwards."""
+        return self._busy_after(pool, ni, chosen)
+
+
+class SpreadPolicy(_Base):
+    """Fill the emptiest nodes and devices first (HAMi/KAI ``spread``)."""
+
+    name = "spread"
+
+    def device_score(
+        self, pool: WorkingPool, i: int, memory_mib: int, compute_pct: int, whole: bool
+    ) -> float:
+        """Most memory and compute left over after the slice."""
+        if whole:
+            return 0.0
+        total = pool.devices[i].memory_total_mib or 1
+        return (pool.dev_mem_free[i] - memory_mib) / total + (
+            pool.dev_compute_free[i] - compute_pct
+        ) / 100.0
+
+    def node_score(
+        self, pool: WorkingPool, ni: int, chosen: Sequence[int], demand: Demand, memory_mib: int
+    ) -> float:
+        """Fraction of the node's devices idle afterwards."""
+        return 1.0 - self._busy_after(pool, ni, chosen)
+
+
+class XpupoolPolicy(_Base):
+    """The default: binpack that is load-, fragmentation- and host-aware.
+
+    * Shares go to devices that are already shared (whole devices stay whole for whole-device
+      and gang requests), where they cost the fewest *typical shares* (``typical_share_pct`` of
+      the device's memory) the device could still host, then best fit on memory, and away from
+      hot devices (``util_pct`` above ``hot_util_pct``).
+    * Nodes are packed (fewer half-used nodes, so gangs find whole nodes) but a placement that
+      would strand idle devices without host CPU is penalized.
+    """
+
+    name = "xpupool"
+
+    def device_score(
+        self, pool: WorkingPool, i: int, memory_mib: int, compute_pct: int, whole: bool
+    ) -> float:
+        """See the class docstring; whole devices only prefer the least loaded."""
+        util = pool.devices[i].util_pct or 0.0
+        load = 2.0 if util >= self.hot_util_pct else 0.3 * util / 100.0
+        if whole:
+            return -load
+        total = pool.devices[i].memory_total_mib or 1
+        free = pool.dev_mem_free[i]
+        # Fragmentation: how many typical shares this device could host before vs after (FGD's
+        # idea on one device); then best fit on what is left.
+        typ = max(1, int(total * self.typical_share))
+        lost = free // typ - (free - memory_mib) // typ
+        s = 1.0 if pool.dev_holders[i] > 0 else 0.0
+        s -= 0.3 * lost
+        s -= 0.5 * (free - memory_mib) / total
+        return s - load
+
+    def node_score(
+        self, pool: WorkingPool, ni: int, chosen: Sequence[int], demand: Demand, memory_mib: int
+    ) -> float:
+        """Pack nodes, penalize stranding devices without CPU, and prefer idle devices' nodes."""
+        busy = self._busy_after(pool, ni, chosen)
+        node = pool.nodes[ni]
+        strand = 0.0
+        if node.cpu_milli_total > 0:
+            cpu_left = (pool.node_cpu_free[ni] - demand.cpu_milli) / node.cpu_milli_total
+            strand = max(0.0, (1.0 - busy) - cpu_left)
+        s = busy - 0.5 * strand
+        if not demand.whole:
+            s += sum(self.device_score(pool, i, memory_mib, 0, False) for i in chosen) / max(
+                len(chosen), 1
+            )
+        return s
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredPolicy:
+    """A policy whose node score comes from a plugged-in function (e.g. an FGD scorer).
+
+    Class ranking and device choice are delegated to ``base``.
+    """
+
+    name: str
+    node_scorer: NodeScorer
+    base: PlacementPolicy = field(default_factory=XpupoolPolicy)
+
+    def rank_classes(self, pool: WorkingPool, demand: Demand, classes: Sequence[int]) -> list[int]:
+        """Delegated to ``base``."""
+        return self.base.rank_classes(pool, demand, classes)
+
+    def device_score(
+        self, pool: WorkingPool, i: int, memory_mib: int, compute_pct: int, whole: bool
+    ) -> float:
+        """Delegated to ``base``."""
+        return self.base.device_score(pool, i, memory_mib, compute_pct, whole)
+
+    def node_score(
+        self, pool: WorkingPool, ni: int, chosen: Sequence[int], demand: Demand, memory_mib: int
+    ) -> float:
+        """The plugged-in scorer."""
+        return self.node_scorer(pool, ni, chosen, demand, memory_mib)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRegistry:
+    """Policies by name. Immutable: :meth:`with_policy` returns a new registry."""
+
+    policies: Mapping[str, PlacementPolicy]
+    default: str = "xpupool"
+
+    def get(self, name: str | None) -> PlacementPolicy:
+        """The policy called ``name``, or the default one when ``name`` is None or unknown."""
+        if name is not None and name in self.policies:
+            return self.policies[name]
+        return self.policies[self.default]
+
+    def with_policy(self, policy: PlacementPolicy) -> PolicyRegistry:
+        """A copy with ``policy`` added or replaced."""
+        return PolicyRegistry({**self.policies, policy.name: policy}, self.default)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Registered policy names (pass them to ``load_config(known_policies=...)``)."""
+        return tuple(self.policies)
+
+
+def default_registry(cfg: PlacementConfig | None = None) -> PolicyRegistry:
+    """The built-in policies: ``xpupool`` (default), ``binpack`` and ``spread``."""
+    c = cfg or PlacementConfig()
+    pols: list[PlacementPolicy] = [XpupoolPolicy(c), BinpackPolicy(c), SpreadPolicy(c)]
+    return PolicyRegistry({p.name: p for p in pols}, c.default_policy)
+
+
+# ----------------------------------------------------------------------------------------------
+# The engine.
+# ----------------------------------------------------------------------------------------------
+
+
+def eligible_devices(
+    pool: WorkingPool, demand: Demand, devs: Iterable[int], memory_mib: int, compute_pct: int
+) -> list[int]:
+    """Devices among ``devs`` that can take one slice of ``demand`` now."""
+    ok, holders, excl = pool.dev_ok, pool.dev_holders, pool.dev_exclusive
+    if demand.whole:
+        out = [i for i in devs if ok[i] and holders[i] == 0 and not excl[i]]
+    else:
+        mf, cf = pool.dev_mem_free, pool.dev_compute_free
+        out = [
+            i
+            for i in devs
+            if ok[i] and not excl[i] and mf[i] >= memory_mib and cf[i] >= compute_pct
+        ]
+    if demand.id_filtered:
+        allowed, avoided = demand.allowed, demand.avoided
+        out = [i for i in out if (allowed is None or i in allowed) and i not in avoided]
+    return out
+
+
+def _best(
+    pool: WorkingPool,
+    policy: PlacementPolicy,
+    elig: list[int],
+    k: int,
+    mem: int,
+    comp: int,
+    whole: bool,
+) -> list[int]:
+    if len(elig) <= k and k > 1:
+        return elig
+    if k == 1:
+        score = policy.device_score
+        return [max(elig, key=lambda i: (score(pool, i, mem, comp, whole), -i))]
+    scored = sorted(elig, key=lambda i: (-policy.device_score(pool, i, mem, comp, whole), i))
+    return scored[:k]
+
+
+def place_in_class(
+    pool: WorkingPool,
+    demand: Demand,
+    policy: PlacementPolicy,
+    ci: int,
+    *,
+    nodes: Collection[int] | None = None,
+    respect_holds: bool = True,
+) -> Placement | None:
+    """The best placement of ``demand`` on devices of class ``ci`` now, or ``None``."""
+    cls = pool.classes[ci]
+    mem, comp = demand.share(cls)
+    if mem > cls.memory_total_mib:
+        return None
+    k = demand.count
+    single = demand.scope == "node"
+    quick = single and demand.whole and not demand.id_filtered
+    wf = pool.class_whole_free[ci]
+    held = pool.held_nodes if respect_holds else ()
+    cpu, hmem = demand.cpu_milli, demand.host_memory_mib
+    cpu_free, mem_free = pool.node_cpu_free, pool.node_mem_free
+    cands: list[tuple[int, list[int]]] = []
+    for ni, devs in pool.class_nodes[ci].items():
+        if quick and wf.get(ni, 0) < k:
+            continue
+        if (nodes is not None and ni not in nodes) or ni in held:
+            continue
+        if cpu_free[ni] < cpu or mem_free[ni] < hmem:
+            continue
+        elig = eligible_devices(pool, demand, devs, mem, comp)
+        if len(elig) >= (k if single else 1):
+            cands.append((ni, elig))
+    if not cands:
+        return None
+
+    whole = demand.whole
+    best_pl: Placement | None = None
+    # One node when it can, for every scope: fewer nodes is never worse for a job.
+    for ni, elig in cands:
+        if len(elig) < k:
+            continue
+        chosen = _best(pool, policy, elig, k, mem, comp, whole)
+        s = policy.node_score(pool, ni, chosen, demand, mem)
+        if best_pl is None or s > best_pl.score:
+            best_pl = Placement(
+                ci, tuple(chosen), mem, comp, whole, ((ni, cpu, hmem),), s, policy.name
+            )
+    if best_pl is not None or single:
+        return best_pl
+
+    if demand.scope == "domain":
+        groups: dict[str, list[tuple[int, list[int]]]] = {}
+        for ni, elig in cands:
+            by_dom: dict[str, list[int]] = {}
+            node_id = pool.nodes[ni].node_id
+            for i in elig:
+                by_dom.setdefault(domain_key(pool.devices[i].domain, node_id), []).append(i)
+            for dk, devs in by_dom.items():
+                groups.setdefault(dk, []).append((ni, devs))
+        for members in groups.values():
+            pl = _fill(pool, policy, demand, ci, members, mem, comp)
+            if pl is not None and (best_pl is None or pl.score > best_pl.score):
+                best_pl = pl
+        return best_pl
+    return _fill(pool, policy, demand, ci, cands, mem, comp)
+
+
+def _fill(
+    pool: WorkingPool,
+    policy: PlacementPolicy,
+    demand: Demand,
+    ci: int,
+    members: list[tuple[int, list[int]]],
+    mem: int,
+    comp: int,
+) -> Placement | None:
+    """Fill ``demand`` across nodes, the nodes holding the most eligible devices first."""
+    k = demand.count
+    if sum(len(e) for _, e in members) < k:
+        return None
+    order = sorted(
+        members,
+        key=lambda m: (-len(m[1]), -policy.node_score(pool, m[0], m[1][:1], demand, mem), m[0]),
+    )
+    chosen: list[int] = []
+    host: list[tuple[int, int, int]] = []
+    score = 0.0
+    for ni, elig in order:
+        take = _best(pool, policy, elig, min(len(elig), k - len(chosen)), mem, comp, demand.whole)
+        chosen.extend(take)
+        host.append((ni, demand.cpu_milli, demand.host_memory_mib))
+        score += policy.node_score(pool, ni, take, demand, mem)
+        if len(chosen) >= k:
+            break
+    leftover = sum(len(e) for _, e in members) - k
+    # Between groups (domains), fewest nodes first, then the tightest fit (least leftover).
+    score = score / len(host) - len(host) - 0.01 * leftover
+    return Placement(ci, tuple(chosen), mem, comp, demand.whole, tuple(host), score, policy.name)
+
+
+def place(
+    pool: WorkingPool,
+    demand: Demand,
+    policy: PlacementPolicy,
+    *,
+    classes: Sequence[int] | None = None,
+    nodes: Collection[int] | None = None,
+    respect_holds: bool = True,
+) -> Placement | None:
+    """The first class, in the policy's order, where ``demand`` fits now, and where in it."""
+    for ci in classes if classes is not None else policy.rank_classes(pool, demand, demand.classes):
+        pl = place_in_class(pool, demand, policy, ci, nodes=nodes, respect_holds=respect_holds)
+        if pl is not None:
+            return pl
+    return None
+
+
+def placeable_count(pool: WorkingPool, demand: Demand, ci: int) -> int:
+    """How many slices of ``demand`` class ``ci`` could take now ignoring topology (for gangs)."""
+    cls = pool.classes[ci]
+    mem, comp = demand.share(cls)
+    n = 0
+    for ni, devs in pool.class_nodes[ci].items():
+        if (
+            pool.node_cpu_free[ni] >= demand.cpu_milli
+            and pool.node_mem_free[ni] >= demand.host_memory_mib
+        ):
+            n += len(eligible_devices(pool, demand, devs, mem, comp))
+    return n

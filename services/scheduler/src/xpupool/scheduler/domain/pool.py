@@ -1,0 +1,349 @@
+"""The mutable working copy of a snapshot that a batch of decisions updates.
+
+:class:`WorkingPool` turns a :class:`~.model.PoolSnapshot` into flat per-device and per-node
+arrays indexed by integers, groups devices into *device classes* (same vendor, model, memory,
+capacity, capabilities, isolation and cost) and keeps a few incremental indexes, so deciding 1,000
+requests against one snapshot never rebuilds anything: each reservation, release or restore is
+O(slices).
+
+Quota and fair-share usage per queue (and all its ancestors) is tracked here too, because it
+changes with every reservation and release in the batch.
+
+The pool is deliberately a plain mutable object: the decision functions use
+:meth:`WorkingPool.release` / :meth:`WorkingPool.restore` to simulate "what if these leases were
+gone" and undo it exactly, which is much cheaper than copying 10,000 devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from xpupool.scheduler.domain.config import SchedulerConfig
+from xpupool.scheduler.domain.model import HEALTHY, HostCharge, LeaseSlice, LeaseState, PoolSnapshot
+
+__all__ = ["DeviceClass", "PoolLease", "Usage", "WorkingPool", "domain_key"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceClass:
+    """Devices that are interchangeable for matching, pricing and quota (one catalog entry)."""
+
+    index: int
+    vendor: str
+    model: str
+    memory_total_mib: int
+    capacity_units: float
+    capabilities: frozenset[str]
+    isolation: frozenset[str]
+    cost_per_hour: float
+    interconnect: str
+    hard_isolation: bool
+
+
+@dataclass(slots=True)
+class Usage:
+    """What a queue (with its whole subtree) holds now.
+
+    ``devices`` and ``by_model`` count a share as the fraction of the device it takes (the larger
+    of its memory and compute fractions); ``units`` are normalized capacity units.
+    """
+
+    units: float = 0.0
+    devices: float = 0.0
+    memory_mib: float = 0.0
+    by_model: dict[str, float] = field(default_factory=dict)
+
+    def add(
+        self,
+        units: float,
+        devices: float,
+        memory_mib: float,
+        by_model: dict[str, float],
+        sign: float,
+    ) -> None:
+        """Add (sign=+1) or remove (sign=-1) one lease's footprint."""
+        self.units += sign * units
+        self.devices += sign * devices
+        self.memory_mib += sign * memory_mib
+        for m, n in by_model.items():
+            self.by_model[m] = self.by_model.get(m, 0.0) + sign * n
+
+
+@dataclass(slots=True)
+class PoolLease:
+    """A lease resolved against the pool: device indices and its quota footprint."""
+
+    state: LeaseState
+    queue: str
+    devices: tuple[int, ...]
+    units: float
+    device_count: float
+    memory_mib: float
+    by_model: dict[str, float]
+    nodes: frozenset[int]
+    over_quota: bool = False
+
+
+def domain_key(domain: str, node_id: str) -> str:
+    """The interconnect domain of a device; a device without one is its node's own domain."""
+    return domain if domain else f"node:{node_id}"
+
+
+class WorkingPool:
+    """Flat, incrementally updated view of a snapshot; see the module docstring."""
+
+    def __init__(self, snapshot: PoolSnapshot, config: SchedulerConfig) -> None:
+        self.config = config
+        self.now_s = snapshot.now_s
+        self.version = snapshot.version
+        self.devices = [d for n in snapshot.nodes for d in n.devices]
+        self.nodes = list(snapshot.nodes)
+        self.node_index = {n.node_id: i for i, n in enumerate(self.nodes)}
+        self.node_cpu_free = [n.cpu_milli_free for n in self.nodes]
+        self.node_mem_free = [n.memory_mib_free for n in self.nodes]
+        self.node_devs: list[tuple[int, ...]] = []
+        self.dev_node: list[int] = []
+        self.dev_class: list[int] = []
+        self.dev_index: dict[str, int] = {}
+        self.dev_mem_free = [d.memory_free_mib for d in self.devices]
+        self.dev_compute_free = [d.compute_free_pct for d in self.devices]
+        self.dev_holders = [d.holders for d in self.devices]
+        self.dev_exclusive = [d.exclusive for d in self.devices]
+        self.dev_ok = [d.health == HEALTHY for d in self.devices]
+        self.node_busy = [0] * len(self.nodes)
+        self.classes: list[DeviceClass] = []
+        self.class_devs: list[list[int]] = []
+        self.class_nodes: list[dict[int, list[int]]] = []
+        self.class_domains: list[dict[str, dict[int, list[int]]]] = []
+        self.class_whole_free: list[dict[int, int]] = []
+        self.model_names: set[str] = set()
+        class_ids: dict[tuple[object, ...], int] = {}
+
+        i = 0
+        for ni, node in enumerate(self.nodes):
+            idxs = []
+            for d in node.devices:
+                key = (
+                    d.vendor,
+                    d.model,
+                    d.memory_total_mib,
+                    d.capacity_units,
+                    d.capabilities,
+                    d.isolation,
+                    d.cost_per_hour,
+                    d.interconnect,
+                )
+                ci = class_ids.get(key)
+                if ci is None:
+                    ci = len(self.classes)
+                    class_ids[key] = ci
+                    self.classes.append(
+                        DeviceClass(
+                            index=ci,
+                            vendor=d.vendor,
+                            model=d.model,
+                            memory_total_mib=d.memory_total_mib,
+                            capacity_units=d.capacity_units,
+                            capabilities=d.capabilities,
+                            isolation=d.isolation,
+                            cost_per_hour=d.cost_per_hour,
+                            interconnect=d.interconnect,
+                            hard_isolation=d.hard_isolation,
+                        )
+                    )
+                    self.class_devs.append([])
+                    self.class_nodes.append({})
+                    self.class_domains.append({})
+                    self.class_whole_free.append({})
+                self.model_names.add(d.model.lower())
+                self.dev_node.append(ni)
+                self.dev_class.append(ci)
+                self.dev_index[d.device_id] = i
+                if d.uuid:
+                    self.dev_index.setdefault(d.uuid, i)
+                self.class_devs[ci].append(i)
+                self.class_nodes[ci].setdefault(ni, []).append(i)
+                dk = domain_key(d.domain, node.node_id)
+                self.class_domains[ci].setdefault(dk, {}).setdefault(ni, []).append(i)
+                if self._whole_free(i):
+                    wf = self.class_whole_free[ci]
+                    wf[ni] = wf.get(ni, 0) + 1
+                if self._busy(i):
+                    self.node_busy[ni] += 1
+                idxs.append(i)
+                i += 1
+            self.node_devs.append(tuple(idxs))
+
+        usable = [d for d in self.devices if d.health != "lost"]
+        self.total_devices = float(len(usable)) or 1.0
+        self.total_memory_mib = float(sum(d.memory_total_mib for d in usable)) or 1.0
+        self.total_units = float(sum(d.capacity_units for d in usable)) or 1.0
+
+        self.leases: dict[str, PoolLease] = {}
+        self.node_leases: list[set[str]] = [set() for _ in self.nodes]
+        self.usage: dict[str, Usage] = {}
+        self.held_nodes: set[int] = set()
+        for lease in snapshot.leases:
+            self._register(lease, charge=False)
+
+    # ------------------------------------------------------------------------------------------
+    # Per-device predicates used on the hot path.
+    # ------------------------------------------------------------------------------------------
+
+    def _whole_free(self, i: int) -> bool:
+        return self.dev_ok[i] and self.dev_holders[i] == 0 and not self.dev_exclusive[i]
+
+    def _busy(self, i: int) -> bool:
+        return self.dev_holders[i] > 0 or self.dev_exclusive[i]
+
+    def usage_of(self, queue: str) -> Usage:
+        """The usage of ``queue`` (its subtree included); zero when it holds nothing."""
+        u = self.usage.get(queue)
+        if u is None:
+            u = self.usage[queue] = Usage()
+        return u
+
+    # ------------------------------------------------------------------------------------------
+    # Footprints and incremental updates.
+    # ------------------------------------------------------------------------------------------
+
+    def slice_fraction(self, i: int, memory_mib: int, compute_pct: int, whole: bool) -> float:
+        """The fraction of device ``i`` a slice takes: 1 for whole, else max(memory, compute)."""
+        if whole:
+            return 1.0
+        total = self.devices[i].memory_total_mib or 1
+        return max(compute_pct / 100.0, memory_mib / total)
+
+    def _resolve(self, lease: LeaseState) -> PoolLease:
+        idxs: list[int] = []
+        units = devices = memory = 0.0
+        by_model: dict[str, float] = {}
+        nodes: set[int] = set()
+        for s in lease.slices:
+            i = self.dev_index.get(s.device_id)
+            if i is None:
+                continue  # the device left the inventory; nothing to give back
+            d = self.devices[i]
+            frac = self.slice_fraction(i, s.memory_mib, s.compute_pct, s.whole)
+            idxs.append(i)
+            units += d.capacity_units * frac
+            devices += frac
+            memory += d.memory_total_mib if s.whole else s.memory_mib
+            by_model[d.model] = by_model.get(d.model, 0.0) + frac
+            nodes.add(self.dev_node[i])
+        for h in lease.host:
+            ni = self.node_index.get(h.node_id)
+            if ni is not None:
+                nodes.add(ni)
+        queue = self.config.charge_queue(lease.tenant, lease.queue)
+        return PoolLease(
+            lease, queue, tuple(idxs), units, devices, memory, by_model, frozenset(nodes)
+        )
+
+    def _charge_usage(self, pl: PoolLease, sign: float) -> None:
+        for q in self.config.path(pl.queue):
+            self.usage_of(q).add(pl.units, pl.device_count, pl.memory_mib, pl.by_model, sign)
+
+    def _apply_slice(self, i: int, s: LeaseSlice, sign: int) -> None:
+        ni = self.dev_node[i]
+        ci = self.dev_class[i]
+        was_free, was_busy = self._whole_free(i), self._busy(i)
+        if s.whole:
+            self.dev_exclusive[i] = sign > 0
+            mem = self.devices[i].memory_total_mib
+            self.dev_mem_free[i] -= sign * mem
+            self.dev_compute_free[i] -= sign * 100
+        else:
+            self.dev_mem_free[i] -= sign * s.memory_mib
+            self.dev_compute_free[i] -= sign * s.compute_pct
+        self.dev_holders[i] += sign
+        now_free, now_busy = self._whole_free(i), self._busy(i)
+        if was_free != now_free:
+            wf = self.class_whole_free[ci]
+            wf[ni] = wf.get(ni, 0) + (1 if now_free else -1)
+        if was_busy != now_busy:
+            self.node_busy[ni] += 1 if now_busy else -1
+
+    def _apply_host(self, host: Iterable[HostCharge], sign: int) -> None:
+        for h in host:
+            ni = self.node_index.get(h.node_id)
+            if ni is not None:
+                self.node_cpu_free[ni] -= sign * h.cpu_milli
+                self.node_mem_free[ni] -= sign * h.memory_mib
+
+    def _register(self, lease: LeaseState, *, charge: bool) -> PoolLease:
+        pl = self._resolve(lease)
+        if charge:
+            for s in lease.slices:
+                i = self.dev_index.get(s.device_id)
+                if i is not None:
+                    self._apply_slice(i, s, +1)
+            self._apply_host(lease.host, +1)
+        self.leases[lease.lease_id] = pl
+        for ni in pl.nodes:
+            self.node_leases[ni].add(lease.lease_id)
+        self._charge_usage(pl, +1.0)
+        return pl
+
+    def add_lease(self, lease: LeaseState) -> PoolLease:
+        """Take ``lease``'s slices and host resources out of the free counters and charge its queue.
+
+        Used for the scheduler's own reservations within a batch, and by a shell that keeps the
+        pool between cycles and applies granted leases incrementally.
+        """
+        if lease.lease_id in self.leases:
+            raise ValueError(f"lease {lease.lease_id!r} is already in the pool")
+        return self._register(lease, charge=True)
+
+    def release(self, lease_id: str) -> PoolLease | None:
+        """Give back ``lease_id``'s slices and host resources; :meth:`restore` undoes it."""
+        pl = self.leases.pop(lease_id, None)
+        if pl is None:
+            return None
+        for s in pl.state.slices:
+            i = self.dev_index.get(s.device_id)
+            if i is not None:
+                self._apply_slice(i, s, -1)
+        self._apply_host(pl.state.host, -1)
+        for ni in pl.nodes:
+            self.node_leases[ni].discard(lease_id)
+        self._charge_usage(pl, -1.0)
+        return pl
+
+    def restore(self, pl: PoolLease) -> None:
+        """Undo :meth:`release` exactly (the over-quota flag included)."""
+        self._register(pl.state, charge=True).over_quota = pl.over_quota
+
+    def release_many(self, lease_ids: Sequence[str]) -> list[PoolLease]:
+        """Release several leases; returns them in order for :meth:`restore_many`."""
+        out = []
+        for lid in lease_ids:
+            pl = self.release(lid)
+            if pl is not None:
+                out.append(pl)
+        return out
+
+    def restore_many(self, released: Sequence[PoolLease]) -> None:
+        """Undo :meth:`release_many`."""
+        for pl in reversed(released):
+            self.restore(pl)
+
+    # ------------------------------------------------------------------------------------------
+    # Invariants, for tests and for the shell's paranoia checks.
+    # ------------------------------------------------------------------------------------------
+
+    def violations(self) -> list[str]:
+        """Every device or node whose free counters went negative or above total."""
+        out = []
+        for i, d in enumerate(self.devices):
+            if self.dev_mem_free[i] < 0 or self.dev_mem_free[i] > d.memory_total_mib:
+                out.append(f"device {d.device_id}: memory_free {self.dev_mem_free[i]}")
+            if self.dev_compute_free[i] < 0 or self.dev_compute_free[i] > 100:
+                out.append(f"device {d.device_id}: compute_free {self.dev_compute_free[i]}")
+            if self.dev_exclusive[i] and self.dev_holders[i] != 1:
+                out.append(f"device {d.device_id}: exclusive with {self.dev_holders[i]} holders")
+        for ni, n in enumerate(self.nodes):
+            if self.node_cpu_free[ni] < 0 or self.node_mem_free[ni] < 0:
+                out.append(f"node {n.node_id}: host resources negative")
+        return out

@@ -1,0 +1,125 @@
+"""The operator's queue/policy file: loading, validation, defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from xpupool.scheduler.domain import ConfigError, default_config, load_config, parse_config
+from xpupool.scheduler.domain.config import ROOT
+
+YAML = """
+priority_classes: {low: 100, normal: 500, high: 900, critical: 1000}
+default_priority: normal
+tenants: {alice: vision}
+preemption: {min_runtime_s: 120}
+fair_share: {half_life_s: 1800}
+starvation: {after_s: 300}
+queues:
+  - name: research
+    weight: 2
+    guaranteed: {units: 16, devices: {A100: 8}}
+    limit: {units: 32}
+    placement: xpupool
+    children:
+      - {name: vision, guaranteed: {units: 8}}
+      - {name: nlp, guaranteed: {units: 8}, over_quota: false}
+  - name: batch
+    placement: binpack
+    preemptible: true
+    tenants: [bob]
+"""
+
+TOML = """
+default_priority = "normal"
+[[queues]]
+name = "prod"
+weight = 3.0
+[queues.guaranteed]
+units = 4
+[[queues]]
+name = "dev"
+[queues.limit]
+units = 2
+"""
+
+
+def test_load_yaml_tree(tmp_path: Path):
+    """A YAML file yields the queue tree, tenant map and policy settings."""
+    p = tmp_path / "sched.yaml"
+    p.write_text(YAML)
+    cfg = load_config(p)
+    assert cfg.queues[ROOT].children == ("research", "batch")
+    assert cfg.queues["vision"].parent == "research"
+    assert cfg.path("vision") == ("vision", "research", ROOT)
+    assert cfg.resolve_queue("alice", None) == "vision"
+    assert cfg.resolve_queue("bob", None) == "batch"
+    assert cfg.queues["research"].guaranteed_devices == {"A100": 8.0}
+    assert cfg.queues["nlp"].over_quota is False
+    assert cfg.preemption.min_runtime_s == 120 and cfg.fair_share.half_life_s == 1800
+
+
+def test_load_toml(tmp_path: Path):
+    """A TOML file with the same schema loads too."""
+    p = tmp_path / "sched.toml"
+    p.write_text(TOML)
+    cfg = load_config(p)
+    assert cfg.queues["prod"].weight == 3.0 and cfg.queues["dev"].limit_units == 2.0
+
+
+@pytest.mark.parametrize(
+    ("doc", "where"),
+    [
+        ({"queues": [{"name": "a", "weight": 0}]}, "queues[0].weight"),
+        (
+            {"queues": [{"name": "a", "guaranteed": {"units": 4}, "limit": {"units": 2}}]},
+            "queues[0].limit.units",
+        ),
+        ({"queues": [{"name": "a"}, {"name": "a"}]}, "queues[1].name"),
+        ({"queues": [{"name": "a", "placement": "magic"}]}, "queues[0].placement"),
+        ({"queues": [{"name": "a", "wieght": 2}]}, "queues[0].wieght"),
+        ({"default_priority": "urgent"}, "default_priority"),
+        ({"tenants": {"x": "missing"}}, "tenants.x"),
+        (
+            {
+                "queues": [
+                    {
+                        "name": "p",
+                        "guaranteed": {"units": 1},
+                        "children": [{"name": "c", "guaranteed": {"units": 2}}],
+                    }
+                ]
+            },
+            "queues[0].guaranteed.units",
+        ),
+        (
+            {"queues": [{"name": "p", "children": [{"name": "c"}]}], "tenants": {"x": "p"}},
+            "tenants.x",
+        ),
+    ],
+)
+def test_validation_errors_name_the_key(doc, where):
+    """Each invalid document raises ConfigError naming the offending key."""
+    with pytest.raises(ConfigError) as e:
+        parse_config(doc, source="f.yaml")
+    assert f"f.yaml: {where}:" in str(e.value)
+
+
+def test_unparseable_file(tmp_path: Path):
+    """A file that is not valid YAML raises ConfigError with the path."""
+    p = tmp_path / "bad.yaml"
+    p.write_text("queues: [\n")
+    with pytest.raises(ConfigError, match="bad.yaml: cannot parse"):
+        load_config(p)
+
+
+def test_default_config_per_tenant_queues():
+    """Without a file, every tenant gets an unlimited queue named after itself under root."""
+    cfg = default_config()
+    assert cfg.resolve_queue("alice", None) == "alice"
+    assert cfg.resolve_queue("alice", "alice") == "alice"
+    assert cfg.resolve_queue("alice", "bob") is None
+    q = cfg.queue("alice")
+    assert q is not None and q.limit_units is None and q.parent == ROOT
+    assert cfg.priority_value("high") == 900 and cfg.priority_value("750") == 750
