@@ -8,6 +8,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -251,8 +252,10 @@ def summarize(runs: Sequence[RunResult], total_gpus: int) -> PolicySummary:
     frag = {p: PointStats.of([r.frag_at(p) for r in runs]) for p in FRAG_POINTS}
     unalloc = PointStats.of([(100.0 - r.alloc_at(100)) / 100.0 * total_gpus for r in runs])
     stacked = np.vstack([r.alloc_by_arrival for r in runs])
-    with np.errstate(all="ignore"):
-        median = np.nanmedian(stacked, axis=0) if not np.isnan(stacked).all() else stacked[0]
+    with warnings.catch_warnings():
+        # Bins no run reached are all-NaN; their median is NaN by design.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        median = np.nanmedian(stacked, axis=0)
     lag: int | None = None
     for x in range(len(median)):
         if not math.isnan(median[x]) and x - median[x] >= 1.0:

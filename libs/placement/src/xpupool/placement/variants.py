@@ -59,11 +59,14 @@ def sharing_heavy(pods: Sequence[TracePod], rng: np.random.Generator) -> list[Tr
     cpu = [p for p in pods if p.demand.is_cpu_only]
     share = [p for p in pods if p.demand.is_sharing]
     whole = [p for p in pods if p.demand.num_gpu and not p.demand.is_sharing]
+    if not share or not whole:
+        return list(pods)
     total = sum(p.demand.gpu_request_milli for p in pods)
-    n_gpu = len(share) + len(whole)
-    picked_share = _draw(share, rng, round(0.8 * n_gpu))
-    rest = total - sum(p.demand.gpu_request_milli for p in picked_share)
-    return cpu + picked_share + _fill_request(whole, rng, rest)
+    # n_share = 4 n_whole (80 % of GPU pods) at the original total GPU request.
+    avg_share = np.mean([p.demand.gpu_request_milli for p in share])
+    avg_whole = np.mean([p.demand.gpu_request_milli for p in whole])
+    n_whole = round(total / (4 * avg_share + avg_whole))
+    return cpu + _draw(share, rng, 4 * n_whole) + _draw(whole, rng, n_whole)
 
 
 def multigpu_heavy(pods: Sequence[TracePod], rng: np.random.Generator) -> list[TracePod]:
