@@ -95,6 +95,15 @@ EXAMPLES: list[msgspec.Struct] = [
         at=NOW,
     ),
     p.InjectFault(node_id="n1", device_id="n1/nvidia0", fault="xid"),
+    p.LeaseOverused(
+        node_id="n1",
+        device_id="n1/nvidia0",
+        lease_id="l1",
+        job_id="j1",
+        granted_memory_mib=1024,
+        used_memory_mib=2048,
+        at=NOW,
+    ),
 ]
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "JobReserved",
     "JobTimedOut",
     "LeaseEnded",
+    "LeaseOverused",
     "LeaseRenewed",
     "LeaseReply",
     "NodeHeartbeat",
@@ -424,6 +425,20 @@ class DeviceHealthChanged(
     previous: Health
     current: Health
     reason: str = ""
+    at: Timestamp
+
+
+class LeaseOverused(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.lease.overused.v1"
+):
+    """A lease's processes use more device memory than it was granted on one device."""
+
+    node_id: str
+    device_id: str
+    lease_id: str
+    job_id: str
+    granted_memory_mib: int
+    used_memory_mib: int
     at: Timestamp
 
 

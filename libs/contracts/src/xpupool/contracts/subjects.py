@@ -200,6 +200,14 @@ DEVICE_HEALTH: Final = Channel(
     stream=EVENTS_STREAM,
 )
 
+LEASE_OVERUSED: Final = Channel(
+    "xpupool.devices.v1.overused",
+    (p.LeaseOverused,),
+    "A lease uses more device memory than it was granted (over-use detection).",
+    sender="telemetry-collector",
+    receivers=("operators", "lease-manager"),
+    stream=EVENTS_STREAM,
+)
 SIM_FAULT: Final = Channel(
     "xpupool.sim.v1.fault.{node_id}",
     (p.InjectFault,),
@@ -226,6 +234,7 @@ CHANNELS: Final[tuple[Channel, ...]] = (
     NODE_LOST,
     TELEMETRY,
     DEVICE_HEALTH,
+    LEASE_OVERUSED,
     SIM_FAULT,
 )
 
