@@ -38,8 +38,8 @@ lint: sync
 
 # Placement quality on the Alibaba GPU trace: every policy, seeds 42-51
 [group("bench")]
-bench-placement: sync
-    uv run --frozen python -m xpupool.placement.replay_cli --policy random,dotprod,clustering,packing,bestfit,fgd,xpupool --seeds 42-51
+bench-placement *ARGS: sync
+    uv run --frozen python bench/placement/bench_placement.py {{ARGS}}
 
 # Scheduler decision time against pools of 100 to 10,000 devices
 [group("bench")]

@@ -169,8 +169,8 @@ async def consume_stream(
                     config=config,
                 )
             messages = await subscription.fetch(batch, timeout=0.5)
-        except nats.errors.TimeoutError:
-            continue
+        except (nats.errors.TimeoutError, TimeoutError):
+            continue  # an idle fetch, not a fault
         except Exception as error:  # noqa: BLE001  (any transport failure: rebuild and retry)
             log.warning("consumer_restarting", error=repr(error))
             subscription = None

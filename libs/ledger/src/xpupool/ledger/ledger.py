@@ -17,19 +17,6 @@ from redis.asyncio import Redis
 
 from xpupool.contracts import DeviceSample, DeviceSlice, DeviceSpec, Health, Vendor
 
-_SCRIPTS = (
-    "reserve",
-    "grant",
-    "renew",
-    "end",
-    "expire",
-    "register_node",
-    "heartbeat",
-    "reap_nodes",
-    "set_health",
-    "pend",
-    "time_out_pending",
-)
 _SPEC_DECODER = msgspec.json.Decoder(DeviceSpec)
 
 
@@ -193,6 +180,9 @@ class LeaseRecord:
     end_reason: str | None
     end_detail: str
     ended_ms: int | None
+    host: dict[str, HostClaim] = field(default_factory=dict)
+    usage: list[UsageClaim] = field(default_factory=list)
+    preempted_for: str = ""
 
 
 @dataclass(frozen=True)
@@ -205,6 +195,7 @@ class JobRecord:
     reason: str
     detail: str
     since_ms: int | None
+    nominated: bool = False
 
 
 def _int(value: Any, default: int = 0) -> int:
@@ -223,9 +214,13 @@ class Ledger:
         self.prefix = "{" + namespace + "}:"
         package = resources.files("xpupool.ledger") / "lua"
         prelude = (package / "_prelude.lua").read_text()
+        # Every lua/*.lua but the prelude is one transition, registered by its file name.
         self._scripts = {
-            name: redis.register_script(prelude + "\n" + (package / f"{name}.lua").read_text())
-            for name in _SCRIPTS
+            entry.name.removesuffix(".lua"): redis.register_script(
+                prelude + "\n" + entry.read_text()
+            )
+            for entry in package.iterdir()
+            if entry.name.endswith(".lua") and not entry.name.startswith("_")
         }
 
     @property
@@ -325,6 +320,61 @@ class Ledger:
             return []
         bodies = await self._redis.mget([self.key("pending-req", j) for j in job_ids])
         return [(j, b) for j, b in zip(job_ids, bodies, strict=True) if b is not None]
+
+    async def pending_jobs(self, limit: int = 1000) -> list[tuple[bytes | str, JobRecord]]:
+        """The pending requests in score order with what the ledger knows of each job."""
+        entries = await self.pending(limit)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for job_id, _ in entries:
+                pipe.hgetall(self.key("job", job_id))
+            rows = await pipe.execute()
+        jobs = []
+        for (job_id, body), row in zip(entries, rows, strict=True):
+            r = {_str(a): _str(b) for a, b in row.items()}
+            if r.get("state") != "pending":
+                continue
+            jobs.append(
+                (
+                    body,
+                    JobRecord(
+                        job_id=job_id,
+                        state="pending",
+                        lease_id=None,
+                        reason=r.get("reason", ""),
+                        detail=r.get("detail", ""),
+                        since_ms=_int(r.get("since_ms")) or None,
+                        nominated=r.get("nominated") == "1",
+                    ),
+                )
+            )
+        return jobs
+
+    async def note_pending(
+        self, job_id: str, reason: str, detail: str = "", nominated: bool | None = None
+    ) -> None:
+        """Record why a pending job waits (for ``xpupool explain``); not a state change."""
+        mapping: dict[str | bytes, str] = {"reason": reason, "detail": detail}
+        if nominated is not None:
+            mapping["nominated"] = "1" if nominated else "0"
+        await self._redis.hset(self.key("job", job_id), mapping=mapping)  # type: ignore[arg-type]
+
+    async def mark_preempted_for(self, lease_id: str, job_id: str) -> None:
+        """Mark a lease whose end was requested for ``job_id`` (it still holds its slices)."""
+        await self._redis.hset(self.key("lease", lease_id), "preempted_for", job_id)
+
+    async def drop_pending(
+        self, job_id: str, reason: str, field_name: str | None, detail: str
+    ) -> ScriptResult:
+        """Reject a pending request for good; its terminal event goes through the outbox."""
+        return await self._run("drop_pending", job_id, reason, field_name or "", detail)
+
+    async def acquire(self, name: str, owner: str, ttl_ms: int) -> bool:
+        """Take (or extend) a short advisory lock."""
+        return (await self._run("acquire", name, owner, ttl_ms)).ok
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        """Give an advisory lock back if we hold it."""
+        await self._run("release_lock", name, owner)
 
     async def time_out_pending(self, limit: int = 100) -> ScriptResult:
         """End pending requests past their max wait (events go through the outbox)."""
@@ -464,6 +514,13 @@ def _node(node_id: str, row: dict[Any, Any], devices: list[DeviceRecord]) -> Nod
 
 
 _SLICES_DECODER = msgspec.json.Decoder(list[TakenSlice])
+_HOST_DECODER = msgspec.json.Decoder(dict[str, HostClaim])
+_USAGE_DECODER = msgspec.json.Decoder(list[UsageClaim])
+
+
+def _json_map(raw: str | None) -> str:
+    """cjson writes an empty map as ``[]``; read that back as ``{}``."""
+    return "{}" if not raw or raw == "[]" else raw
 
 
 def _lease(lease_id: str, row: dict[Any, Any]) -> LeaseRecord:
@@ -485,4 +542,7 @@ def _lease(lease_id: str, row: dict[Any, Any]) -> LeaseRecord:
         end_reason=r.get("end_reason") or None,
         end_detail=r.get("end_detail", ""),
         ended_ms=_int(r.get("ended_ms")) or None,
+        host=_HOST_DECODER.decode(_json_map(r.get("host"))),
+        usage=_USAGE_DECODER.decode(r.get("usage") or "[]") if r.get("usage") != "{}" else [],
+        preempted_for=r.get("preempted_for", ""),
     )

@@ -104,6 +104,22 @@ class FragEvaluator:
                 allowed = set(s.allowed_models)
                 access[:, j] = [m in allowed for m in self.models]
         self.access: BoolArray = access & self.gpu_shape[None, :]
+        # evaluate() works per base shape (cpu, milli, count) with the probability mass each
+        # GPU model can use: shapes that differ only in their model constraint (hundreds with
+        # gpu_spec) then cost one column instead of one each. F is unchanged:
+        # F = total x sum(p) + sum_b P[model, b] x (host_b ? below_b - total : 0).
+        keys = sorted({(s.cpu_milli, s.gpu_milli, s.num_gpu) for s in shapes})
+        where = {k: i for i, k in enumerate(keys)}
+        base = np.array([where[(s.cpu_milli, s.gpu_milli, s.num_gpu)] for s in shapes])
+        self.base_cpu: IntArray = np.array([k[0] for k in keys], dtype=np.int64)
+        self.base_num: IntArray = np.array([k[2] for k in keys], dtype=np.int64)
+        base_milli = np.array([k[1] for k in keys], dtype=np.int64)
+        self.base_thr: IntArray = np.searchsorted(self.thresholds, base_milli).astype(np.int64)
+        usable = np.zeros((len(self.models), len(keys)), dtype=np.float64)
+        for j in range(len(shapes)):
+            usable[:, base[j]] += np.where(self.access[:, j], self.prob[j], 0.0)
+        self.base_usable: FloatArray = usable
+        self.prob_sum = float(self.prob.sum())
 
     def evaluate(self, gpu_free: IntArray, cpu_free: IntArray, model_id: IntArray) -> FloatArray:
         """``F`` for ``K`` node states given as ``(K, G)`` GPU free, ``(K,)`` CPU free and model."""
@@ -111,15 +127,13 @@ class FragEvaluator:
         ge = gpu_free[:, :, None] >= self.thresholds[None, None, :]
         cnt = ge.sum(axis=1)
         above = np.einsum("kg,kgu->ku", gpu_free, ge.astype(np.int64))
-        cnt_s = cnt[:, self.thr_index]
-        below_s = (total[:, None] - above)[:, self.thr_index]
-        host = (
-            (cnt_s >= self.num[None, :])
-            & (cpu_free[:, None] >= self.cpu[None, :])
-            & self.access[model_id]
+        host = (cnt[:, self.base_thr] >= self.base_num[None, :]) & (
+            cpu_free[:, None] >= self.base_cpu[None, :]
         )
-        frag = np.where(host, below_s, total[:, None]).astype(np.float64)
-        out: FloatArray = frag @ self.prob
+        gain = np.where(host, -above[:, self.base_thr], 0).astype(np.float64)
+        out: FloatArray = total * self.prob_sum + np.einsum(
+            "kb,kb->k", gain, self.base_usable[model_id]
+        )
         return out
 
     def hostable(self, gpu_free: IntArray, cpu_free: IntArray, model_id: IntArray) -> BoolArray:

@@ -1,7 +1,14 @@
-"""Scheduler handlers: plain async functions of (message, dependencies)."""
+"""Scheduler handlers: plain async functions of (message, dependencies).
+
+A job request is admitted into the ledger's persistent pending queue; scheduling cycles then
+decide every pending request at once with the pure domain (``xpupool.scheduler.domain``) and
+commit each reservation with one Lua script that re-checks capacity, health and quota. A decision
+made on stale state fails its commit and is decided again in the next cycle, never applied.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -10,6 +17,8 @@ from datetime import UTC, datetime
 import msgspec
 
 from xpupool.contracts import (
+    EndLease,
+    EndReason,
     JobPending,
     JobRejected,
     JobRequested,
@@ -17,12 +26,36 @@ from xpupool.contracts import (
     JobTimedOut,
     decoder_for,
 )
-from xpupool.ledger import Ledger, Reservation, SliceClaim, SliceMeta
+from xpupool.ledger import (
+    HostClaim,
+    JobRecord,
+    Ledger,
+    Reservation,
+    SliceClaim,
+    SliceMeta,
+    UsageClaim,
+)
 from xpupool.obs import get_logger
-from xpupool.scheduler.firstfit import Place, Reject, Wait, first_fit
+from xpupool.scheduler.config_source import ConfigSource
+from xpupool.scheduler.domain import (
+    FairShareHistory,
+    PendingRequest,
+    PoolSnapshot,
+    Preempt,
+    Reject,
+    Reserve,
+    SchedulerConfig,
+    Wait,
+    WorkingPool,
+    current_usage,
+    decide_batch,
+    update_history,
+)
 from xpupool.scheduler.settings import SchedulerSettings
+from xpupool.scheduler.snapshot import UNITS_FIELD, build_snapshot, devices_field
 
-PRIORITY_CLASSES = {"low": 100, "normal": 500, "high": 900, "critical": 1000}
+ADMITTED = "queued"
+_REQUEST_DECODER = decoder_for((JobRequested,))
 
 
 def _new_lease_id() -> str:
@@ -35,121 +68,36 @@ class SchedulerDeps:
 
     ledger: Ledger
     settings: SchedulerSettings
+    config: ConfigSource
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    history: FairShareHistory | None = None
     new_lease_id: Callable[[], str] = field(default=_new_lease_id)
 
 
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
 def pending_score(priority: int, arrival_ms: int) -> float:
-    """Lower scores are retried first: higher priority, then earlier arrival."""
+    """Order in the pending store (the domain re-orders by fair share on every cycle)."""
     return float(-priority * 10**13 + arrival_ms)
 
 
-def _reservation(request: JobRequested, place: Place, deps: SchedulerDeps) -> Reservation:
-    return Reservation(
-        job_id=request.job_id,
-        lease_id=deps.new_lease_id(),
-        tenant=request.tenant,
-        queue=request.queue or request.tenant,
-        priority=PRIORITY_CLASSES.get(request.priority, 500),
-        owner=request.owner or request.tenant,
-        ttl_ms=int(request.lease_ttl_s * 1000),
-        hold_ms=int(deps.settings.reservation_hold_s * 1000),
-        slices=[
-            SliceClaim(
-                device_id=c.device.spec.device_id,
-                memory_mib=c.memory_mib,
-                compute_pct=c.compute_pct,
-                whole=c.whole,
-                meta=SliceMeta(
-                    vendor=c.device.spec.vendor.value,
-                    model=c.device.spec.model,
-                    index=c.device.spec.index,
-                    uuid=c.device.spec.uuid,
-                ),
-            )
-            for c in place.slices
-        ],
-    )
+async def admit_job(request: JobRequested, deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
+    """Put a new request in the persistent pending queue and wake a scheduling cycle.
 
-
-async def place_job(
-    request: JobRequested, deps: SchedulerDeps, from_pending: bool = False
-) -> Sequence[msgspec.Struct]:
-    """Decide and commit. A commit refused because the snapshot went stale is decided again on
-    fresh state; the ledger script, not this function, is what guarantees capacity."""
-    log = get_logger()
-    last_reason, last_detail = "contention", ""
-    for _ in range(deps.settings.commit_attempts):
-        decision = first_fit(request, await deps.ledger.nodes())
-        if isinstance(decision, Reject):
-            if from_pending:
-                # The pool shrank under a waiting job: it keeps waiting (max_wait_s bounds it).
-                last_reason, last_detail = decision.reason, decision.detail
-                break
-            return [
-                JobRejected(
-                    job_id=request.job_id,
-                    tenant=request.tenant,
-                    field_name=decision.field_name,
-                    reason=decision.reason,
-                    detail=decision.detail,
-                )
-            ]
-        if isinstance(decision, Wait):
-            last_reason, last_detail = decision.reason, decision.detail
-            break
-        result = await deps.ledger.reserve(_reservation(request, decision, deps))
-        if result.ok or result.reason == "job_finished":
-            return []
-        log.info("commit_refused", reason=result.reason, detail=result.detail)
-        last_reason, last_detail = result.reason, result.detail
-    if from_pending:
-        return []
-    return await _park(request, deps, last_reason, last_detail)
-
-
-async def _park(
-    request: JobRequested, deps: SchedulerDeps, reason: str, detail: str
-) -> Sequence[msgspec.Struct]:
-    priority = PRIORITY_CLASSES.get(request.priority, 500)
-    now_ms = await deps.ledger.now_ms()
-    result = await deps.ledger.pend(
-        request.job_id,
-        pending_score(priority, now_ms),
-        msgspec.json.encode(request),
-        None if request.max_wait_s is None else int(request.max_wait_s * 1000),
-        reason,
-        detail,
-    )
-    if not result.ok:
-        return []
-    since = datetime.fromtimestamp(result.since_ms / 1000, tz=UTC)
-    return [
-        JobPending(
-            job_id=request.job_id, tenant=request.tenant, reason=reason, detail=detail, since=since
-        )
-    ]
-
-
-async def schedule_job(request: JobRequested, deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
-    """Handle a new job request: ignore a duplicate of a known job, else place or park it."""
+    A duplicate of a job the ledger already knows past admission is ignored: the job id is the
+    idempotency key, whatever the transport did.
+    """
     known = await deps.ledger.get_job(request.job_id)
     if known is not None and known.state != "pending":
         return []
-    if request.priority not in PRIORITY_CLASSES:
-        return [
-            JobRejected(
-                job_id=request.job_id,
-                tenant=request.tenant,
-                field_name="priority",
-                reason="invalid_request",
-                detail=f"unknown priority class; known: {', '.join(PRIORITY_CLASSES)}",
-            )
-        ]
-    return await place_job(request, deps)
+    priority = deps.config.current().priority_value(request.priority) or 0
+    await deps.ledger.pend(
+        request.job_id,
+        pending_score(priority, await deps.ledger.now_ms()),
+        msgspec.json.encode(request),
+        None if request.max_wait_s is None else int(request.max_wait_s * 1000),
+        ADMITTED,
+    )
+    deps.wake.set()
+    return []
 
 
 def reject_invalid_request(data: bytes, field: str | None, reason: str) -> Sequence[msgspec.Struct]:
@@ -170,27 +118,176 @@ def reject_invalid_request(data: bytes, field: str | None, reason: str) -> Seque
 
 
 def give_up_request(request: JobRequested, error: BaseException) -> Sequence[msgspec.Struct]:
-    """A request whose handling kept failing ends with a rejection rather than silence."""
+    """A request whose admission kept failing ends with a rejection rather than silence."""
     return [
         JobRejected(
             job_id=request.job_id,
             tenant=request.tenant,
             reason="internal_error",
-            detail=f"scheduling failed repeatedly: {type(error).__name__}",
+            detail=f"admission failed repeatedly: {type(error).__name__}",
         )
     ]
 
 
-_REQUEST_DECODER = decoder_for((JobRequested,))
+# ---- the scheduling cycle -------------------------------------------------------------------
 
 
-async def retry_pending(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
-    """One pass over the pending queue: time out the overdue, try the rest in score order."""
-    await deps.ledger.time_out_pending()
-    events: list[msgspec.Struct] = []
-    for _, body in await deps.ledger.pending():
+def _usage_claims(
+    reserve: Reserve, snapshot: PoolSnapshot, config: SchedulerConfig
+) -> list[UsageClaim]:
+    """Quota counters the reservation adds to, for the queue and each ancestor, with limits."""
+    devices = {d.device_id: d for n in snapshot.nodes for d in n.devices}
+    per_model: dict[str, float] = {}
+    for s in reserve.slices:
+        d = devices[s.device_id]
+        fraction = (
+            1.0 if s.whole else max(s.compute_pct / 100, s.memory_mib / max(d.memory_total_mib, 1))
+        )
+        per_model[d.model] = per_model.get(d.model, 0.0) + fraction
+    claims = []
+    for name in config.path(reserve.queue):
+        queue = config.queue(name)
+        limit_units = queue.limit_units if queue and queue.limit_units is not None else -1.0
+        claims.append(UsageClaim(name, UNITS_FIELD, reserve.capacity_units, limit_units))
+        for model, count in per_model.items():
+            limit = queue.limit_devices.get(model) if queue else None
+            claims.append(
+                UsageClaim(name, devices_field(model), count, -1.0 if limit is None else limit)
+            )
+    return claims
+
+
+def reservation_of(
+    reserve: Reserve, lease_id: str, snapshot: PoolSnapshot, config: SchedulerConfig, hold_s: float
+) -> Reservation:
+    """The ledger reservation for a domain decision."""
+    return Reservation(
+        job_id=reserve.job_id,
+        lease_id=lease_id,
+        tenant=reserve.tenant,
+        queue=reserve.queue,
+        priority=reserve.priority,
+        owner=reserve.owner,
+        ttl_ms=int(reserve.lease_ttl_s * 1000),
+        hold_ms=int(hold_s * 1000),
+        slices=[
+            SliceClaim(
+                device_id=s.device_id,
+                memory_mib=s.memory_mib,
+                compute_pct=s.compute_pct,
+                whole=s.whole,
+                meta=SliceMeta(vendor=s.vendor.value, model=s.model, index=s.index, uuid=s.uuid),
+            )
+            for s in reserve.slices
+        ],
+        host={
+            h.node_id: HostClaim(h.cpu_milli, h.memory_mib)
+            for h in reserve.host
+            if h.cpu_milli or h.memory_mib
+        },
+        usage=_usage_claims(reserve, snapshot, config),
+    )
+
+
+async def _waiting(
+    job: JobRecord,
+    request: JobRequested,
+    reason: str,
+    detail: str,
+    deps: SchedulerDeps,
+    nominated: bool | None = None,
+) -> list[msgspec.Struct]:
+    """Record a wait; publish JobPending only when the reason changed (not every cycle)."""
+    if reason == job.reason and detail == job.detail and nominated is None:
+        return []
+    await deps.ledger.note_pending(job.job_id, reason, detail, nominated)
+    if reason == job.reason:
+        return []
+    since = (job.since_ms or 0) / 1000
+    return [
+        JobPending(
+            job_id=job.job_id,
+            tenant=request.tenant,
+            reason=reason,
+            detail=detail,
+            since=datetime.fromtimestamp(since, tz=UTC),
+        )
+    ]
+
+
+async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
+    """Decide every pending request against one ledger snapshot and commit the outcomes."""
+    ledger, log = deps.ledger, get_logger()
+    await ledger.time_out_pending()
+    jobs = await ledger.pending_jobs(deps.settings.batch_limit)
+    if not jobs:
+        return []
+    version = await ledger.version()
+    nodes, leases, now_ms = await ledger.nodes(), await ledger.leases(), await ledger.now_ms()
+    snapshot = build_snapshot(nodes, leases, now_ms, version)
+    config = deps.config.current()
+
+    records: dict[str, tuple[JobRecord, JobRequested]] = {}
+    pending = []
+    for body, job in jobs:
         request = _REQUEST_DECODER.decode(body)
-        events.extend(await place_job(request, deps, from_pending=True))
+        records[job.job_id] = (job, request)
+        pending.append(
+            PendingRequest(
+                request,
+                (job.since_ms or now_ms) / 1000,
+                job.nominated,
+                job.reason if job.reason != ADMITTED else "",
+            )
+        )
+    decisions = decide_batch(pending, snapshot, config, history=deps.history)
+    deps.history = update_history(
+        deps.history,
+        current_usage(WorkingPool(snapshot, config)),
+        snapshot.now_s,
+        config.fair_share.half_life_s,
+    )
+
+    events: list[msgspec.Struct] = []
+    for job_id, decision in decisions:
+        job, request = records[job_id]
+        match decision:
+            case Reserve():
+                reservation = reservation_of(
+                    decision,
+                    deps.new_lease_id(),
+                    snapshot,
+                    config,
+                    deps.settings.reservation_hold_s,
+                )
+                result = await ledger.reserve(reservation)
+                if not result.ok and result.reason != "job_finished":
+                    log.info(
+                        "commit_refused", job_id=job_id, reason=result.reason, detail=result.detail
+                    )
+                    deps.wake.set()  # decide again on fresh state
+            case Preempt(victims=victims, detail=detail):
+                for lease_id in victims:
+                    await ledger.mark_preempted_for(lease_id, job_id)
+                    events.append(
+                        EndLease(
+                            lease_id=lease_id,
+                            reason=EndReason.PREEMPTED,
+                            detail=f"preempted for {job_id}",
+                            requested_by=f"scheduler/{job_id}",
+                        )
+                    )
+                events.extend(
+                    await _waiting(
+                        job, request, "preemption_in_progress", detail, deps, nominated=True
+                    )
+                )
+            case Wait(reason=reason, detail=detail):
+                events.extend(await _waiting(job, request, reason.value, detail, deps))
+            case Reject(reason=reason, field=field, detail=detail):
+                await ledger.drop_pending(job_id, reason.value, field, detail)
+            case _:
+                pass  # TimedOut: the ledger's own deadline ends it atomically (time_out_pending)
     return events
 
 
@@ -213,9 +310,9 @@ async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgsp
                 slices=[s.to_contract() for s in lease.slices],
             )
         ]
+    request = msgspec.json.decode(fields.get("request") or "{}")
+    tenant = request.get("tenant", "") if isinstance(request, dict) else ""
     if kind == "timed_out":
-        request = msgspec.json.decode(fields.get("request") or "{}")
-        tenant = request.get("tenant", "") if isinstance(request, dict) else ""
         job = await ledger.get_job(fields["job_id"])
         return [
             JobTimedOut(
@@ -223,6 +320,16 @@ async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgsp
                 tenant=tenant,
                 waited_s=int(fields.get("waited_ms") or 0) / 1000,
                 last_reason=job.reason if job else "",
+            )
+        ]
+    if kind == "rejected":
+        return [
+            JobRejected(
+                job_id=fields["job_id"],
+                tenant=tenant or None,
+                field_name=fields.get("field") or None,
+                reason=fields.get("reason", ""),
+                detail=fields.get("detail", ""),
             )
         ]
     get_logger().error("outbox_entry_unknown", entry=fields)

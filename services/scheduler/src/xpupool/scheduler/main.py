@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import uuid
 from contextlib import AsyncExitStack, suppress
+from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis
@@ -15,24 +17,40 @@ from xpupool.contracts import subjects
 from xpupool.ledger import Ledger, OutboxRelay
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
 from xpupool.scheduler import handlers
+from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.settings import SchedulerSettings
 
 SERVICE = "scheduler"
+CYCLE_LOCK_MS = 10_000
 
 
-async def retry_loop(
-    deps: handlers.SchedulerDeps, publisher: Publisher, wake: asyncio.Event, stop: asyncio.Event
+async def cycle_loop(
+    deps: handlers.SchedulerDeps, publisher: Publisher, stop: asyncio.Event
 ) -> None:
-    """Retry pending requests whenever capacity may have freed, and at least periodically."""
+    """Run a scheduling cycle whenever something may have changed, and at least periodically.
+
+    Replicas take turns through a short ledger lock so they do not decide the same queue twice
+    at once; a replica that finds it taken tries again shortly, so work admitted on any replica
+    is decided promptly. Safety never rests on the lock: every commit re-checks in its script.
+    """
     log = get_logger()
+    owner = f"scheduler-{uuid.uuid4().hex[:8]}"
     while not stop.is_set():
         with suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), timeout=deps.settings.retry_interval_s)
-        wake.clear()
+            await asyncio.wait_for(deps.wake.wait(), timeout=deps.settings.retry_interval_s)
+        deps.wake.clear()
         try:
-            await publisher.publish_all(await handlers.retry_pending(deps))
-        except Exception as error:  # noqa: BLE001  (Redis or NATS away: next pass retries)
-            log.warning("pending_retry_failed", error=repr(error))
+            if not await deps.ledger.acquire("cycle", owner, CYCLE_LOCK_MS):
+                await asyncio.sleep(0.02)
+                deps.wake.set()
+                continue
+            try:
+                await publisher.publish_all(await handlers.schedule_cycle(deps))
+            finally:
+                await deps.ledger.release_lock("cycle", owner)
+        except Exception as error:  # noqa: BLE001  (Redis or NATS away: the next cycle retries)
+            log.warning("scheduling_cycle_failed", error=repr(error))
+            await asyncio.sleep(0.2)
 
 
 async def run(settings: SchedulerSettings) -> None:
@@ -49,12 +67,11 @@ async def run(settings: SchedulerSettings) -> None:
         stack.push_async_callback(redis.aclose)
         ledger = Ledger(redis, settings.namespace)
         publisher = Publisher(nc, js, source=f"/services/{SERVICE}")
-        deps = handlers.SchedulerDeps(ledger=ledger, settings=settings)
-
-        wake = asyncio.Event()
+        config = ConfigSource(Path(settings.queue_config) if settings.queue_config else None)
+        deps = handlers.SchedulerDeps(ledger=ledger, settings=settings, config=config)
 
         async def on_capacity_change(_: Any) -> None:
-            wake.set()
+            deps.wake.set()
 
         for channel in (subjects.ALLOC_ENDED, subjects.NODE_REGISTERED, subjects.DEVICE_HEALTH):
             await nc.subscribe(channel.address.replace("{reason}", "*"), cb=on_capacity_change)
@@ -71,14 +88,14 @@ async def run(settings: SchedulerSettings) -> None:
                 js,
                 subjects.JOB_REQUESTED,
                 "scheduler-jobs",
-                functools.partial(handlers.schedule_job, deps=deps),
+                functools.partial(handlers.admit_job, deps=deps),
                 publisher,
                 stop,
                 on_invalid=handlers.reject_invalid_request,
                 on_give_up=handlers.give_up_request,
             ),
             relay.run(stop),
-            retry_loop(deps, publisher, wake, stop),
+            cycle_loop(deps, publisher, stop),
         )
     provider.shutdown()
 

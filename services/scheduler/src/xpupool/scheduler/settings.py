@@ -17,5 +17,7 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     # Pending requests are retried on every capacity event and at least this often.
     retry_interval_s: float = 1.0
     # Commit attempts per decision before a request is parked (stale snapshot races).
-    commit_attempts: int = 3
+    # The most pending requests one cycle decides (the rest wait for the next cycle).
+    batch_limit: int = 2000
+    # Queue tree, priorities and policies (YAML or TOML); reloaded when the file changes.
     queue_config: str = ""

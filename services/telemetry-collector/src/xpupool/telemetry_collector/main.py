@@ -18,6 +18,7 @@ from xpupool.ledger import Ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
 from xpupool.telemetry_collector import handlers
 from xpupool.telemetry_collector.health import HealthModel
+from xpupool.telemetry_collector.metrics import serve_metrics
 from xpupool.telemetry_collector.settings import CollectorSettings
 
 SERVICE = "telemetry-collector"
@@ -66,8 +67,12 @@ async def run(settings: CollectorSettings) -> None:
             settings=settings,
             health=HealthModel(missed_limit=settings.missed_samples_lost),
         )
+        if settings.metrics_port:
+            port = stack.enter_context(
+                serve_metrics(deps.metrics.registry, settings.metrics_port, settings.metrics_addr)
+            )
+            get_logger().info("metrics_serving", addr=settings.metrics_addr, port=port)
         publisher = Publisher(nc, js, source=f"/services/{SERVICE}/{settings.node_id}")
-        await publisher.publish_all(await handlers.register_node(deps))
         await serve_subject(
             nc,
             subjects.SIM_FAULT,
@@ -75,6 +80,8 @@ async def run(settings: CollectorSettings) -> None:
             publisher,
             queue=f"{SERVICE}-{settings.node_id}",
         )
+        # Registered last: once the node is in the ledger, its control subject already listens.
+        await publisher.publish_all(await handlers.register_node(deps))
         await run_until_stopped(stop, sample_loop(deps, publisher, stop))
     provider.shutdown()
 

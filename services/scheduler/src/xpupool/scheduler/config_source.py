@@ -1,0 +1,43 @@
+"""The queue configuration file, reloaded when the operator edits it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from xpupool.obs import get_logger
+from xpupool.scheduler.domain import ConfigError, SchedulerConfig, default_config, load_config
+
+
+@dataclass
+class ConfigSource:
+    """Holds the current config; ``current()`` re-reads the file when its mtime changed.
+
+    A file that no longer parses is logged and ignored: the scheduler keeps the last good
+    configuration rather than stopping or falling back to defaults mid-flight.
+    """
+
+    path: Path | None
+    _config: SchedulerConfig = field(default_factory=default_config)
+    _mtime_ns: int = -1
+
+    def __post_init__(self) -> None:
+        if self.path is not None:
+            self._config = load_config(self.path)  # a bad file at start-up is fatal
+            self._mtime_ns = self.path.stat().st_mtime_ns
+
+    def current(self) -> SchedulerConfig:
+        """The configuration to decide with now."""
+        if self.path is None:
+            return self._config
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+            if mtime != self._mtime_ns:
+                self._config = load_config(self.path)
+                self._mtime_ns = mtime
+                get_logger().info("queue_config_reloaded", path=str(self.path))
+        except (OSError, ConfigError) as error:
+            get_logger().error("queue_config_invalid", path=str(self.path), error=str(error))
+            self._mtime_ns = -2  # retry on the next cycle
+        return self._config

@@ -1,0 +1,94 @@
+"""Turn ledger records into the domain's pool snapshot (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from xpupool.ledger import DeviceRecord, LeaseRecord, NodeRecord
+from xpupool.scheduler.domain import (
+    DeviceState,
+    HostCharge,
+    LeaseSlice,
+    LeaseState,
+    NodeState,
+    PoolSnapshot,
+)
+
+UNITS_FIELD = "units"
+
+
+def devices_field(model: str) -> str:
+    """The quota counter of whole-device equivalents of one model."""
+    return f"devices:{model}"
+
+
+def _device(node: NodeRecord, record: DeviceRecord) -> DeviceState:
+    spec = record.spec
+    return DeviceState(
+        device_id=spec.device_id,
+        node_id=node.node_id,
+        vendor=spec.vendor.value,
+        model=spec.model,
+        memory_total_mib=record.memory_total_mib,
+        memory_free_mib=record.memory_free_mib,
+        index=spec.index,
+        uuid=spec.uuid,
+        compute_free_pct=record.compute_free_pct,
+        exclusive=record.exclusive,
+        holders=record.holders,
+        # A node that stopped heartbeating takes no grants, whatever its devices last said.
+        health=record.health.value if node.status == "up" else "lost",
+        util_pct=record.util_pct,
+        capacity_units=spec.capacity_units,
+        capabilities=frozenset(spec.capabilities),
+        isolation=frozenset(spec.isolation),
+        interconnect=spec.interconnect,
+        domain=spec.domain,
+        cost_per_hour=spec.cost_per_hour,
+    )
+
+
+def _lease(record: LeaseRecord) -> LeaseState:
+    units = next(
+        (u.inc for u in record.usage if u.scope == record.queue and u.field == UNITS_FIELD), 0.0
+    )
+    return LeaseState(
+        lease_id=record.lease_id,
+        job_id=record.job_id,
+        tenant=record.tenant,
+        queue=record.queue,
+        priority=record.priority,
+        started_at_s=(record.granted_ms or record.created_ms) / 1000,
+        slices=tuple(
+            LeaseSlice(s.device_id, s.memory_mib, s.compute_pct, s.whole) for s in record.slices
+        ),
+        capacity_units=units,
+        # A reservation not yet granted is counted but never chosen as a victim.
+        preemptible=record.state == "active",
+        host=tuple(HostCharge(n, h.cpu_milli, h.memory_mib) for n, h in record.host.items()),
+        terminating=bool(record.preempted_for),
+        preempted_for=record.preempted_for,
+    )
+
+
+def build_snapshot(
+    nodes: Sequence[NodeRecord], leases: Sequence[LeaseRecord], now_ms: int, version: int
+) -> PoolSnapshot:
+    """The pool as the domain sees it; nodes that are not up keep their devices (marked lost) so
+    running leases are still accounted for."""
+    return PoolSnapshot(
+        nodes=tuple(
+            NodeState(
+                node_id=n.node_id,
+                devices=tuple(_device(n, d) for d in n.devices),
+                cpu_milli_total=n.cpu_total_milli,
+                cpu_milli_free=n.cpu_free_milli,
+                memory_mib_total=n.memory_total_mib,
+                memory_mib_free=n.memory_free_mib,
+            )
+            for n in nodes
+        ),
+        leases=tuple(_lease(lease) for lease in leases),
+        now_s=now_ms / 1000,
+        version=version,
+    )
