@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import eventually
 from tests.e2e.conftest import Ready
 from tests.e2e.test_flow import EventLog
 from xpupool.client import connected
