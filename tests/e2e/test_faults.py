@@ -1,0 +1,129 @@
+"""Faults: servers and services killed mid-flight; the invariants hold and work resumes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from tests.conftest import eventually
+from tests.e2e.conftest import Ready
+from tests.e2e.test_flow import EventLog
+from xpupool.client import connected
+from xpupool.contracts import AllocationGranted, JobPending, JobRejected, JobRequested
+from xpupool.devstack.servers import NatsServer, RedisServer
+from xpupool.devstack.stack import NodeSpec, Stack
+from xpupool.ledger import audit
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+
+
+async def test_lease_manager_killed_before_grant_grants_after_restart(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
+    """With the lease-manager down, a reservation waits on its stream; a restarted
+    lease-manager grants it, once."""
+    stack = make_stack([NodeSpec("node-f", "2xA100-80GB")])
+    ledger = await ready(stack, 2)
+    assert stack.nats_url
+    lease_manager = next(s for s in stack.services if s.name == "lease-manager")
+    stack.kill(lease_manager)
+    log = EventLog()
+    async with connected(stack.nats_url) as client:
+        await log.attach(client.nc)
+        waiting = client.expect("during-outage")
+        await client.submit(JobRequested(job_id="during-outage", tenant="t"))
+
+        async def reserved() -> bool:
+            job = await ledger.get_job("during-outage")
+            return job is not None and job.state == "reserved"
+
+        await eventually(reserved)
+        stack.restart(lease_manager)
+        outcome = await asyncio.wait_for(waiting, 30)
+        assert isinstance(outcome, AllocationGranted)
+        await asyncio.sleep(1.0)
+        assert len(log.of(AllocationGranted, "during-outage")) == 1
+        assert await audit(ledger) == []
+
+
+async def test_nats_restart_mid_flow_loses_nothing(
+    make_stack: Callable[..., Stack], ready: Ready, nats_server: NatsServer
+) -> None:
+    """nats-server killed and restarted (JetStream on disk): services reconnect, re-create
+    their consumers, and requests published after the restart are granted."""
+    stack = make_stack([NodeSpec("node-n", "4xA100-80GB")])
+    ledger = await ready(stack, 4)
+    assert stack.nats_url
+    async with connected(stack.nats_url) as client:
+        before = await client.submit_and_wait(JobRequested(job_id="before", tenant="t"))
+        assert isinstance(before, AllocationGranted)
+    nats_server.restart()
+    await asyncio.sleep(1.0)
+    async with connected(stack.nats_url) as client:
+        after = await client.submit_and_wait(JobRequested(job_id="after", tenant="t"), timeout_s=45)
+        assert isinstance(after, AllocationGranted)
+        reply = await client.release(before.lease_id, before.fencing_token)
+        assert reply.ok
+    assert await audit(ledger) == []
+
+
+async def test_redis_restart_keeps_the_ledger(
+    make_stack: Callable[..., Stack], ready: Ready, redis_server: RedisServer
+) -> None:
+    """redis-server killed (SIGKILL) and restarted from its AOF: leases and counters survive,
+    and the services carry on."""
+    stack = make_stack([NodeSpec("node-r", "2xA100-80GB")])
+    ledger = await ready(stack, 2)
+    assert stack.nats_url
+    async with connected(stack.nats_url) as client:
+        first = await client.submit_and_wait(JobRequested(job_id="kept", tenant="t"))
+        assert isinstance(first, AllocationGranted)
+        redis_server.restart()
+
+        async def lease_still_there() -> bool:
+            try:
+                lease = await ledger.get_lease(first.lease_id)
+            except Exception:  # noqa: BLE001  (the test's own client reconnects too)
+                return False
+            return lease is not None and lease.state == "active"
+
+        await eventually(lease_still_there)
+        second = await client.submit_and_wait(JobRequested(job_id="next", tenant="t"), timeout_s=45)
+        assert isinstance(second, AllocationGranted)
+        assert second.slices[0].device_id != first.slices[0].device_id
+    assert await audit(ledger) == []
+
+
+async def test_scheduler_killed_during_a_burst_every_request_gets_one_outcome(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
+    """A scheduler killed mid-burst and restarted: each accepted request still gets exactly one
+    first outcome (granted or pending), none twice, and the ledger stays consistent."""
+    stack = make_stack([NodeSpec("node-s", "4xA100-80GB")])
+    ledger = await ready(stack, 4)
+    assert stack.nats_url
+    scheduler = next(s for s in stack.services if s.name == "scheduler")
+    log = EventLog()
+    async with connected(stack.nats_url) as client:
+        await log.attach(client.nc)
+        requests = [JobRequested(job_id=f"burst-{i}", tenant="t") for i in range(60)]
+        for i, r in enumerate(requests):
+            await client.submit(r)
+            if i == 20:
+                stack.kill(scheduler)
+        stack.restart(scheduler)
+
+        def everyone_heard() -> bool:
+            heard = {
+                e.job_id  # type: ignore[attr-defined]
+                for e in log.events
+                if isinstance(e, AllocationGranted | JobPending | JobRejected)
+            }
+            return len(heard) == len(requests)
+
+        await eventually(everyone_heard, timeout_s=60)
+        granted = log.of(AllocationGranted)
+        assert len({g.job_id for g in granted}) == len(granted) == 4  # type: ignore[attr-defined]
+        assert await audit(ledger) == []
