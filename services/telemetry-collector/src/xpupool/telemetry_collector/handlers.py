@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any, Final
 
 import msgspec
 
@@ -14,6 +16,7 @@ from xpupool.contracts import (
     DeviceSample,
     Health,
     InjectFault,
+    LeaseOverused,
     NodeRegistered,
     TelemetrySampled,
 )
@@ -21,27 +24,49 @@ from xpupool.devices import (
     BackendUnavailable,
     Catalog,
     DeviceBackend,
+    DeviceInfo,
     Disappear,
     Overheat,
+    ProcessInfo,
     SimulatedBackend,
     Xid,
+    to_samples,
     to_specs,
 )
-from xpupool.ledger import Ledger
+from xpupool.devices.backend import device_id_for, partition_id_for
+from xpupool.ledger import DeviceRecord, LeaseRecord, Ledger
 from xpupool.obs import get_logger
 from xpupool.telemetry_collector.health import HealthModel
+from xpupool.telemetry_collector.metrics import CollectorMetrics
+from xpupool.telemetry_collector.overuse import (
+    DeviceUse,
+    Holder,
+    LeaseOfPid,
+    OveruseEpisodes,
+    assess,
+    read_lease_env,
+)
 from xpupool.telemetry_collector.settings import CollectorSettings
+
+# The ledger's state of a granted lease (grant.lua).
+ACTIVE: Final = "active"
 
 
 @dataclass
 class CollectorDeps:
-    """What the collector's handlers need."""
+    """What the collector's handlers need, and the state one collector keeps across ticks."""
 
     ledger: Ledger
     backend: DeviceBackend
     catalog: Catalog
     settings: CollectorSettings
     health: HealthModel
+    metrics: CollectorMetrics = field(default_factory=CollectorMetrics)
+    overuse: OveruseEpisodes = field(default_factory=OveruseEpisodes)
+    # How a host PID maps to its lease (tests inject a dict lookup).
+    lease_of_pid: LeaseOfPid = read_lease_env
+    # Granted leases holding a device of this node, by id (their slices never change).
+    lease_cache: dict[str, LeaseRecord] = field(default_factory=dict)
 
 
 def _now() -> datetime:
@@ -81,28 +106,41 @@ async def register_node(deps: CollectorDeps) -> Sequence[msgspec.Struct]:
 
 
 async def collect(deps: CollectorDeps) -> Sequence[msgspec.Struct]:
-    """One tick: sample, write load and health to the ledger, heartbeat, return the events.
+    """One tick: sample, write load and health to the ledger, check over-use, heartbeat;
+    returns the events. Counted and timed in the collector's metrics whatever the outcome.
 
     A backend that fails entirely (driver gone, node dying) yields no heartbeat, so the node is
     declared lost after its grace period rather than reported healthy on stale data.
     """
+    started = time.perf_counter()
+    outcome = "error"
     try:
-        samples = await asyncio.to_thread(deps.backend.sample)
-    except BackendUnavailable as error:
-        get_logger().warning("backend_unavailable", error=str(error))
-        return []
+        events, outcome = await _tick(deps)
+        return events
+    finally:
+        deps.metrics.observe_tick(outcome, time.perf_counter() - started)
+
+
+async def _tick(deps: CollectorDeps) -> tuple[list[msgspec.Struct], str]:
     node_id = deps.settings.node_id
+    log = get_logger().bind(node_id=node_id)
     devices = await deps.ledger.node_devices(node_id)
     if isinstance(deps.backend, SimulatedBackend):
-        present = {s.device_id for s in samples}
-        for d in devices:
-            if d.spec.device_id in present:
-                deps.backend.set_load(
-                    d.spec.device_id,
-                    d.memory_total_mib - d.memory_free_mib,
-                    100 - d.compute_free_pct,
-                )
-        samples = await asyncio.to_thread(deps.backend.sample)
+        _follow_leases(deps.backend, devices, deps.settings.sim_overuse_factor)
+    # Only a device shared by several leases needs its processes (the one-holder rule charges
+    # all its memory); discover() reads them, at a higher cost than sample() on some backends.
+    need_processes = any(d.holders > 1 and not d.exclusive for d in devices)
+    try:
+        if need_processes:
+            infos = await asyncio.to_thread(deps.backend.discover)
+            samples, processes = to_samples(infos, node_id), processes_by_unit(infos, node_id)
+        else:
+            samples, processes = await asyncio.to_thread(deps.backend.sample), {}
+    except BackendUnavailable as error:
+        log.warning("backend_unavailable", error=str(error))
+        # No reading: scrapes show a gap rather than the last values as if current.
+        deps.metrics.update_devices(node_id, (), (), {})
+        return [], "backend_unavailable"
     await deps.ledger.record_load(samples)
 
     events: list[msgspec.Struct] = []
@@ -121,7 +159,7 @@ async def collect(deps: CollectorDeps) -> Sequence[msgspec.Struct]:
                 at=_now(),
             )
         )
-        get_logger().warning(
+        log.warning(
             "device_health_changed",
             device_id=t.device_id,
             previous=t.previous.value,
@@ -130,12 +168,144 @@ async def collect(deps: CollectorDeps) -> Sequence[msgspec.Struct]:
         )
         reconcile = reconcile or t.current is Health.LOST or t.previous is Health.LOST
 
+    events.extend(await _check_overuse(deps, log, devices, samples, processes, need_processes))
     beat = await deps.ledger.heartbeat(node_id)
     if reconcile or not beat.ok:
         events.extend(await register_node(deps))
         await _reapply_health(deps, samples)
+    deps.metrics.update_devices(node_id, (d.spec for d in devices), samples, deps.health.states)
     events.append(TelemetrySampled(node_id=node_id, at=_now(), samples=list(samples)))
+    return events, "ok"
+
+
+def _follow_leases(
+    backend: SimulatedBackend, devices: Sequence[DeviceRecord], overuse_factor: float
+) -> None:
+    """Make simulated devices as busy as the ledger has leased them (times the over-use
+    factor), so telemetry, metrics and over-use detection see plausible load."""
+    present = set(backend.device_ids)
+    for d in devices:
+        if d.spec.device_id in present:
+            leased = d.memory_total_mib - d.memory_free_mib
+            backend.set_load(
+                d.spec.device_id, int(leased * overuse_factor), 100 - d.compute_free_pct
+            )
+
+
+def processes_by_unit(infos: Sequence[DeviceInfo], node_id: str) -> dict[str, list[ProcessInfo]]:
+    """The processes of every leasable unit, keyed like :func:`to_samples`: a MIG/vNPU
+    partition gets the processes of its GPU and compute instance."""
+    units: dict[str, list[ProcessInfo]] = {}
+    for info in infos:
+        parent = device_id_for(node_id, info.vendor, info.index)
+        if not (info.mig_mode and info.partitions):
+            units[parent] = list(info.processes)
+            continue
+        for part in info.partitions:
+            units[partition_id_for(parent, part)] = [
+                p
+                for p in info.processes
+                if p.gpu_instance_id == part.gpu_instance_id
+                and (
+                    part.compute_instance_id is None
+                    or p.compute_instance_id == part.compute_instance_id
+                )
+            ]
+    return units
+
+
+async def _check_overuse(
+    deps: CollectorDeps,
+    log: Any,
+    devices: Sequence[DeviceRecord],
+    samples: Sequence[DeviceSample],
+    processes: Mapping[str, Sequence[ProcessInfo]],
+    read_processes: bool,
+) -> list[msgspec.Struct]:
+    """Report leases newly over their memory grant (one event per lease per episode)."""
+    shared = [d.spec.device_id for d in devices if d.holders > 0 and not d.exclusive]
+    holders = await _holders(deps, shared)
+    uses = [
+        DeviceUse(s.device_id, s.memory_used_mib, processes.get(s.device_id, ()))
+        for s in samples
+        if s.device_id in holders
+    ]
+    tolerance = deps.settings.overuse_tolerance_mib
+    if read_processes:
+        # The reader opens /proc files: keep that off the event loop.
+        verdict = await asyncio.to_thread(assess, uses, holders, deps.lease_of_pid, tolerance)
+    else:
+        verdict = assess(uses, holders, deps.lease_of_pid, tolerance)
+    holding = {h.lease_id for hs in holders.values() for h in hs}
+    events: list[msgspec.Struct] = []
+    for o in deps.overuse.update(verdict, holding):
+        log.bind(lease_id=o.lease_id, job_id=o.job_id, device_id=o.device_id).warning(
+            "lease_overused",
+            granted_memory_mib=o.granted_memory_mib,
+            used_memory_mib=o.used_memory_mib,
+        )
+        events.append(
+            LeaseOverused(
+                node_id=deps.settings.node_id,
+                device_id=o.device_id,
+                lease_id=o.lease_id,
+                job_id=o.job_id,
+                granted_memory_mib=o.granted_memory_mib,
+                used_memory_mib=o.used_memory_mib,
+                at=_now(),
+            )
+        )
     return events
+
+
+async def _holders(deps: CollectorDeps, device_ids: Sequence[str]) -> dict[str, list[Holder]]:
+    """The leases holding each of ``device_ids``, with their grant there.
+
+    One pipelined read of the ``dev-leases`` sets, plus one of the lease hashes not already
+    cached: a granted lease's slices never change, so it is cached until it stops holding.
+    """
+    if not device_ids:
+        deps.lease_cache.clear()
+        return {}
+    ledger = deps.ledger
+    async with ledger.redis.pipeline(transaction=False) as pipe:
+        for device_id in device_ids:
+            pipe.smembers(ledger.key("dev-leases", device_id))
+        rows: list[set[bytes | str]] = await pipe.execute()
+    lease_ids = {
+        device_id: sorted(_text(x) for x in row)
+        for device_id, row in zip(device_ids, rows, strict=True)
+    }
+    wanted = {lease_id for ids in lease_ids.values() for lease_id in ids}
+    for stale in set(deps.lease_cache) - wanted:
+        del deps.lease_cache[stale]
+    missing = sorted(wanted - set(deps.lease_cache))
+    fetched = dict(zip(missing, await ledger.get_leases(missing), strict=True)) if missing else {}
+    for lease_id, record in fetched.items():
+        if record is not None and record.state == ACTIVE:
+            deps.lease_cache[lease_id] = record
+    holders: dict[str, list[Holder]] = {}
+    for device_id, ids in lease_ids.items():
+        for lease_id in ids:
+            record = deps.lease_cache.get(lease_id) or fetched.get(lease_id)
+            if record is None:
+                continue
+            for s in record.slices:
+                if s.device_id == device_id:
+                    holders.setdefault(device_id, []).append(
+                        Holder(
+                            lease_id=lease_id,
+                            job_id=record.job_id,
+                            granted_memory_mib=s.memory_mib,
+                            whole=s.whole,
+                            active=record.state == ACTIVE,
+                        )
+                    )
+    return holders
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 async def _reapply_health(deps: CollectorDeps, samples: Sequence[DeviceSample]) -> None:

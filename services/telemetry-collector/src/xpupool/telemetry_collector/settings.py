@@ -35,3 +35,11 @@ class CollectorSettings(msgspec.Struct, frozen=True, kw_only=True):
     missed_samples_lost: int = 3
     cpu_milli: int = msgspec.field(default_factory=lambda: (os.cpu_count() or 1) * 1000)
     memory_mib: int = 0
+    # Prometheus text on this port (dcgm-exporter uses 9400); 0 serves no metrics.
+    metrics_port: int = 0
+    metrics_addr: str = "0.0.0.0"
+    # Added to every grant before a lease counts as over-using (driver and context overhead).
+    overuse_tolerance_mib: int = 0
+    # Simulated devices report the memory leased on them times this factor; above 1 every
+    # share lease over-uses (demos and tests of over-use detection).
+    sim_overuse_factor: float = 1.0

@@ -1,0 +1,155 @@
+"""Prometheus metrics of one collector: device gauges under DCGM-exporter names, plus our own.
+
+Device gauges keep DCGM-exporter's names, units and identity labels (``gpu``, ``UUID``,
+``device``, ``modelName``, ``Hostname``) for every vendor, so dashboards built for
+dcgm-exporter work on Ascend, Cambricon and AMD nodes too. Our own metrics follow Prometheus
+conventions (``xpupool_`` prefix, base units). Each collector owns its
+:class:`~prometheus_client.CollectorRegistry`; nothing goes to the process-wide default one.
+
+Device series are rendered from the latest tick's snapshot at scrape time, so a device that
+leaves the node leaves the exposition instead of lingering with its last value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from xpupool.contracts import DeviceSample, DeviceSpec, Health
+
+__all__ = ["DCGM_LABELS", "CollectorMetrics", "DeviceReading", "serve_metrics"]
+
+DCGM_LABELS: Final = ("gpu", "UUID", "device", "modelName", "Hostname")
+_SAMPLE_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass(frozen=True)
+class DeviceReading:
+    """One leasable unit at the last tick: its identity labels and what it reported."""
+
+    labels: tuple[str, str, str, str, str]
+    memory_total_mib: int
+    health: Health
+    sample: DeviceSample | None
+
+
+def _labels(spec: DeviceSpec, node_id: str) -> tuple[str, str, str, str, str]:
+    local = spec.device_id.removeprefix(f"{node_id}/")
+    return (str(spec.index), spec.uuid, local, spec.model, node_id)
+
+
+class _DeviceGauges:
+    """A custom collector: renders the latest snapshot on every scrape (scraper's thread)."""
+
+    def __init__(self) -> None:
+        # Replaced whole, never mutated, so the scrape thread needs no lock.
+        self.readings: tuple[DeviceReading, ...] = ()
+
+    def describe(self) -> Iterable[Metric]:
+        """The families, empty: lets the registry reject a duplicate name at registration."""
+        return self._families(())
+
+    def collect(self) -> Iterable[Metric]:
+        """The families filled from the latest snapshot."""
+        return self._families(self.readings)
+
+    @staticmethod
+    def _families(readings: Sequence[DeviceReading]) -> list[Metric]:
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=DCGM_LABELS)
+
+        util = gauge("DCGM_FI_DEV_GPU_UTIL", "Device utilization (in %).")
+        used = gauge("DCGM_FI_DEV_FB_USED", "Device memory used (in MiB).")
+        free = gauge("DCGM_FI_DEV_FB_FREE", "Device memory free (in MiB).")
+        temp = gauge("DCGM_FI_DEV_GPU_TEMP", "Device temperature (in C).")
+        power = gauge("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).")
+        xid = gauge("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.")
+        health = GaugeMetricFamily(
+            "xpupool_device_health",
+            "1 for the device's current health state, 0 for the others.",
+            labels=(*DCGM_LABELS, "state"),
+        )
+        for r in readings:
+            for state in Health:
+                health.add_metric((*r.labels, state.value), 1.0 if state is r.health else 0.0)
+            s = r.sample
+            if s is None:
+                continue
+            if s.util_pct is not None:
+                util.add_metric(r.labels, s.util_pct)
+            if s.memory_used_mib is not None:
+                used.add_metric(r.labels, s.memory_used_mib)
+                free.add_metric(r.labels, max(r.memory_total_mib - s.memory_used_mib, 0))
+            if s.temperature_c is not None:
+                temp.add_metric(r.labels, s.temperature_c)
+            if s.power_w is not None:
+                power.add_metric(r.labels, s.power_w)
+            # DCGM reports 0 until the first XID; so do we.
+            xid.add_metric(r.labels, s.xid or 0)
+        return [util, used, free, temp, power, xid, health]
+
+
+class CollectorMetrics:
+    """Every metric of one collector, in its own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._devices = _DeviceGauges()
+        self.registry.register(self._devices)
+        self.sample_duration = Histogram(
+            "xpupool_collector_sample_duration_seconds",
+            "Time one sampling tick takes: backend read, ledger writes, over-use check.",
+            buckets=_SAMPLE_BUCKETS,
+            registry=self.registry,
+        )
+        self.samples = Counter(
+            "xpupool_collector_samples",
+            "Sampling ticks by outcome (ok, backend_unavailable, error).",
+            ["outcome"],
+            registry=self.registry,
+        )
+
+    def observe_tick(self, outcome: str, duration_s: float) -> None:
+        """Count one tick and record how long it took."""
+        self.samples.labels(outcome=outcome).inc()
+        self.sample_duration.observe(duration_s)
+
+    def update_devices(
+        self,
+        node_id: str,
+        specs: Iterable[DeviceSpec],
+        samples: Iterable[DeviceSample],
+        health: Mapping[str, Health],
+    ) -> None:
+        """Replace the device snapshot: every registered unit, with its sample if it sent one.
+
+        A unit missing from ``samples`` keeps only its health series (e.g. ``lost``).
+        """
+        by_id = {s.device_id: s for s in samples}
+        self._devices.readings = tuple(
+            DeviceReading(
+                labels=_labels(spec, node_id),
+                memory_total_mib=spec.memory_mib,
+                health=health.get(spec.device_id, Health.HEALTHY),
+                sample=by_id.get(spec.device_id),
+            )
+            for spec in sorted(specs, key=lambda s: s.device_id)
+        )
+
+
+@contextmanager
+def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> Iterator[int]:
+    """Serve ``registry`` as Prometheus text on ``addr:port`` (port 0: any free port) from a
+    daemon thread; yields the bound port and shuts the server down on exit."""
+    server, thread = start_http_server(port, addr=addr, registry=registry)
+    try:
+        yield int(server.server_port)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
