@@ -25,6 +25,8 @@ class BusSettings:
     # -1: keep trying for as long as the process lives; a service without its bus is useless,
     # and the supervisor (compose, Kubernetes) decides when to give up, not the client.
     max_reconnect_attempts: int = -1
+    # How long a clean shutdown waits for in-flight messages before closing anyway.
+    drain_timeout_s: float = 5.0
 
 
 async def connect(settings: BusSettings) -> Client:
@@ -47,6 +49,7 @@ async def connect(settings: BusSettings) -> Client:
         reconnect_time_wait=settings.reconnect_wait_s,
         max_reconnect_attempts=settings.max_reconnect_attempts,
         allow_reconnect=True,
+        drain_timeout=settings.drain_timeout_s,
         error_cb=on_error,
         disconnected_cb=on_disconnected,
         reconnected_cb=on_reconnected,

@@ -12,6 +12,7 @@ message is acknowledged. A handler that keeps failing gets ``on_give_up`` on its
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -159,25 +160,31 @@ async def consume_stream(
         filter_subject=_filter_subject(channel),
     )
     subscription: Any = None
-    while not stop.is_set():
-        try:
-            if subscription is None:
-                subscription = await js.pull_subscribe(
-                    config.filter_subject or channel.address,
-                    durable=durable,
-                    stream=channel.stream.name,
-                    config=config,
-                )
-            messages = await subscription.fetch(batch, timeout=0.5)
-        except (nats.errors.TimeoutError, TimeoutError):
-            continue  # an idle fetch, not a fault
-        except Exception as error:  # noqa: BLE001  (any transport failure: rebuild and retry)
-            log.warning("consumer_restarting", error=repr(error))
-            subscription = None
-            await asyncio.sleep(0.5)
-            continue
-        for msg in messages:
-            await _process_stream_message(msg, dispatcher, max_deliver, on_give_up, log)
+    try:
+        while not stop.is_set():
+            try:
+                if subscription is None:
+                    subscription = await js.pull_subscribe(
+                        config.filter_subject or channel.address,
+                        durable=durable,
+                        stream=channel.stream.name,
+                        config=config,
+                    )
+                messages = await subscription.fetch(batch, timeout=0.5)
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue  # an idle fetch, not a fault
+            except Exception as error:  # noqa: BLE001  (any transport failure: rebuild and retry)
+                log.warning("consumer_restarting", error=repr(error))
+                subscription = None
+                await asyncio.sleep(0.5)
+                continue
+            for msg in messages:
+                await _process_stream_message(msg, dispatcher, max_deliver, on_give_up, log)
+    finally:
+        # A pull subscription left open keeps nc.drain() waiting for its full timeout.
+        if subscription is not None:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
 
 
 async def _process_stream_message(
