@@ -14,6 +14,7 @@ import msgspec
 from xpupool.contracts import (
     DeviceHealthChanged,
     DeviceSample,
+    DeviceSpec,
     Health,
     InjectFault,
     LeaseOverused,
@@ -73,11 +74,23 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def unique_specs(specs: Sequence[DeviceSpec]) -> list[DeviceSpec]:
+    """Keep the first device of each id. A driver that reports one id twice must not stop the
+    node from registering (the ledger refuses duplicates), so the repeats are left out, loudly."""
+    seen: dict[str, DeviceSpec] = {}
+    for spec in specs:
+        if spec.device_id in seen:
+            get_logger().error("duplicate_device_id", device_id=spec.device_id, uuid=spec.uuid)
+            continue
+        seen[spec.device_id] = spec
+    return list(seen.values())
+
+
 async def register_node(deps: CollectorDeps) -> Sequence[msgspec.Struct]:
     """Put the node and its present devices into the ledger, reconciling with what was there:
     leases on devices that vanished end as ``lost`` (the lease-manager's outbox reports them)."""
     infos = await asyncio.to_thread(deps.backend.discover)
-    specs = to_specs(infos, deps.settings.node_id, deps.catalog)
+    specs = unique_specs(to_specs(infos, deps.settings.node_id, deps.catalog))
     result = await deps.ledger.register_node(
         deps.settings.node_id,
         specs,

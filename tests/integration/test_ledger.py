@@ -1,0 +1,193 @@
+"""The ledger's Lua transitions against a real redis-server: each rule, and what breaks it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from xpupool.contracts import DeviceSpec, Health, Vendor
+from xpupool.ledger import (
+    HostClaim,
+    Ledger,
+    Reservation,
+    SliceClaim,
+    UsageClaim,
+    audit,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _spec(node: str, index: int, memory_mib: int = 81920) -> DeviceSpec:
+    return DeviceSpec(
+        device_id=f"{node}/nvidia{index}",
+        vendor=Vendor.NVIDIA,
+        model="A100",
+        index=index,
+        uuid=f"GPU-{node}-{index}",
+        memory_mib=memory_mib,
+    )
+
+
+def _reservation(job: str, *slices: SliceClaim, **kwargs: object) -> Reservation:
+    fields: dict[str, object] = dict(
+        job_id=job,
+        lease_id=f"lease-{job}",
+        tenant="t",
+        queue="q",
+        priority=500,
+        owner="o",
+        ttl_ms=60_000,
+        hold_ms=60_000,
+        slices=list(slices),
+    )
+    fields.update(kwargs)
+    return Reservation(**fields)  # type: ignore[arg-type]
+
+
+async def _two_gpus(ledger: Ledger) -> None:
+    result = await ledger.register_node("n1", [_spec("n1", 0), _spec("n1", 1)], 64_000, 256_000)
+    assert result.ok and len(result.added) == 2
+
+
+async def test_whole_device_excludes_shares_and_vice_versa(ledger: Ledger) -> None:
+    """A whole device takes no share, and a shared device cannot be taken whole."""
+    await _two_gpus(ledger)
+    assert (await ledger.reserve(_reservation("w", SliceClaim("n1/nvidia0", whole=True)))).ok
+    refused = await ledger.reserve(_reservation("s", SliceClaim("n1/nvidia0", 1024, 10)))
+    assert not refused.ok and refused.reason == "insufficient_capacity"
+    assert (await ledger.reserve(_reservation("s2", SliceClaim("n1/nvidia1", 1024, 10)))).ok
+    refused = await ledger.reserve(_reservation("w2", SliceClaim("n1/nvidia1", whole=True)))
+    assert not refused.ok
+    assert await audit(ledger) == []
+
+
+async def test_memory_only_share_round_trips_without_partial_writes(ledger: Ledger) -> None:
+    """A share with no compute (0 %) reserves and releases cleanly (regression: Lua's -0)."""
+    await _two_gpus(ledger)
+    for i in range(5):
+        job = f"mem-{i}"
+        assert (await ledger.reserve(_reservation(job, SliceClaim("n1/nvidia0", 4096, 0)))).ok
+        assert (await ledger.end(f"lease-{job}", "released")).ok
+    assert await audit(ledger) == []
+    device = (await ledger.nodes())[0].devices[0]
+    assert device.memory_free_mib == device.memory_total_mib and device.holders == 0
+
+
+async def test_refused_reservation_writes_nothing(ledger: Ledger) -> None:
+    """A reservation that fails any check (here the second device) leaves no trace at all."""
+    await _two_gpus(ledger)
+    await ledger.reserve(_reservation("first", SliceClaim("n1/nvidia1", whole=True)))
+    before = [(d.memory_free_mib, d.holders) for d in (await ledger.nodes())[0].devices]
+    refused = await ledger.reserve(
+        _reservation(
+            "gang",
+            SliceClaim("n1/nvidia0", whole=True),
+            SliceClaim("n1/nvidia1", whole=True),
+            host={"n1": HostClaim(1000, 1000)},
+        )
+    )
+    assert not refused.ok
+    after = [(d.memory_free_mib, d.holders) for d in (await ledger.nodes())[0].devices]
+    assert before == after and (await ledger.nodes())[0].cpu_free_milli == 64_000
+    assert await ledger.get_job("gang") is None
+
+
+async def test_racing_reservations_for_the_last_slice_have_one_winner(ledger: Ledger) -> None:
+    """Fifty concurrent reservations for one device: exactly one wins."""
+    await ledger.register_node("n1", [_spec("n1", 0)])
+    results = await asyncio.gather(
+        *(
+            ledger.reserve(_reservation(f"r{i}", SliceClaim("n1/nvidia0", whole=True)))
+            for i in range(50)
+        )
+    )
+    assert sum(r.ok for r in results) == 1
+    assert await audit(ledger) == []
+
+
+async def test_quota_limit_is_checked_in_the_same_step(ledger: Ledger) -> None:
+    """Usage counters never pass their limit, and ending a lease gives the units back."""
+    await _two_gpus(ledger)
+    claim = [UsageClaim("q", "units", 1.0, 1.0)]
+    assert (
+        await ledger.reserve(_reservation("a", SliceClaim("n1/nvidia0", whole=True), usage=claim))
+    ).ok
+    refused = await ledger.reserve(
+        _reservation("b", SliceClaim("n1/nvidia1", whole=True), usage=claim)
+    )
+    assert not refused.ok and refused.reason == "quota_exceeded"
+    await ledger.end("lease-a", "released")
+    assert (await ledger.usage("q"))["units"] == pytest.approx(0.0)
+    assert (
+        await ledger.reserve(_reservation("b", SliceClaim("n1/nvidia1", whole=True), usage=claim))
+    ).ok
+
+
+async def test_fencing_tokens_guard_renew_and_release(ledger: Ledger) -> None:
+    """Tokens grow with every grant; a stale token can neither renew nor release."""
+    await _two_gpus(ledger)
+    await ledger.reserve(_reservation("a", SliceClaim("n1/nvidia0", whole=True)))
+    await ledger.reserve(_reservation("b", SliceClaim("n1/nvidia1", whole=True)))
+    first, second = await ledger.grant("lease-a"), await ledger.grant("lease-b")
+    assert second.token > first.token
+    assert (await ledger.grant("lease-a")).duplicate  # idempotent
+    assert (await ledger.renew("lease-a", first.token + 1)).reason == "stale_token"
+    assert (await ledger.end("lease-a", "released", first.token + 1)).reason == "stale_token"
+    assert (await ledger.renew("lease-a", first.token, 120_000)).ok
+    assert (await ledger.end("lease-a", "released", first.token)).ok
+    assert (await ledger.end("lease-a", "released", first.token)).outcome == "already_ended"
+
+
+async def test_expiry_uses_the_ledger_clock_and_ends_once(ledger: Ledger) -> None:
+    """A lease past its term ends as expired exactly once and frees its device."""
+    await _two_gpus(ledger)
+    await ledger.reserve(_reservation("x", SliceClaim("n1/nvidia0", whole=True), ttl_ms=200))
+    await ledger.grant("lease-x")
+    assert (await ledger.expire_due()).ended == []
+    await asyncio.sleep(0.3)
+    assert (await ledger.expire_due()).ended == ["lease-x"]
+    assert (await ledger.expire_due()).ended == []
+    lease = await ledger.get_lease("lease-x")
+    assert lease is not None and lease.end_reason == "expired"
+    assert (await ledger.nodes())[0].devices[0].holders == 0
+
+
+async def test_reregistration_reconciles_devices_and_ends_leases_on_vanished_ones(
+    ledger: Ledger,
+) -> None:
+    """A restarted collector with a changed device set: usage of survivors is kept, a new
+    device joins free, leases on a vanished device end as lost; duplicate ids are refused."""
+    await _two_gpus(ledger)
+    await ledger.reserve(_reservation("keep", SliceClaim("n1/nvidia0", 8192, 50)))
+    await ledger.reserve(_reservation("gone", SliceClaim("n1/nvidia1", whole=True)))
+    result = await ledger.register_node("n1", [_spec("n1", 0), _spec("n1", 2)], 64_000, 256_000)
+    assert result.added == ["n1/nvidia2"] and result.removed == ["n1/nvidia1"]
+    assert result.lost == ["lease-gone"]
+    devices = {d.spec.device_id: d for d in (await ledger.nodes())[0].devices}
+    assert devices["n1/nvidia0"].memory_free_mib == 81920 - 8192
+    assert devices["n1/nvidia2"].holders == 0
+    duplicate = await ledger.register_node("n1", [_spec("n1", 0), _spec("n1", 0)])
+    assert not duplicate.ok and duplicate.reason == "duplicate_device_id"
+    assert await audit(ledger) == []
+
+
+async def test_unhealthy_device_takes_no_new_grant(ledger: Ledger) -> None:
+    """The reserve script refuses a device that is not healthy, whatever the caller believed."""
+    await _two_gpus(ledger)
+    assert (await ledger.set_health("n1/nvidia0", Health.UNHEALTHY, "xid 79")).previous == "healthy"
+    refused = await ledger.reserve(_reservation("u", SliceClaim("n1/nvidia0", 1024, 10)))
+    assert not refused.ok and refused.reason == "device_unhealthy"
+
+
+async def test_silent_node_is_declared_lost_with_its_leases(ledger: Ledger) -> None:
+    """A node past its heartbeat grace is lost; its leases end as lost, its devices are lost."""
+    await _two_gpus(ledger)
+    await ledger.reserve(_reservation("on-n1", SliceClaim("n1/nvidia0", whole=True)))
+    await asyncio.sleep(0.2)
+    assert (await ledger.reap_nodes(100)).lost == ["n1"]
+    lease = await ledger.get_lease("lease-on-n1")
+    assert lease is not None and lease.end_reason == "lost"
+    assert not (await ledger.heartbeat("n1")).ok  # it must register again
+    assert all(d.health is Health.LOST for d in (await ledger.nodes())[0].devices)
