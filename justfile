@@ -46,6 +46,11 @@ bench-placement *ARGS: sync
 bench-scheduler: sync
     uv run --frozen python services/scheduler/bench/bench_decide.py
 
+# Collector cost per sample: CPU per device and Redis round trips, 8 and 64 simulated devices
+[group("bench")]
+bench-collector: sync
+    uv run --frozen python services/telemetry-collector/bench/bench_collector.py
+
 # What CI runs
 [group("tests")]
 ci: test
