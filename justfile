@@ -51,6 +51,11 @@ bench-scheduler: sync
 bench-collector: sync
     uv run --frozen python services/telemetry-collector/bench/bench_collector.py
 
+# Live replay of the default trace through the running services (one seed) beside the in-process run
+[group("bench")]
+bench-live POLICY="xpupool" SEED="42": sync
+    uv run --frozen xpupool replay --live --policy {{POLICY}} --seeds {{SEED}}
+
 # What CI runs
 [group("tests")]
 ci: test

@@ -114,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dynamic", action="store_true", help="replay creation/deletion times")
     p.add_argument("--plot", type=Path, help="with --dynamic: utilisation plot (needs matplotlib)")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="processes")
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="drive the arrival sequence through the running services (embedded NATS and Redis "
+        "unless XPUPOOL_NATS_URL/XPUPOOL_REDIS_URL are set) and compare with the in-process run",
+    )
     return p
 
 
@@ -299,6 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     progress = sys.stderr if sys.stderr.isatty() else None
     if args.dynamic:
         return _main_dynamic(args, nodes, trace_pods, policies, label)
+    if args.live:
+        # The live path needs the services, the dev stack and the client: load it only here so
+        # the placement library keeps no dependency on them.
+        live = importlib.import_module("xpupool.live_replay")
+        code: int = live.main_live(nodes, trace_pods, policies, args.seeds, args.ratio, args.json)
+        return code
     pods = [p.demand for p in trace_pods]
     results = run_static(
         nodes,

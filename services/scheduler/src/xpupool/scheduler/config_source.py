@@ -8,6 +8,7 @@ from pathlib import Path
 
 from xpupool.obs import get_logger
 from xpupool.scheduler.domain import ConfigError, SchedulerConfig, default_config, load_config
+from xpupool.scheduler.domain.config import BUILTIN_POLICIES
 
 
 @dataclass
@@ -19,12 +20,15 @@ class ConfigSource:
     """
 
     path: Path | None
+    # Policy names a queue may select (the built-ins plus any registered trace policies).
+    known_policies: tuple[str, ...] = BUILTIN_POLICIES
     _config: SchedulerConfig = field(default_factory=default_config)
     _mtime_ns: int = -1
 
     def __post_init__(self) -> None:
         if self.path is not None:
-            self._config = load_config(self.path)  # a bad file at start-up is fatal
+            # A bad file at start-up is fatal.
+            self._config = load_config(self.path, known_policies=self.known_policies)
             self._mtime_ns = self.path.stat().st_mtime_ns
 
     def current(self) -> SchedulerConfig:
@@ -34,7 +38,7 @@ class ConfigSource:
         try:
             mtime = os.stat(self.path).st_mtime_ns
             if mtime != self._mtime_ns:
-                self._config = load_config(self.path)
+                self._config = load_config(self.path, known_policies=self.known_policies)
                 self._mtime_ns = mtime
                 get_logger().info("queue_config_reloaded", path=str(self.path))
         except (OSError, ConfigError) as error:

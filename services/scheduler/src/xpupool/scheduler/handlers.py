@@ -40,6 +40,7 @@ from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.domain import (
     FairShareHistory,
     PendingRequest,
+    PlacementPolicy,
     PoolSnapshot,
     Preempt,
     Reject,
@@ -49,6 +50,7 @@ from xpupool.scheduler.domain import (
     WorkingPool,
     current_usage,
     decide_batch,
+    default_registry,
     update_history,
 )
 from xpupool.scheduler.settings import SchedulerSettings
@@ -72,6 +74,8 @@ class SchedulerDeps:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     history: FairShareHistory | None = None
     new_lease_id: Callable[[], str] = field(default=_new_lease_id)
+    # Policies added to the built-in ones (the trace policies, when configured).
+    extra_policies: Sequence[PlacementPolicy] = ()
 
 
 def pending_score(priority: int, arrival_ms: int) -> float:
@@ -240,7 +244,10 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
                 job.reason if job.reason != ADMITTED else "",
             )
         )
-    decisions = decide_batch(pending, snapshot, config, history=deps.history)
+    registry = default_registry(config.placement)
+    for policy in deps.extra_policies:
+        registry = registry.with_policy(policy)
+    decisions = decide_batch(pending, snapshot, config, history=deps.history, policies=registry)
     deps.history = update_history(
         deps.history,
         current_usage(WorkingPool(snapshot, config)),

@@ -16,9 +16,13 @@ from xpupool.bus.lifecycle import run_until_stopped, stop_on_signals
 from xpupool.contracts import subjects
 from xpupool.ledger import Ledger, OutboxRelay
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
+from xpupool.placement.trace import load_pods
 from xpupool.scheduler import handlers
 from xpupool.scheduler.config_source import ConfigSource
+from xpupool.scheduler.domain.config import BUILTIN_POLICIES
+from xpupool.scheduler.domain.placement import PlacementPolicy
 from xpupool.scheduler.settings import SchedulerSettings
+from xpupool.scheduler.trace_policies import make_trace_policies, parse_aliases
 
 SERVICE = "scheduler"
 CYCLE_LOCK_MS = 10_000
@@ -53,6 +57,20 @@ async def cycle_loop(
             await asyncio.sleep(0.2)
 
 
+def trace_policies(settings: SchedulerSettings) -> list[PlacementPolicy]:
+    """The trace policies, told to expect the configured workload file (if any)."""
+    workload = (
+        [p.demand for p in load_pods(Path(settings.placement_workload))]
+        if settings.placement_workload
+        else None
+    )
+    return list(
+        make_trace_policies(
+            workload, parse_aliases(settings.placement_model_aliases), settings.placement_seed
+        )
+    )
+
+
 async def run(settings: SchedulerSettings) -> None:
     """Run one scheduler replica until SIGINT/SIGTERM; replicas share the job consumer."""
     configure_logging(SERVICE, settings.log_level)
@@ -67,8 +85,14 @@ async def run(settings: SchedulerSettings) -> None:
         stack.push_async_callback(redis.aclose)
         ledger = Ledger(redis, settings.namespace)
         publisher = Publisher(nc, js, source=f"/services/{SERVICE}")
-        config = ConfigSource(Path(settings.queue_config) if settings.queue_config else None)
-        deps = handlers.SchedulerDeps(ledger=ledger, settings=settings, config=config)
+        extra = trace_policies(settings)
+        config = ConfigSource(
+            Path(settings.queue_config) if settings.queue_config else None,
+            known_policies=(*BUILTIN_POLICIES, *(p.name for p in extra)),
+        )
+        deps = handlers.SchedulerDeps(
+            ledger=ledger, settings=settings, config=config, extra_policies=extra
+        )
 
         async def on_capacity_change(_: Any) -> None:
             deps.wake.set()

@@ -21,3 +21,9 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     batch_limit: int = 2000
     # Queue tree, priorities and policies (YAML or TOML); reloaded when the file changes.
     queue_config: str = ""
+    # The trace policies (``<name>-trace``, see ``trace_policies``): the pod list CSV they expect
+    # (FGD and ``xpupool-trace`` need it), ledger model -> workload model names
+    # (``V100-SXM2-16GB=V100M16,...``) and the random policy's seed.
+    placement_workload: str = ""
+    placement_model_aliases: str = ""
+    placement_seed: int = 0

@@ -40,6 +40,7 @@ from xpupool.scheduler.domain.placement import (
     NodeScorer,
     PlacementPolicy,
     PolicyRegistry,
+    PoolPlacementPolicy,
     ScoredPolicy,
     default_registry,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "PendingRequest",
     "PlacementPolicy",
     "PolicyRegistry",
+    "PoolPlacementPolicy",
     "PoolSnapshot",
     "Preempt",
     "QueueConfig",

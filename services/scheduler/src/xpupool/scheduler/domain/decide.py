@@ -34,6 +34,7 @@ from xpupool.scheduler.domain.placement import (
     Placement,
     PlacementPolicy,
     PolicyRegistry,
+    PoolPlacementPolicy,
     default_registry,
     eligible_devices,
     place_in_class,
@@ -263,12 +264,21 @@ def _decide_one(item: PendingRequest, pool: WorkingPool, ctx: _Ctx) -> _Outcome:
     may_backfill = (
         backfill > 0 and req.expected_duration_s is not None and req.expected_duration_s <= backfill
     )
-    for ci in allowed:
-        pl = place_in_class(pool, demand, policy, ci, respect_holds=not may_backfill)
-        if pl is not None:
-            return _Outcome(
-                _reserve(pool, req, queue, priority, pl, verdicts[ci].in_quota), demand, allowed
-            )
+    if isinstance(policy, PoolPlacementPolicy):
+        # One decision over every allowed class (FGD-style scores compare models).
+        found = policy.place_pool(pool, demand, allowed, respect_holds=not may_backfill)
+        if found is not None:
+            iq = verdicts[found.class_index].in_quota
+            return _Outcome(_reserve(pool, req, queue, priority, found, iq), demand, allowed)
+    else:
+        for ci in allowed:
+            pl = place_in_class(pool, demand, policy, ci, respect_holds=not may_backfill)
+            if pl is not None:
+                return _Outcome(
+                    _reserve(pool, req, queue, priority, pl, verdicts[ci].in_quota),
+                    demand,
+                    allowed,
+                )
 
     wait = _why_not(item, pool, ctx, demand, policy, queue, priority, ranked, allowed, verdicts)
     if isinstance(wait, Wait) and req.max_wait_s is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from xpupool.scheduler.domain.config import PlacementConfig
 from xpupool.scheduler.domain.matching import Demand
@@ -32,6 +32,7 @@ __all__ = [
     "Placement",
     "PlacementPolicy",
     "PolicyRegistry",
+    "PoolPlacementPolicy",
     "ScoredPolicy",
     "SpreadPolicy",
     "XpupoolPolicy",
@@ -81,6 +82,28 @@ class PlacementPolicy(Protocol):
         self, pool: WorkingPool, ni: int, chosen: Sequence[int], demand: Demand, memory_mib: int
     ) -> float:
         """How good node ``ni`` is when it takes devices ``chosen`` (higher is better)."""
+        ...
+
+
+@runtime_checkable
+class PoolPlacementPolicy(PlacementPolicy, Protocol):
+    """A policy that places a demand across the whole pool at once instead of class by class.
+
+    The engine's class loop takes the first class where a demand fits; a policy whose score
+    compares nodes of different models (the trace policies of ``xpupool.placement``: FGD, ours)
+    needs every allowed class in one decision. ``place_pool`` must not mutate ``pool``; the
+    other three judgements still serve preemption planning and explanations.
+    """
+
+    def place_pool(
+        self,
+        pool: WorkingPool,
+        demand: Demand,
+        classes: Sequence[int],
+        *,
+        respect_holds: bool = True,
+    ) -> Placement | None:
+        """Where ``demand`` goes on devices of ``classes`` (quota-allowed), or ``None``."""
         ...
 
 

@@ -1,0 +1,169 @@
+"""Many simulated nodes in one collector process: ``python -m xpupool.telemetry_collector.fleet``.
+
+A trace replay needs a thousand nodes; a thousand collector processes do not fit on a small dev
+machine. This runner reads a node list (``XPUPOOL_SIMULATED_NODES``: a CSV file with the header
+``node_id,profile,cpu_milli,memory_mib``), registers every node with the collector's own
+:func:`~xpupool.telemetry_collector.handlers.register_node` and a :class:`SimulatedBackend`
+each, then heartbeats all of them every ``XPUPOOL_SAMPLE_INTERVAL_S``. A node whose heartbeat is
+refused (the lease-manager declared it lost) registers again.
+
+It does not sample device load, take faults or serve metrics: a fleet is for placement at scale,
+where only capacity matters. The other ``XPUPOOL_*`` variables mean what they mean for one
+collector (``XPUPOOL_NODE_ID``/``XPUPOOL_NODE_PROFILE`` are ignored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+from contextlib import AsyncExitStack, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+from redis.asyncio import Redis
+
+from xpupool.bus import BusSettings, Publisher, connect, ensure_streams
+from xpupool.bus.lifecycle import run_until_stopped, stop_on_signals
+from xpupool.contracts import subjects
+from xpupool.devices import Catalog, SimulatedBackend, load_catalog
+from xpupool.ledger import Ledger
+from xpupool.obs import configure_logging, get_logger, load_settings
+from xpupool.telemetry_collector import handlers
+from xpupool.telemetry_collector.health import HealthModel
+from xpupool.telemetry_collector.metrics import CollectorMetrics
+from xpupool.telemetry_collector.settings import CollectorSettings
+
+SERVICE = "telemetry-fleet"
+FLEET_COLUMNS = ("node_id", "profile", "cpu_milli", "memory_mib")
+
+
+class FleetSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """What the fleet runner reads beyond the collector's settings."""
+
+    # CSV file: node_id,profile,cpu_milli,memory_mib (one simulated node per row).
+    simulated_nodes: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FleetNode:
+    """One simulated node of the fleet."""
+
+    node_id: str
+    profile: str
+    cpu_milli: int
+    memory_mib: int
+
+
+def parse_fleet(text: str) -> list[FleetNode]:
+    """Parse a fleet CSV body; raises ValueError naming the first bad row."""
+    out: list[FleetNode] = []
+    for n, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
+        try:
+            out.append(
+                FleetNode(
+                    node_id=row["node_id"].strip(),
+                    profile=row["profile"].strip(),
+                    cpu_milli=int(row["cpu_milli"]),
+                    memory_mib=int(row["memory_mib"]),
+                )
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"fleet file line {n}: {exc!r}") from exc
+    ids = [f.node_id for f in out]
+    if len(set(ids)) != len(ids):
+        raise ValueError("fleet file: node ids must be unique")
+    return out
+
+
+def format_fleet(nodes: list[FleetNode]) -> str:
+    """Write a fleet CSV body (the inverse of :func:`parse_fleet`)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(FLEET_COLUMNS)
+    for f in nodes:
+        writer.writerow([f.node_id, f.profile, f.cpu_milli, f.memory_mib])
+    return buf.getvalue()
+
+
+def node_deps(
+    node: FleetNode,
+    base: CollectorSettings,
+    ledger: Ledger,
+    catalog: Catalog,
+    metrics: CollectorMetrics,
+) -> handlers.CollectorDeps:
+    """The collector dependencies of one fleet node (they share the ledger and metrics)."""
+    settings = msgspec.structs.replace(
+        base,
+        node_id=node.node_id,
+        node_profile=node.profile,
+        backend="simulated",
+        cpu_milli=node.cpu_milli,
+        memory_mib=node.memory_mib,
+    )
+    return handlers.CollectorDeps(
+        ledger=ledger,
+        backend=SimulatedBackend(node.node_id, node.profile, catalog, base.seed),
+        catalog=catalog,
+        settings=settings,
+        health=HealthModel(missed_limit=base.missed_samples_lost),
+        metrics=metrics,
+    )
+
+
+async def heartbeat_loop(
+    fleet: list[handlers.CollectorDeps], publisher: Publisher, stop: asyncio.Event
+) -> None:
+    """Heartbeat every node each interval; re-register a node whose heartbeat is refused."""
+    log = get_logger()
+    interval = fleet[0].settings.sample_interval_s if fleet else 1.0
+    while not stop.is_set():
+        for deps in fleet:
+            try:
+                beat = await deps.ledger.heartbeat(deps.settings.node_id)
+                if not beat.ok:
+                    await publisher.publish_all(await handlers.register_node(deps))
+            except Exception as error:  # noqa: BLE001  (Redis or NATS away: next round retries)
+                log.warning(
+                    "fleet_heartbeat_failed", node_id=deps.settings.node_id, error=repr(error)
+                )
+        with suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=interval)
+
+
+async def run(base: CollectorSettings, nodes: list[FleetNode]) -> None:
+    """Register every node of the fleet, then heartbeat them until SIGINT/SIGTERM."""
+    configure_logging(SERVICE, base.log_level)
+    stop = stop_on_signals()
+    catalog = load_catalog(Path(base.catalog) if base.catalog else None)
+    async with AsyncExitStack() as stack:
+        nc = await connect(BusSettings(url=base.nats_url, name=SERVICE))
+        stack.push_async_callback(nc.drain)
+        js = nc.jetstream()
+        await ensure_streams(js, subjects.STREAMS)
+        redis = Redis.from_url(base.redis_url)
+        stack.push_async_callback(redis.aclose)
+        ledger = Ledger(redis, base.namespace)
+        metrics = CollectorMetrics()
+        publisher = Publisher(nc, js, source=f"/services/{SERVICE}")
+        fleet = [node_deps(n, base, ledger, catalog, metrics) for n in nodes]
+        for deps in fleet:
+            stack.callback(deps.backend.close)
+            await publisher.publish_all(await handlers.register_node(deps))
+        get_logger().info("fleet_registered", nodes=len(fleet))
+        await run_until_stopped(stop, heartbeat_loop(fleet, publisher, stop))
+
+
+def main() -> None:
+    """Console entry point."""
+    settings = load_settings(FleetSettings)
+    if not settings.simulated_nodes:
+        raise SystemExit("XPUPOOL_SIMULATED_NODES must name a fleet CSV file")
+    nodes = parse_fleet(Path(settings.simulated_nodes).read_text(encoding="utf-8"))
+    asyncio.run(run(load_settings(CollectorSettings), nodes))
+
+
+if __name__ == "__main__":
+    main()
