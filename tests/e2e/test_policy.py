@@ -123,3 +123,29 @@ async def test_impossible_and_unknown_requests_are_rejected_with_reasons(
             JobRequested(job_id="odd", tenant="batch", priority="urgent-ish")
         )
         assert isinstance(odd, JobRejected) and odd.field_name == "priority", odd
+
+
+async def test_max_wait_ends_a_waiting_job_with_one_terminal_event(
+    make_stack: Callable[..., Stack], ready: Ready, tmp_path: Path
+) -> None:
+    """A job that waits past its max_wait_s ends with one JobTimedOut; it is never granted
+    later, even when capacity frees."""
+    from xpupool.contracts import JobTimedOut
+
+    stack = make_stack([NodeSpec("node-w", "1xA100-80GB")], extra_env=_config(tmp_path))
+    await ready(stack, 1)
+    assert stack.nats_url
+    log = EventLog()
+    async with connected(stack.nats_url) as client:
+        await log.attach(client.nc)
+        holder = await client.submit_and_wait(JobRequested(job_id="holder", tenant="batch"))
+        assert isinstance(holder, AllocationGranted)
+        impatient = await client.submit_and_wait(
+            JobRequested(job_id="impatient", tenant="batch", max_wait_s=1.0), timeout_s=30
+        )
+        assert isinstance(impatient, JobTimedOut), impatient
+        assert impatient.last_reason == "insufficient_capacity"
+        await client.release(holder.lease_id, holder.fencing_token)
+        await asyncio.sleep(2.0)
+        assert log.of(AllocationGranted, "impatient") == []
+        assert len(log.of(JobTimedOut, "impatient")) == 1
