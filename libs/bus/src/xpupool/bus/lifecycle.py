@@ -1,12 +1,20 @@
-"""Process lifecycle: stop on SIGINT/SIGTERM, run a service's loops until then."""
+"""Process lifecycle: open the bus, stop on SIGINT/SIGTERM, run a service's loops until then."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
 from collections.abc import Coroutine
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from typing import Any
 
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from xpupool.bus.connection import BusSettings, connect, ensure_streams
+from xpupool.bus.publisher import Publisher
+from xpupool.contracts import subjects
 from xpupool.obs import get_logger
 
 
@@ -38,3 +46,21 @@ async def run_until_stopped(stop: asyncio.Event, *loops: Coroutine[Any, Any, Non
     log.info("service_stopped")
     if failed:
         raise failed[0].exception()  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class Bus:
+    """A service's NATS connection, its JetStream context and its publisher."""
+
+    nc: Client
+    js: JetStreamContext
+    publisher: Publisher
+
+
+async def open_bus(stack: AsyncExitStack, url: str, name: str, source: str) -> Bus:
+    """Connect (drained when ``stack`` closes), declare the streams, build the publisher."""
+    nc = await connect(BusSettings(url=url, name=name))
+    stack.push_async_callback(nc.drain)
+    js = nc.jetstream()
+    await ensure_streams(js, subjects.STREAMS)
+    return Bus(nc, js, Publisher(nc, js, source=source))

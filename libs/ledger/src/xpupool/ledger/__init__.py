@@ -14,11 +14,13 @@ from xpupool.ledger.ledger import (
     SliceMeta,
     TakenSlice,
     UsageClaim,
+    open_ledger,
 )
 from xpupool.ledger.outbox import OutboxRelay
 
 __all__ = [
     "audit",
+    "open_ledger",
     "DeviceRecord",
     "HostClaim",
     "JobRecord",

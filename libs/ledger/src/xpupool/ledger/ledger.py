@@ -8,6 +8,7 @@ arguments and decodes their answers. Time always comes from Redis ``TIME`` insid
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -477,6 +478,13 @@ class Ledger:
         """A quota scope's counters."""
         row = await self._redis.hgetall(self.key("usage", scope))
         return {_str(a): float(_str(b)) for a, b in row.items()}
+
+
+async def open_ledger(stack: AsyncExitStack, url: str, namespace: str) -> Ledger:
+    """A ledger on its own Redis client, closed when ``stack`` closes."""
+    redis = Redis.from_url(url)
+    stack.push_async_callback(redis.aclose)
+    return Ledger(redis, namespace)
 
 
 def _device(node_id: str, row: dict[Any, Any]) -> DeviceRecord | None:

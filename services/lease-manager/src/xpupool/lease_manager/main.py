@@ -6,21 +6,15 @@ import asyncio
 import functools
 from contextlib import AsyncExitStack
 
-from redis.asyncio import Redis
-
 from xpupool.bus import (
-    BusSettings,
-    Publisher,
-    connect,
     consume_stream,
-    ensure_streams,
     serve_subject,
 )
-from xpupool.bus.lifecycle import run_until_stopped, stop_on_signals
+from xpupool.bus.lifecycle import open_bus, run_until_stopped, stop_on_signals
 from xpupool.contracts import subjects
 from xpupool.lease_manager import handlers
 from xpupool.lease_manager.settings import LeaseManagerSettings
-from xpupool.ledger import Ledger, OutboxRelay
+from xpupool.ledger import Ledger, OutboxRelay, open_ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
 
 SERVICE = "lease-manager"
@@ -59,14 +53,9 @@ async def run(settings: LeaseManagerSettings) -> None:
     provider = configure_tracing(SERVICE)
     stop = stop_on_signals()
     async with AsyncExitStack() as stack:
-        nc = await connect(BusSettings(url=settings.nats_url, name=SERVICE))
-        stack.push_async_callback(nc.drain)
-        js = nc.jetstream()
-        await ensure_streams(js, subjects.STREAMS)
-        redis = Redis.from_url(settings.redis_url)
-        stack.push_async_callback(redis.aclose)
-        ledger = Ledger(redis, settings.namespace)
-        publisher = Publisher(nc, js, source=f"/services/{SERVICE}")
+        bus = await open_bus(stack, settings.nats_url, SERVICE, f"/services/{SERVICE}")
+        nc, js, publisher = bus.nc, bus.js, bus.publisher
+        ledger = await open_ledger(stack, settings.redis_url, settings.namespace)
 
         await serve_subject(
             nc,

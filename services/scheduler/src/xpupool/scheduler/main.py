@@ -9,12 +9,10 @@ from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 from typing import Any
 
-from redis.asyncio import Redis
-
-from xpupool.bus import BusSettings, Publisher, connect, consume_stream, ensure_streams
-from xpupool.bus.lifecycle import run_until_stopped, stop_on_signals
+from xpupool.bus import Publisher, consume_stream
+from xpupool.bus.lifecycle import open_bus, run_until_stopped, stop_on_signals
 from xpupool.contracts import subjects
-from xpupool.ledger import Ledger, OutboxRelay
+from xpupool.ledger import OutboxRelay, open_ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
 from xpupool.placement.trace import load_pods
 from xpupool.scheduler import handlers
@@ -77,14 +75,9 @@ async def run(settings: SchedulerSettings) -> None:
     provider = configure_tracing(SERVICE)
     stop = stop_on_signals()
     async with AsyncExitStack() as stack:
-        nc = await connect(BusSettings(url=settings.nats_url, name=SERVICE))
-        stack.push_async_callback(nc.drain)
-        js = nc.jetstream()
-        await ensure_streams(js, subjects.STREAMS)
-        redis = Redis.from_url(settings.redis_url)
-        stack.push_async_callback(redis.aclose)
-        ledger = Ledger(redis, settings.namespace)
-        publisher = Publisher(nc, js, source=f"/services/{SERVICE}")
+        bus = await open_bus(stack, settings.nats_url, SERVICE, f"/services/{SERVICE}")
+        nc, js, publisher = bus.nc, bus.js, bus.publisher
+        ledger = await open_ledger(stack, settings.redis_url, settings.namespace)
         extra = trace_policies(settings)
         config = ConfigSource(
             Path(settings.queue_config) if settings.queue_config else None,

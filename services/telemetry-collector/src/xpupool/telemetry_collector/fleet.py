@@ -22,13 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
-from redis.asyncio import Redis
 
-from xpupool.bus import BusSettings, Publisher, connect, ensure_streams
-from xpupool.bus.lifecycle import run_until_stopped, stop_on_signals
-from xpupool.contracts import subjects
+from xpupool.bus import Publisher
+from xpupool.bus.lifecycle import open_bus, run_until_stopped, stop_on_signals
 from xpupool.devices import Catalog, SimulatedBackend, load_catalog
-from xpupool.ledger import Ledger
+from xpupool.ledger import Ledger, open_ledger
 from xpupool.obs import configure_logging, get_logger, load_settings
 from xpupool.telemetry_collector import handlers
 from xpupool.telemetry_collector.health import HealthModel
@@ -139,15 +137,11 @@ async def run(base: CollectorSettings, nodes: list[FleetNode]) -> None:
     stop = stop_on_signals()
     catalog = load_catalog(Path(base.catalog) if base.catalog else None)
     async with AsyncExitStack() as stack:
-        nc = await connect(BusSettings(url=base.nats_url, name=SERVICE))
-        stack.push_async_callback(nc.drain)
-        js = nc.jetstream()
-        await ensure_streams(js, subjects.STREAMS)
-        redis = Redis.from_url(base.redis_url)
-        stack.push_async_callback(redis.aclose)
-        ledger = Ledger(redis, base.namespace)
+        publisher = (
+            await open_bus(stack, base.nats_url, SERVICE, f"/services/{SERVICE}")
+        ).publisher
+        ledger = await open_ledger(stack, base.redis_url, base.namespace)
         metrics = CollectorMetrics()
-        publisher = Publisher(nc, js, source=f"/services/{SERVICE}")
         fleet = [node_deps(n, base, ledger, catalog, metrics) for n in nodes]
         for deps in fleet:
             stack.callback(deps.backend.close)

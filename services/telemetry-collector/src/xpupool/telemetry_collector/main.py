@@ -7,14 +7,12 @@ import functools
 from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 
-from redis.asyncio import Redis
-
-from xpupool.bus import BusSettings, Publisher, connect, ensure_streams, serve_subject
-from xpupool.bus.lifecycle import run_until_stopped, stop_on_signals
+from xpupool.bus import Publisher, serve_subject
+from xpupool.bus.lifecycle import open_bus, run_until_stopped, stop_on_signals
 from xpupool.contracts import subjects
 from xpupool.devices import Catalog, DeviceBackend, SimulatedBackend, load_catalog
 from xpupool.devices.registry import create_backend
-from xpupool.ledger import Ledger
+from xpupool.ledger import open_ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
 from xpupool.telemetry_collector import handlers
 from xpupool.telemetry_collector.health import HealthModel
@@ -54,14 +52,15 @@ async def run(settings: CollectorSettings) -> None:
     backend = build_backend(settings, catalog)
     async with AsyncExitStack() as stack:
         stack.callback(backend.close)
-        nc = await connect(BusSettings(url=settings.nats_url, name=f"{SERVICE}-{settings.node_id}"))
-        stack.push_async_callback(nc.drain)
-        js = nc.jetstream()
-        await ensure_streams(js, subjects.STREAMS)
-        redis = Redis.from_url(settings.redis_url)
-        stack.push_async_callback(redis.aclose)
+        bus = await open_bus(
+            stack,
+            settings.nats_url,
+            f"{SERVICE}-{settings.node_id}",
+            f"/services/{SERVICE}/{settings.node_id}",
+        )
+        nc, publisher = bus.nc, bus.publisher
         deps = handlers.CollectorDeps(
-            ledger=Ledger(redis, settings.namespace),
+            ledger=await open_ledger(stack, settings.redis_url, settings.namespace),
             backend=backend,
             catalog=catalog,
             settings=settings,
@@ -72,7 +71,6 @@ async def run(settings: CollectorSettings) -> None:
                 serve_metrics(deps.metrics.registry, settings.metrics_port, settings.metrics_addr)
             )
             get_logger().info("metrics_serving", addr=settings.metrics_addr, port=port)
-        publisher = Publisher(nc, js, source=f"/services/{SERVICE}/{settings.node_id}")
         await serve_subject(
             nc,
             subjects.SIM_FAULT,
