@@ -16,7 +16,6 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     reservation_hold_s: float = 60.0
     # Pending requests are retried on every capacity event and at least this often.
     retry_interval_s: float = 1.0
-    # Commit attempts per decision before a request is parked (stale snapshot races).
     # The most pending requests one cycle decides (the rest wait for the next cycle).
     batch_limit: int = 2000
     # Queue tree, priorities and policies (YAML or TOML); reloaded when the file changes.
