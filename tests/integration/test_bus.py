@@ -1,0 +1,151 @@
+"""The bus adapter on a real nats-server: envelope, ack-after-publish, bad input, give-up."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import msgspec
+import nats
+import pytest
+from nats.aio.client import Client
+from opentelemetry.sdk.trace import TracerProvider
+
+from tests.conftest import eventually
+from xpupool.bus import Publisher, consume_stream, ensure_streams
+from xpupool.contracts import JobRejected, JobRequested, subjects
+from xpupool.devstack.servers import NatsServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+async def nc(nats_server: NatsServer) -> AsyncIterator[Client]:
+    """A connection with the streams declared."""
+    client = await nats.connect(nats_server.url)
+    await ensure_streams(client.jetstream(), subjects.STREAMS)
+    yield client
+    await client.drain()
+
+
+async def _received(nc: Client, subject: str) -> list[nats.aio.msg.Msg]:
+    seen: list[nats.aio.msg.Msg] = []
+
+    async def keep(msg: nats.aio.msg.Msg) -> None:
+        seen.append(msg)
+
+    await nc.subscribe(subject, cb=keep)
+    return seen
+
+
+async def _pending_in_jobs_stream(nc: Client) -> int:
+    info = await nc.jetstream().stream_info(subjects.JOBS_STREAM.name)
+    return int(info.state.messages)
+
+
+async def test_handler_results_are_published_before_the_ack(nc: Client) -> None:
+    """A handler's results go out with CloudEvents headers and trace context, and the request
+    leaves the work queue only after that."""
+    provider = TracerProvider()
+    tracer = provider.get_tracer("test")
+    publisher = Publisher(nc, nc.jetstream(), source="/tests")
+    rejections = await _received(nc, subjects.JOB_REJECTED.address)
+    requests = await _received(nc, subjects.JOB_REQUESTED.address)
+    stop = asyncio.Event()
+    handled: list[JobRequested] = []
+
+    async def handler(request: JobRequested) -> Sequence[msgspec.Struct]:
+        handled.append(request)
+        return [JobRejected(job_id=request.job_id, reason="test")]
+
+    with tracer.start_as_current_span("upstream"):
+        await publisher.publish(JobRequested(job_id="b1", tenant="t"))
+    task = asyncio.create_task(
+        consume_stream(
+            nc.jetstream(), subjects.JOB_REQUESTED, "test-jobs", handler, publisher, stop
+        )
+    )
+    await eventually(lambda: rejections)
+    headers = requests[0].headers or {}
+    assert headers["ce-type"] == "xpupool.job.requested.v1" and headers["ce-id"] == "b1"
+    assert headers["Nats-Msg-Id"] == "b1" and headers["traceparent"].startswith("00-")
+    assert (rejections[0].headers or {})["ce-id"] == "b1:rejected"
+    assert [r.job_id for r in handled] == ["b1"]
+
+    async def acknowledged() -> bool:
+        return await _pending_in_jobs_stream(nc) == 0
+
+    await eventually(acknowledged)
+    stop.set()
+    await task
+    provider.shutdown()
+
+
+async def test_bad_input_is_answered_and_acknowledged(nc: Client) -> None:
+    """A payload that does not decode gets the channel's rejection and is not redelivered."""
+    publisher = Publisher(nc, nc.jetstream(), source="/tests")
+    rejections = await _received(nc, subjects.JOB_REJECTED.address)
+    stop = asyncio.Event()
+    calls: list[object] = []
+
+    async def handler(request: JobRequested) -> Sequence[msgspec.Struct]:
+        calls.append(request)
+        return []
+
+    def on_invalid(data: bytes, field: str | None, reason: str) -> Sequence[msgspec.Struct]:
+        return [JobRejected(job_id="?", field_name=field, reason="invalid_request", detail=reason)]
+
+    await nc.jetstream().publish(subjects.JOB_REQUESTED.address, b'{"job_id": 5, "tenant": "t"}')
+    await nc.jetstream().publish(subjects.JOB_REQUESTED.address, b"not json at all")
+    task = asyncio.create_task(
+        consume_stream(
+            nc.jetstream(),
+            subjects.JOB_REQUESTED,
+            "test-bad",
+            handler,
+            publisher,
+            stop,
+            on_invalid=on_invalid,
+        )
+    )
+    await eventually(lambda: len(rejections) == 2)
+    fields = [msgspec.json.decode(m.data)["field_name"] for m in rejections]
+    assert fields == ["job_id", None] and calls == []
+    await asyncio.sleep(0.5)
+    assert len(rejections) == 2 and await _pending_in_jobs_stream(nc) == 0
+    stop.set()
+    await task
+
+
+async def test_a_handler_that_keeps_failing_ends_in_give_up(nc: Client) -> None:
+    """A failing handler is retried, and on its last delivery the give-up events go out."""
+    publisher = Publisher(nc, nc.jetstream(), source="/tests")
+    rejections = await _received(nc, subjects.JOB_REJECTED.address)
+    stop = asyncio.Event()
+    attempts: list[int] = []
+
+    async def handler(request: JobRequested) -> Sequence[msgspec.Struct]:
+        attempts.append(1)
+        raise RuntimeError("ledger down")
+
+    def give_up(request: JobRequested, error: BaseException) -> Sequence[msgspec.Struct]:
+        return [JobRejected(job_id=request.job_id, reason="internal_error", detail=str(error))]
+
+    await publisher.publish(JobRequested(job_id="doomed", tenant="t"))
+    task = asyncio.create_task(
+        consume_stream(
+            nc.jetstream(),
+            subjects.JOB_REQUESTED,
+            "test-fail",
+            handler,
+            publisher,
+            stop,
+            on_give_up=give_up,
+            max_deliver=3,
+        )
+    )
+    await eventually(lambda: rejections, timeout_s=30)
+    assert len(attempts) == 3
+    assert msgspec.json.decode(rejections[0].data)["detail"] == "ledger down"
+    stop.set()
+    await task
