@@ -2,12 +2,17 @@
 
 Pools of 100, 1,000 and 10,000 devices (about 5 devices per node, four device classes, 30 % of
 capacity already leased) and the 1,213-node / 6,212-GPU cluster of the Alibaba GPU trace v2023
-(``shared/traces/alibaba-gpu-v2023/openb_node_list_gpu_node.csv`` when present). Each run decides
-1,000 pending requests (whole devices, shares, multi-device, same-node gangs, a few selectors)
-against one snapshot and reports p50/p99/max of the per-request decision time, plus the one-off
-cost of turning the snapshot into a working pool.
+(``shared/traces/alibaba-gpu-v2023/openb_node_list_gpu_node.csv`` when present; once with its own
+models, once with G1-G3 mapped to T4 as the live stack's catalog does). Each run decides
+1,000 pending requests against one snapshot and reports p50/p99/max of the per-request decision
+time, plus the one-off cost of turning the snapshot into a working pool. Two request mixes:
+
+* ``mixed``: mostly whole devices, some shares, multi-device, same-node gangs, a few selectors;
+* ``share``: 90 % fractional shares (20-30 % compute, or a few GiB of memory), the case where
+  every eligible device of a class is scored.
 
     .venv/bin/python services/scheduler/bench/bench_decide.py [--requests 1000] [--seed 1]
+        [--mix mixed|share|both] [--sizes 100,1000,10000] [--no-trace]
 """
 
 from __future__ import annotations
@@ -99,14 +104,17 @@ def synthetic_nodes(n_devices: int, rng: random.Random) -> list[NodeState]:
     return nodes
 
 
-def trace_nodes() -> list[NodeState]:
+def trace_nodes(merge_t4: bool = False) -> list[NodeState]:
+    """The trace's GPU nodes; ``merge_t4`` maps G1-G3 to T4 as the catalog-backed live stack
+    does, which leaves one class of about 5,500 devices (the live cycle's worst case)."""
+    merged = {"G1": "T4", "G2": "T4", "G3": "T4"} if merge_t4 else {}
     out = []
     with TRACE.open() as f:
         for i, row in enumerate(csv.DictReader(f)):
             out.append(
                 make_node(
                     row["sn"],
-                    row["model"],
+                    merged.get(row["model"], row["model"]),
                     int(row["gpu"]),
                     int(row["cpu_milli"]),
                     int(row["memory_mib"]),
@@ -193,10 +201,43 @@ def make_requests(n: int, rng: random.Random) -> list[PendingRequest]:
     return out
 
 
-def run(label: str, nodes: list[NodeState], n_requests: int, seed: int) -> None:
+def make_share_requests(n: int, rng: random.Random) -> list[PendingRequest]:
+    """A share-heavy stream: 90 % single fractional slices, the rest whole devices."""
+    out = []
+    for i in range(n):
+        if rng.random() < 0.9:
+            dev = rng.choice(
+                [
+                    DeviceDemand(compute_pct=rng.randint(20, 30)),
+                    DeviceDemand(compute_pct=rng.randint(20, 30)),
+                    DeviceDemand(memory_mib=rng.choice([2048, 4096, 8192]), compute_pct=20),
+                ]
+            )
+        else:
+            dev = DeviceDemand()
+        out.append(
+            PendingRequest(
+                JobRequested(
+                    job_id=f"j{i}",
+                    tenant=f"t{rng.randrange(8)}",
+                    device=dev,
+                    intent=rng.choice(list(Intent)),
+                    priority=rng.choice(["low", "normal", "normal", "high"]),
+                    host=HostDemand(cpu_milli=rng.choice([0, 1000, 2000])),
+                ),
+                NOW - rng.uniform(0, 600),
+            )
+        )
+    return out
+
+
+MIXES = {"mixed": make_requests, "share": make_share_requests}
+
+
+def run(label: str, nodes: list[NodeState], n_requests: int, seed: int, mix: str) -> None:
     rng = random.Random(seed)
     snap = occupy(nodes, 0.3, rng)
-    reqs = make_requests(n_requests, rng)
+    reqs = MIXES[mix](n_requests, rng)
     cfg = default_config()
     t0 = time.perf_counter()
     pool = WorkingPool(snap, cfg)
@@ -224,8 +265,9 @@ def run(label: str, nodes: list[NodeState], n_requests: int, seed: int) -> None:
         kinds[type(d).__name__] = kinds.get(type(d).__name__, 0) + 1
     timings.sort()
     p = lambda q: timings[min(len(timings) - 1, int(q * len(timings)))]  # noqa: E731
+    n_devices = sum(len(n.devices) for n in nodes)
     print(
-        f"{label:<28} nodes={len(nodes):>5} devices={sum(len(n.devices) for n in nodes):>6} "
+        f"{label:<24} {mix:<5} nodes={len(nodes):>5} devices={n_devices:>6} "
         f"build={build_ms:7.1f}ms  per-request p50={p(0.50):6.2f}ms p99={p(0.99):6.2f}ms "
         f"max={timings[-1]:6.2f}ms mean={statistics.fmean(timings):5.2f}ms "
         f"batch={batch_ms:7.0f}ms  "
@@ -239,13 +281,19 @@ def main() -> None:
     )
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--mix", choices=["mixed", "share", "both"], default="both")
+    ap.add_argument("--sizes", default="100,1000,10000", help="synthetic pool sizes (devices)")
+    ap.add_argument("--no-trace", action="store_true", help="skip the Alibaba trace pool")
     args = ap.parse_args()
-    for n in (100, 1000, 10000):
-        run(
-            f"synthetic {n}", synthetic_nodes(n, random.Random(args.seed)), args.requests, args.seed
-        )
-    if TRACE.exists():
-        run("alibaba-v2023 gpu nodes", trace_nodes(), args.requests, args.seed)
+    mixes = ["mixed", "share"] if args.mix == "both" else [args.mix]
+    sizes = [int(x) for x in args.sizes.split(",") if x]
+    for mix in mixes:
+        for n in sizes:
+            nodes = synthetic_nodes(n, random.Random(args.seed))
+            run(f"synthetic {n}", nodes, args.requests, args.seed, mix)
+        if TRACE.exists() and not args.no_trace:
+            run("alibaba-v2023 gpu nodes", trace_nodes(), args.requests, args.seed, mix)
+            run("alibaba-v2023 G*->T4", trace_nodes(True), args.requests, args.seed, mix)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -136,18 +136,20 @@ def give_up_request(request: JobRequested, error: BaseException) -> Sequence[msg
 # ---- the scheduling cycle -------------------------------------------------------------------
 
 
+def device_memory(snapshot: PoolSnapshot) -> dict[str, int]:
+    """Each device's visible memory, looked up once per cycle for the quota claims."""
+    return {d.device_id: d.memory_total_mib for n in snapshot.nodes for d in n.devices}
+
+
 def _usage_claims(
-    reserve: Reserve, snapshot: PoolSnapshot, config: SchedulerConfig
+    reserve: Reserve, memory_total: Mapping[str, int], config: SchedulerConfig
 ) -> list[UsageClaim]:
     """Quota counters the reservation adds to, for the queue and each ancestor, with limits."""
-    devices = {d.device_id: d for n in snapshot.nodes for d in n.devices}
     per_model: dict[str, float] = {}
     for s in reserve.slices:
-        d = devices[s.device_id]
-        fraction = (
-            1.0 if s.whole else max(s.compute_pct / 100, s.memory_mib / max(d.memory_total_mib, 1))
-        )
-        per_model[d.model] = per_model.get(d.model, 0.0) + fraction
+        total = max(memory_total.get(s.device_id, 0), 1)
+        fraction = 1.0 if s.whole else max(s.compute_pct / 100, s.memory_mib / total)
+        per_model[s.model] = per_model.get(s.model, 0.0) + fraction
     claims = []
     for name in config.path(reserve.queue):
         queue = config.queue(name)
@@ -162,7 +164,11 @@ def _usage_claims(
 
 
 def reservation_of(
-    reserve: Reserve, lease_id: str, snapshot: PoolSnapshot, config: SchedulerConfig, hold_s: float
+    reserve: Reserve,
+    lease_id: str,
+    memory_total: Mapping[str, int],
+    config: SchedulerConfig,
+    hold_s: float,
 ) -> Reservation:
     """The ledger reservation for a domain decision."""
     return Reservation(
@@ -189,7 +195,7 @@ def reservation_of(
             for h in reserve.host
             if h.cpu_milli or h.memory_mib
         },
-        usage=_usage_claims(reserve, snapshot, config),
+        usage=_usage_claims(reserve, memory_total, config),
     )
 
 
@@ -229,6 +235,7 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
     version = await ledger.version()
     nodes, leases, now_ms = await ledger.nodes(), await ledger.leases(), await ledger.now_ms()
     snapshot = build_snapshot(nodes, leases, now_ms, version)
+    memory_total = device_memory(snapshot)
     config = deps.config.current()
 
     records: dict[str, tuple[JobRecord, JobRequested]] = {}
@@ -247,12 +254,13 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
     registry = default_registry(config.placement)
     for policy in deps.extra_policies:
         registry = registry.with_policy(policy)
-    decisions = decide_batch(pending, snapshot, config, history=deps.history, policies=registry)
+    # One working pool per cycle: the usage it starts with (before decide_batch mutates it) is
+    # what the fair-share history folds in, so building a second pool for it is wasted work.
+    pool = WorkingPool(snapshot, config)
+    usage = current_usage(pool)
+    decisions = decide_batch(pending, pool, config, history=deps.history, policies=registry)
     deps.history = update_history(
-        deps.history,
-        current_usage(WorkingPool(snapshot, config)),
-        snapshot.now_s,
-        config.fair_share.half_life_s,
+        deps.history, usage, snapshot.now_s, config.fair_share.half_life_s
     )
 
     events: list[msgspec.Struct] = []
@@ -263,7 +271,7 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
                 reservation = reservation_of(
                     decision,
                     deps.new_lease_id(),
-                    snapshot,
+                    memory_total,
                     config,
                     deps.settings.reservation_hold_s,
                 )

@@ -22,6 +22,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from xpupool.scheduler.domain.config import PlacementConfig
 from xpupool.scheduler.domain.matching import Demand
 from xpupool.scheduler.domain.pool import DeviceClass, WorkingPool, domain_key
@@ -356,6 +358,10 @@ def _best(
     return scored[:k]
 
 
+_VECTOR_MIN_DEVICES = 64
+"""Below this many devices in a class, numpy's fixed cost exceeds scoring device by device."""
+
+
 def place_in_class(
     pool: WorkingPool,
     demand: Demand,
@@ -365,11 +371,27 @@ def place_in_class(
     nodes: Collection[int] | None = None,
     respect_holds: bool = True,
 ) -> Placement | None:
-    """The best placement of ``demand`` on devices of class ``ci`` now, or ``None``."""
+    """The best placement of ``demand`` on devices of class ``ci`` now, or ``None``.
+
+    Single-slice demands under the default :class:`XpupoolPolicy` on a large class (or whenever
+    ``pool.fast_placement`` is True) take :func:`_place_one_vectorized`, which returns exactly
+    what the straightforward scoring below returns; ``pool.fast_placement = False`` forces the
+    straightforward path.
+    """
     cls = pool.classes[ci]
     mem, comp = demand.share(cls)
     if mem > cls.memory_total_mib:
         return None
+    fast = pool.fast_placement
+    if (
+        fast is not False
+        and demand.count == 1
+        and nodes is None
+        and not demand.id_filtered
+        and type(policy) is XpupoolPolicy  # a subclass may override the scores
+        and (fast or len(pool.class_devs[ci]) >= _VECTOR_MIN_DEVICES)
+    ):
+        return _place_one_vectorized(pool, demand, policy, ci, mem, comp, respect_holds)
     k = demand.count
     single = demand.scope == "node"
     quick = single and demand.whole and not demand.id_filtered
@@ -421,6 +443,88 @@ def place_in_class(
                 best_pl = pl
         return best_pl
     return _fill(pool, policy, demand, ci, cands, mem, comp)
+
+
+def _place_one_vectorized(
+    pool: WorkingPool,
+    demand: Demand,
+    policy: XpupoolPolicy,
+    ci: int,
+    mem: int,
+    comp: int,
+    respect_holds: bool,
+) -> Placement | None:
+    """:func:`place_in_class` for one slice under :class:`XpupoolPolicy`, scored with numpy.
+
+    Mirrors the straightforward path operation for operation so every float is bit-identical:
+    the same eligibility, ``XpupoolPolicy.device_score`` per device (ties to the lowest device
+    index), ``node_score`` per node with its best device (ties to the first node in
+    ``class_nodes`` order). The returned score is recomputed by the policy itself.
+    """
+    lay = pool.class_layout(ci)
+    arr = pool.arrays()
+    devs = lay.devs
+    mf = arr.mem_free[devs]
+    holders = arr.holders[devs]
+    excl = arr.exclusive[devs]
+    whole = demand.whole
+    if whole:
+        elig = lay.ok & (holders == 0) & ~excl
+    else:
+        elig = lay.ok & ~excl & (mf >= mem) & (arr.compute_free[devs] >= comp)
+    seg_nodes = lay.seg_nodes
+    cpu, hmem = demand.cpu_milli, demand.host_memory_mib
+    node_ok = (arr.node_cpu_free[seg_nodes] >= cpu) & (arr.node_mem_free[seg_nodes] >= hmem)
+    if respect_holds and pool.held_nodes:
+        held = np.fromiter(pool.held_nodes, dtype=np.int64, count=len(pool.held_nodes))
+        node_ok &= ~np.isin(seg_nodes, held)
+    elig &= node_ok[lay.dev_seg]
+    if not elig.any():
+        return None
+
+    util = lay.util
+    load = np.where(util >= policy.hot_util_pct, 2.0, 0.3 * util / 100.0)
+    if whole:
+        score = -load
+    else:
+        total = lay.memory_total
+        typ = np.maximum((total * policy.typical_share).astype(np.int64), 1)
+        left = mf - mem
+        lost = mf // typ - left // typ
+        s = np.where(holders > 0, 1.0, 0.0)
+        s = s - 0.3 * lost
+        s = s - 0.5 * left / total
+        score = s - load
+
+    # Best device per node: the highest score, then the lowest index (devices are ascending
+    # within a node, so the first position holding the node's maximum).
+    masked = np.where(elig, score, -np.inf)
+    starts = lay.seg_starts
+    seg_max = np.maximum.reduceat(masked, starts)
+    n = len(devs)
+    pos = np.where(elig & (masked == seg_max[lay.dev_seg]), np.arange(n), n)
+    first = np.minimum.reduceat(pos, starts)
+    valid = first < n
+    segs = np.flatnonzero(valid)
+    at = first[segs]
+    ns = seg_nodes[segs]
+
+    # node_score of each candidate node with its best device.
+    newly = ((holders[at] == 0) & ~excl[at]).astype(np.int64)
+    busy = (arr.node_busy[ns] + newly) / arr.node_ndevs[ns]
+    cpu_total = arr.node_cpu_total[ns]
+    has_cpu = cpu_total > 0
+    cpu_left = (arr.node_cpu_free[ns] - cpu) / np.where(has_cpu, cpu_total, 1)
+    gap = (1.0 - busy) - cpu_left
+    strand = np.where(has_cpu & (gap > 0.0), gap, 0.0)
+    node_s = busy - 0.5 * strand
+    if not whole:
+        node_s = node_s + score[at]
+    best = int(np.argmax(node_s))  # the first of equal maxima, like the strict ``>`` loop
+    ni = int(ns[best])
+    dev = int(devs[at[best]])
+    sc = policy.node_score(pool, ni, [dev], demand, mem)
+    return Placement(ci, (dev,), mem, comp, whole, ((ni, cpu, hmem),), sc, policy.name)
 
 
 def _fill(

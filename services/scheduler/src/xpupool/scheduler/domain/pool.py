@@ -12,6 +12,12 @@ changes with every reservation and release in the batch.
 The pool is deliberately a plain mutable object: the decision functions use
 :meth:`WorkingPool.release` / :meth:`WorkingPool.restore` to simulate "what if these leases were
 gone" and undo it exactly, which is much cheaper than copying 10,000 devices.
+
+For the vectorized placement path the pool also keeps numpy mirrors of its mutable counters
+(:meth:`WorkingPool.arrays`) and static per-class layouts (:meth:`WorkingPool.class_layout`).
+Every counter change goes through ``_apply_slice`` / ``_apply_host``, which mark the touched
+device and node dirty; the mirrors copy only those entries the next time they are read, so a
+decision costs O(touched slices) to keep them exact.
 """
 
 from __future__ import annotations
@@ -19,10 +25,25 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 from xpupool.scheduler.domain.config import SchedulerConfig
 from xpupool.scheduler.domain.model import HEALTHY, HostCharge, LeaseSlice, LeaseState, PoolSnapshot
 
-__all__ = ["DeviceClass", "PoolLease", "Usage", "WorkingPool", "domain_key"]
+__all__ = [
+    "ClassLayout",
+    "DeviceClass",
+    "PoolArrays",
+    "PoolLease",
+    "Usage",
+    "WorkingPool",
+    "domain_key",
+]
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +104,44 @@ class PoolLease:
     by_model: dict[str, float]
     nodes: frozenset[int]
     over_quota: bool = False
+
+
+@dataclass(slots=True)
+class PoolArrays:
+    """numpy mirrors of the pool's mutable counters, indexed like the lists they mirror.
+
+    Only :meth:`WorkingPool.arrays` hands them out, after copying every entry changed since the
+    last read, so a reader always sees exactly the lists' values.
+    """
+
+    mem_free: IntArray
+    compute_free: IntArray
+    holders: IntArray
+    exclusive: BoolArray
+    node_cpu_free: IntArray
+    node_mem_free: IntArray
+    node_busy: IntArray
+    node_ndevs: IntArray
+    """Devices on each node, 1 for a node without any (the divisor of a node's busy fraction)."""
+    node_cpu_total: IntArray
+
+
+@dataclass(frozen=True, slots=True)
+class ClassLayout:
+    """Static arrays of one device class, its devices grouped by node in ``class_nodes`` order.
+
+    ``devs[seg_starts[k]:seg_starts[k + 1]]`` are the class's devices on node ``seg_nodes[k]``.
+    """
+
+    devs: IntArray
+    dev_seg: IntArray
+    seg_starts: IntArray
+    seg_nodes: IntArray
+    ok: BoolArray
+    memory_total: IntArray
+    """``memory_total_mib or 1``: the divisor the policies use."""
+    util: FloatArray
+    """``util_pct or 0.0``."""
 
 
 def domain_key(domain: str, node_id: str) -> str:
@@ -184,6 +243,13 @@ class WorkingPool:
         self.node_leases: list[set[str]] = [set() for _ in self.nodes]
         self.usage: dict[str, Usage] = {}
         self.held_nodes: set[int] = set()
+        self.fast_placement: bool | None = None
+        """Vectorized placement: None picks it for large classes, False always uses the
+        straightforward per-device scoring (the reference the fast path is tested against)."""
+        self._arrays: PoolArrays | None = None
+        self._layouts: dict[int, ClassLayout] = {}
+        self._dirty_devs: set[int] = set()
+        self._dirty_nodes: set[int] = set()
         for lease in snapshot.leases:
             self._register(lease, charge=False)
 
@@ -196,6 +262,67 @@ class WorkingPool:
 
     def _busy(self, i: int) -> bool:
         return self.dev_holders[i] > 0 or self.dev_exclusive[i]
+
+    # ------------------------------------------------------------------------------------------
+    # numpy mirrors for the vectorized placement path.
+    # ------------------------------------------------------------------------------------------
+
+    def arrays(self) -> PoolArrays:
+        """The counters as numpy arrays, brought up to date with every change since last read."""
+        a = self._arrays
+        if a is None:
+            a = self._arrays = PoolArrays(
+                mem_free=np.array(self.dev_mem_free, dtype=np.int64),
+                compute_free=np.array(self.dev_compute_free, dtype=np.int64),
+                holders=np.array(self.dev_holders, dtype=np.int64),
+                exclusive=np.array(self.dev_exclusive, dtype=np.bool_),
+                node_cpu_free=np.array(self.node_cpu_free, dtype=np.int64),
+                node_mem_free=np.array(self.node_mem_free, dtype=np.int64),
+                node_busy=np.array(self.node_busy, dtype=np.int64),
+                node_ndevs=np.array([len(d) or 1 for d in self.node_devs], dtype=np.int64),
+                node_cpu_total=np.array([n.cpu_milli_total for n in self.nodes], dtype=np.int64),
+            )
+        else:
+            for i in self._dirty_devs:
+                a.mem_free[i] = self.dev_mem_free[i]
+                a.compute_free[i] = self.dev_compute_free[i]
+                a.holders[i] = self.dev_holders[i]
+                a.exclusive[i] = self.dev_exclusive[i]
+            for ni in self._dirty_nodes:
+                a.node_cpu_free[ni] = self.node_cpu_free[ni]
+                a.node_mem_free[ni] = self.node_mem_free[ni]
+                a.node_busy[ni] = self.node_busy[ni]
+        self._dirty_devs.clear()
+        self._dirty_nodes.clear()
+        return a
+
+    def class_layout(self, ci: int) -> ClassLayout:
+        """The static layout of class ``ci`` (built once per pool: classes never change)."""
+        lay = self._layouts.get(ci)
+        if lay is None:
+            devs: list[int] = []
+            dev_seg: list[int] = []
+            starts: list[int] = []
+            seg_nodes: list[int] = []
+            for k, (ni, idxs) in enumerate(self.class_nodes[ci].items()):
+                starts.append(len(devs))
+                seg_nodes.append(ni)
+                devs.extend(idxs)
+                dev_seg.extend([k] * len(idxs))
+            lay = self._layouts[ci] = ClassLayout(
+                devs=np.array(devs, dtype=np.int64),
+                dev_seg=np.array(dev_seg, dtype=np.int64),
+                seg_starts=np.array(starts, dtype=np.int64),
+                seg_nodes=np.array(seg_nodes, dtype=np.int64),
+                ok=np.array([self.dev_ok[i] for i in devs], dtype=np.bool_),
+                memory_total=np.array(
+                    [self.devices[i].memory_total_mib or 1 for i in devs], dtype=np.int64
+                ),
+                util=np.array(
+                    [float(self.devices[i].util_pct or 0.0) for i in devs], dtype=np.float64
+                ),
+            )
+        return lay
 
     def usage_of(self, queue: str) -> Usage:
         """The usage of ``queue`` (its subtree included); zero when it holds nothing."""
@@ -258,6 +385,8 @@ class WorkingPool:
             self.dev_mem_free[i] -= sign * s.memory_mib
             self.dev_compute_free[i] -= sign * s.compute_pct
         self.dev_holders[i] += sign
+        self._dirty_devs.add(i)
+        self._dirty_nodes.add(ni)
         now_free, now_busy = self._whole_free(i), self._busy(i)
         if was_free != now_free:
             wf = self.class_whole_free[ci]
@@ -271,6 +400,7 @@ class WorkingPool:
             if ni is not None:
                 self.node_cpu_free[ni] -= sign * h.cpu_milli
                 self.node_mem_free[ni] -= sign * h.memory_mib
+                self._dirty_nodes.add(ni)
 
     def _register(self, lease: LeaseState, *, charge: bool) -> PoolLease:
         pl = self._resolve(lease)
