@@ -34,6 +34,7 @@ from xpupool.contracts.payloads import (
     Intent,
     JobRequested,
 )
+from xpupool.placement.trace import find_trace_dir  # noqa: E402
 from xpupool.scheduler.domain import (
     DeviceState,
     LeaseSlice,
@@ -49,7 +50,9 @@ from xpupool.scheduler.domain import (
 decide_mod = importlib.import_module(
     "xpupool.scheduler.domain.decide"
 )  # the module, not the function
-TRACE = Path("/work/shared/traces/alibaba-gpu-v2023/openb_node_list_gpu_node.csv")
+_TRACE_DIR = find_trace_dir(Path(__file__).resolve())
+# The trace lives in ../shared beside the repository; without it the trace pools are skipped.
+TRACE = (_TRACE_DIR or Path("missing-trace")) / "openb_node_list_gpu_node.csv"
 NOW = 1_000_000.0
 
 # (vendor, memory MiB, capacity units, $/h, capabilities, isolation)
