@@ -191,3 +191,19 @@ async def test_silent_node_is_declared_lost_with_its_leases(ledger: Ledger) -> N
     assert lease is not None and lease.end_reason == "lost"
     assert not (await ledger.heartbeat("n1")).ok  # it must register again
     assert all(d.health is Health.LOST for d in (await ledger.nodes())[0].devices)
+
+
+async def test_preemption_request_is_marked_and_queued_once(ledger: Ledger) -> None:
+    """Marking a victim and queueing its EndLease happen together, once per (lease, job)."""
+    await _two_gpus(ledger)
+    await ledger.reserve(_reservation("victim", SliceClaim("n1/nvidia0", whole=True)))
+    await ledger.grant("lease-victim")
+    outbox = ledger.key("outbox", "scheduler")
+    before = await ledger.redis.xlen(outbox)
+    assert (await ledger.request_preemption("lease-victim", "urgent")).ok
+    assert (await ledger.request_preemption("lease-victim", "urgent")).duplicate
+    entries = await ledger.redis.xrange(outbox)
+    assert await ledger.redis.xlen(outbox) == before + 1
+    assert entries[-1][1][b"kind"] == b"end_lease"
+    lease = await ledger.get_lease("lease-victim")
+    assert lease is not None and lease.preempted_for == "urgent"

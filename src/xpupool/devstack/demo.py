@@ -7,6 +7,7 @@ are set, and leaves no process behind, Ctrl-C included.
 from __future__ import annotations
 
 import asyncio
+import functools
 import contextlib
 import os
 import statistics
@@ -99,6 +100,10 @@ async def _burst(client: XpupoolClient, ledger: Ledger) -> int:
     futures = {r.job_id: client.expect(r.job_id) for r in requests}
     bad = b'{"job_id": "demo-bad", "tenant": "team-0", "device": {"compute_pct": 400}}'
     futures["demo-bad"] = client.expect("demo-bad")
+    # Outcomes are stamped when they arrive, not when this coroutine gets round to them.
+    arrived: dict[str, float] = {}
+    for job_id, future in futures.items():
+        future.add_done_callback(functools.partial(_stamp, arrived, job_id))
     started = time.perf_counter()
     for r in requests:
         sent[r.job_id] = time.perf_counter()
@@ -120,7 +125,7 @@ async def _burst(client: XpupoolClient, ledger: Ledger) -> int:
         outcome = await futures[job_id]
         outcomes[job_id] = outcome
         if isinstance(outcome, AllocationGranted):
-            latency = time.perf_counter() - sent[job_id]
+            latency = arrived[job_id] - sent[job_id]
             latencies.append(latency)
             if job_id not in waited:
                 immediate.append(latency)
@@ -153,6 +158,10 @@ async def _burst(client: XpupoolClient, ledger: Ledger) -> int:
         )
     print(f"ledger audit   {problems if problems else 'consistent'}")
     return 0 if not problems and len(outcomes) == len(futures) else 1
+
+
+def _stamp(arrived: dict[str, float], job_id: str, _: object) -> None:
+    arrived.setdefault(job_id, time.perf_counter())
 
 
 def run_demo() -> int:

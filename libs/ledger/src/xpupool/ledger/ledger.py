@@ -359,9 +359,9 @@ class Ledger:
             mapping["nominated"] = "1" if nominated else "0"
         await self._redis.hset(self.key("job", job_id), mapping=mapping)  # type: ignore[arg-type]
 
-    async def mark_preempted_for(self, lease_id: str, job_id: str) -> None:
-        """Mark a lease whose end was requested for ``job_id`` (it still holds its slices)."""
-        await self._redis.hset(self.key("lease", lease_id), "preempted_for", job_id)
+    async def request_preemption(self, lease_id: str, job_id: str) -> ScriptResult:
+        """Mark a lease as preempted for ``job_id`` and queue the EndLease command (outbox)."""
+        return await self._run("request_preemption", lease_id, job_id)
 
     async def drop_pending(
         self, job_id: str, reason: str, field_name: str | None, detail: str

@@ -47,9 +47,11 @@ async def cycle_loop(
                 deps.wake.set()
                 continue
             try:
-                await publisher.publish_all(await handlers.schedule_cycle(deps))
+                events = await handlers.schedule_cycle(deps)
             finally:
                 await deps.ledger.release_lock("cycle", owner)
+            # Published outside the lock: a replica waiting for it need not wait for these.
+            await publisher.publish_all(events)
         except Exception as error:  # noqa: BLE001  (Redis or NATS away: the next cycle retries)
             log.warning("scheduling_cycle_failed", error=repr(error))
             await asyncio.sleep(0.2)
