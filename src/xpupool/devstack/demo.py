@@ -7,8 +7,8 @@ are set, and leaves no process behind, Ctrl-C included.
 from __future__ import annotations
 
 import asyncio
-import functools
 import contextlib
+import functools
 import os
 import statistics
 import time
