@@ -169,3 +169,11 @@ def test_committed_proto_matches_the_code() -> None:
         assert path.read_text() == text, f"{relative} drifted from the code: run `just proto`"
     committed = {f"schemas/{f.name}" for f in (PROTO / "schemas").glob("*.json")}
     assert committed <= set(asyncapi.render()), "stale schema files: run `just proto`"
+
+
+def test_rejections_without_a_job_id_are_not_deduplicated_together() -> None:
+    """Two unrelated malformed requests (no job id) must not share a JetStream dedup id."""
+    from xpupool.contracts.subjects import dedup_id
+
+    assert dedup_id(p.JobRejected(job_id="", reason="invalid_request")) is None
+    assert dedup_id(p.JobRejected(job_id="j1", reason="invalid_request")) == "j1:rejected"

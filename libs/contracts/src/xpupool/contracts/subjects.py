@@ -263,7 +263,7 @@ def dedup_id(event: object) -> str | None:
     match event:
         case p.JobRequested(job_id=job_id):
             return job_id
-        case p.JobRejected(job_id=job_id):
+        case p.JobRejected(job_id=job_id) if job_id:
             return f"{job_id}:rejected"
         case p.JobTimedOut(job_id=job_id):
             return f"{job_id}:timed_out"
