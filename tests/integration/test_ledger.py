@@ -207,3 +207,21 @@ async def test_preemption_request_is_marked_and_queued_once(ledger: Ledger) -> N
     assert entries[-1][1][b"kind"] == b"end_lease"
     lease = await ledger.get_lease("lease-victim")
     assert lease is not None and lease.preempted_for == "urgent"
+
+
+async def test_admission_is_idempotent_and_orders_by_priority_then_arrival(ledger: Ledger) -> None:
+    """A job id is admitted once (a duplicate keeps the first request and its reason), a job
+    that went further is not re-admitted, and the queue puts higher priority first."""
+    assert (await ledger.pend("low", 100, b'{"n": 1}', None, "queued")).ok
+    await asyncio.sleep(0.01)
+    assert (await ledger.pend("high", 900, b'{"n": 2}', None, "queued")).ok
+    await ledger.note_pending("low", "insufficient_capacity")
+    again = await ledger.pend("low", 100, b'{"n": 3}', None, "queued")
+    assert again.ok and again.duplicate
+    jobs = await ledger.pending_jobs()
+    assert [job.job_id for _, job in jobs] == ["high", "low"]
+    assert jobs[1][0] == b'{"n": 1}' and jobs[1][1].reason == "insufficient_capacity"
+    await _two_gpus(ledger)
+    await ledger.reserve(_reservation("high", SliceClaim("n1/nvidia0", whole=True)))
+    refused = await ledger.pend("high", 900, b"{}", None, "queued")
+    assert not refused.ok and refused.reason == "job_reserved"

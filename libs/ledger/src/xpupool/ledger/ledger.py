@@ -297,17 +297,18 @@ class Ledger:
     async def pend(
         self,
         job_id: str,
-        score: float,
+        priority: int,
         request_json: bytes,
         max_wait_ms: int | None,
         reason: str,
         detail: str = "",
     ) -> ScriptResult:
-        """Park a request in the persistent pending queue (idempotent per job id)."""
+        """Admit a request into the persistent pending queue (idempotent per job id); refused
+        with ``job_<state>`` when the job already went further (a duplicate)."""
         return await self._run(
             "pend",
             job_id,
-            score,
+            priority,
             request_json,
             "" if max_wait_ms is None else max_wait_ms,
             reason,

@@ -80,28 +80,22 @@ class SchedulerDeps:
     extra_policies: Sequence[PlacementPolicy] = ()
 
 
-def pending_score(priority: int, arrival_ms: int) -> float:
-    """Order in the pending store (the domain re-orders by fair share on every cycle)."""
-    return float(-priority * 10**13 + arrival_ms)
-
-
 async def admit_job(request: JobRequested, deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
     """Put a new request in the persistent pending queue and wake a scheduling cycle.
 
     A duplicate of a job the ledger already knows past admission is ignored: the job id is the
     idempotency key, whatever the transport did.
     """
-    known = await deps.ledger.get_job(request.job_id)
-    if known is not None and known.state != "pending":
-        return []
     priority = deps.config.current().priority_value(request.priority) or 0
-    await deps.ledger.pend(
+    admitted = await deps.ledger.pend(
         request.job_id,
-        pending_score(priority, await deps.ledger.now_ms()),
+        priority,
         msgspec.json.encode(request),
         None if request.max_wait_s is None else int(request.max_wait_s * 1000),
         ADMITTED,
     )
+    if not admitted.ok:
+        return []
     deps.wake.set()
     return []
 
