@@ -51,6 +51,11 @@ bench-scheduler: sync
 bench-collector: sync
     uv run --frozen python services/telemetry-collector/bench/bench_collector.py
 
+# The scheduler's own default placement on the trace's GPU pods, beside FGD on the same arrivals
+[group("bench")]
+bench-scheduler-trace *ARGS: sync
+    uv run --frozen python bench/placement/bench_scheduler_default.py {{ARGS}}
+
 # Live replay of the default trace through the running services (one seed) beside the in-process run
 [group("bench")]
 bench-live POLICY="xpupool" SEED="42": sync
