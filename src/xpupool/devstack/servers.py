@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,16 +63,18 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes], greeting: bytes 
 
 
 @dataclass
-class _Server:
+class _Server(ABC):
     workdir: Path
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
 
+    @abstractmethod
     def command(self) -> list[str]:
-        raise NotImplementedError
+        """The server's command line."""
 
+    @abstractmethod
     def greeting(self) -> bytes | None:
-        raise NotImplementedError
+        """What the server sends first on a new connection (None: answer a PING instead)."""
 
     def start(self) -> None:
         """Start the server (again) on its port and data directory; returns once it answers."""
