@@ -34,7 +34,7 @@ proto: sync
 [group("lint")]
 lint: sync
     uv run --frozen ruff check .
-    uv run --frozen mypy libs/*/src services/*/src src
+    uv run --frozen mypy libs/*/src services/*/src src tests
 
 # Placement quality on the Alibaba GPU trace: every policy, seeds 42-51
 [group("bench")]

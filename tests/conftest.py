@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar, overload
 
 import pytest
 from redis.asyncio import Redis
@@ -12,6 +14,8 @@ from redis.asyncio import Redis
 from xpupool.devstack.servers import NatsServer, RedisServer
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.ledger import Ledger
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -65,14 +69,26 @@ def make_stack(
         stack.stop()
 
 
+@overload
+async def eventually(
+    check: Callable[[], Awaitable[T]], timeout_s: float = ..., interval_s: float = ...
+) -> T: ...
+
+
+@overload
+async def eventually(
+    check: Callable[[], T], timeout_s: float = ..., interval_s: float = ...
+) -> T: ...
+
+
 async def eventually(
     check: Callable[[], object], timeout_s: float = 20.0, interval_s: float = 0.1
 ) -> object:
-    """Poll an async or sync check until it returns something truthy."""
+    """Poll a sync or async check until it returns something truthy, and return that."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         result = check()
-        if asyncio.iscoroutine(result):
+        if inspect.isawaitable(result):
             result = await result
         if result:
             return result

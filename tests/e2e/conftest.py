@@ -3,15 +3,69 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 from redis.asyncio import Redis
 
 from tests.conftest import eventually
+from xpupool.contracts import (
+    AllocationGranted,
+    JobPending,
+    JobRejected,
+    JobTimedOut,
+    LeaseEnded,
+    LeaseRenewed,
+    decoder_for,
+)
 from xpupool.devstack.stack import Stack
 from xpupool.ledger import Ledger
 
 Ready = Callable[[Stack, int], Awaitable[Ledger]]
+EventT = TypeVar("EventT")
+Event = AllocationGranted | LeaseEnded | LeaseRenewed | JobRejected | JobPending | JobTimedOut
+
+
+class EventLog:
+    """Every event on the public job and allocation subjects, decoded, in arrival order."""
+
+    SUBJECTS = (
+        "xpupool.alloc.v1.>",
+        "xpupool.jobs.v1.rejected",
+        "xpupool.jobs.v1.pending",
+        "xpupool.jobs.v1.timed_out",
+    )
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self._decoder: Any = decoder_for(
+            (AllocationGranted, LeaseEnded, LeaseRenewed, JobRejected, JobPending, JobTimedOut)
+        )
+
+    async def attach(self, nc: Client) -> None:
+        """Start recording (before submitting, so nothing is missed)."""
+
+        async def on_message(msg: Msg) -> None:
+            self.events.append(self._decoder.decode(msg.data))
+
+        for subject in self.SUBJECTS:
+            await nc.subscribe(subject, cb=on_message)
+
+    def of(self, kind: type[EventT], job_id: str | None = None) -> list[EventT]:
+        """The recorded events of one type, optionally of one job."""
+        return [
+            e for e in self.events if isinstance(e, kind) and (job_id is None or e.job_id == job_id)
+        ]
+
+    def decided(self) -> set[str]:
+        """Job ids that got a first outcome: granted, pending or rejected."""
+        return {
+            e.job_id
+            for e in self.events
+            if isinstance(e, AllocationGranted | JobPending | JobRejected)
+        }
 
 
 @pytest.fixture

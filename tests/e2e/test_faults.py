@@ -8,8 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import eventually
-from tests.e2e.conftest import Ready
-from tests.e2e.test_flow import EventLog
+from tests.e2e.conftest import EventLog, Ready
 from xpupool.client import connected
 from xpupool.contracts import AllocationGranted, JobPending, JobRejected, JobRequested
 from xpupool.devstack.servers import NatsServer, RedisServer
@@ -117,7 +116,7 @@ async def test_scheduler_killed_during_a_burst_every_request_gets_one_outcome(
 
         def everyone_heard() -> bool:
             heard = {
-                e.job_id  # type: ignore[attr-defined]
+                e.job_id
                 for e in log.events
                 if isinstance(e, AllocationGranted | JobPending | JobRejected)
             }
@@ -125,5 +124,5 @@ async def test_scheduler_killed_during_a_burst_every_request_gets_one_outcome(
 
         await eventually(everyone_heard, timeout_s=60)
         granted = log.of(AllocationGranted)
-        assert len({g.job_id for g in granted}) == len(granted) == 4  # type: ignore[attr-defined]
+        assert len({g.job_id for g in granted}) == len(granted) == 4
         assert await audit(ledger) == []

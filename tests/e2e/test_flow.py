@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 
 from tests.conftest import eventually
-from tests.e2e.conftest import Ready
+from tests.e2e.conftest import EventLog, Ready
 from xpupool.client import connected
 from xpupool.contracts import AllocationGranted, DeviceDemand, JobRejected, JobRequested
 from xpupool.devstack.stack import NodeSpec, Stack
+
+T = TypeVar("T")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -63,10 +67,9 @@ async def test_invalid_request_is_rejected_naming_the_field(
         assert outcome.reason == "invalid_request"
 
 
-async def future_with_timeout(future: object, timeout_s: float = 20.0) -> object:
-    import asyncio
-
-    return await asyncio.wait_for(future, timeout_s)  # type: ignore[arg-type]
+async def future_with_timeout(future: asyncio.Future[T], timeout_s: float = 20.0) -> T:
+    """Await a future with a bound."""
+    return await asyncio.wait_for(future, timeout_s)
 
 
 async def test_share_request_gets_limits(make_stack: Callable[..., Stack], ready: Ready) -> None:
@@ -84,44 +87,6 @@ async def test_share_request_gets_limits(make_stack: Callable[..., Stack], ready
         assert not outcome.slices[0].whole
         assert outcome.env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "20000m"
         assert outcome.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
-
-
-class EventLog:
-    """Every event on the public subjects, decoded, in arrival order."""
-
-    def __init__(self) -> None:
-        self.events: list[object] = []
-
-    async def attach(self, nc: object) -> None:
-        from xpupool.contracts import (
-            AllocationGranted,
-            JobPending,
-            JobRejected,
-            JobTimedOut,
-            LeaseEnded,
-            LeaseRenewed,
-            decoder_for,
-        )
-
-        decoder = decoder_for(
-            (AllocationGranted, LeaseEnded, LeaseRenewed, JobRejected, JobPending, JobTimedOut)
-        )
-
-        async def on_message(msg: object) -> None:
-            self.events.append(decoder.decode(msg.data))  # type: ignore[attr-defined]
-
-        for subject in (
-            "xpupool.alloc.v1.>",
-            "xpupool.jobs.v1.rejected",
-            "xpupool.jobs.v1.pending",
-            "xpupool.jobs.v1.timed_out",
-        ):
-            await nc.subscribe(subject, cb=on_message)  # type: ignore[attr-defined]
-
-    def of(self, kind: type, job_id: str | None = None) -> list[object]:
-        return [
-            e for e in self.events if isinstance(e, kind) and (job_id is None or e.job_id == job_id)
-        ]  # type: ignore[attr-defined]
 
 
 async def test_unrenewed_lease_expires_and_renewed_one_lives(
@@ -150,7 +115,7 @@ async def test_unrenewed_lease_expires_and_renewed_one_lives(
             assert reply.ok, reply
             await asyncio.sleep(0.5)
         ended = await eventually(lambda: log.of(LeaseEnded, "left"))
-        assert ended[0].reason is EndReason.EXPIRED  # type: ignore[index,union-attr]
+        assert ended[0].reason is EndReason.EXPIRED
         assert not log.of(LeaseEnded, "kept")
         lease = await ledger.get_lease(kept.lease_id)
         assert lease is not None and lease.state == "active"
@@ -202,7 +167,7 @@ async def test_waiting_job_is_granted_when_capacity_frees(
         waiting = client.expect("second")
         await client.submit(JobRequested(job_id="second", tenant="t"))
         pending = await eventually(lambda: log.of(JobPending, "second"))
-        assert pending[0].reason == "insufficient_capacity"  # type: ignore[index,union-attr]
+        assert pending[0].reason == "insufficient_capacity"
         await client.release(first.lease_id, first.fencing_token)
         outcome = await future_with_timeout(waiting)
         assert isinstance(outcome, AllocationGranted)
@@ -238,9 +203,7 @@ async def test_two_schedulers_and_200_concurrent_requests_never_over_allocate(
 
         def settled() -> bool:
             decided = {
-                e.job_id
-                for e in log.events  # type: ignore[attr-defined]
-                if isinstance(e, AllocationGranted | JobPending)
+                e.job_id for e in log.events if isinstance(e, AllocationGranted | JobPending)
             }
             return len(decided) == 200
 
@@ -248,7 +211,7 @@ async def test_two_schedulers_and_200_concurrent_requests_never_over_allocate(
         await asyncio.sleep(1.0)
         assert await audit(ledger) == []
         granted = log.of(AllocationGranted)
-        assert len({g.job_id for g in granted}) == len(granted)  # type: ignore[attr-defined]
+        assert len({g.job_id for g in granted}) == len(granted)
         live = await ledger.leases()
-        assert {g.lease_id for g in granted} == {lease.lease_id for lease in live}  # type: ignore[attr-defined]
+        assert {g.lease_id for g in granted} == {lease.lease_id for lease in live}
         assert 2 <= len(granted) < 200

@@ -6,10 +6,10 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
+from nats.aio.msg import Msg
 
 from tests.conftest import eventually
-from tests.e2e.conftest import Ready
-from tests.e2e.test_flow import EventLog
+from tests.e2e.conftest import EventLog, Ready
 from xpupool.client import connected
 from xpupool.contracts import (
     AllocationGranted,
@@ -21,6 +21,7 @@ from xpupool.contracts import (
     JobPending,
     JobRequested,
     LeaseEnded,
+    Vendor,
     encode,
 )
 from xpupool.contracts.subjects import SIM_FAULT
@@ -46,10 +47,10 @@ async def test_xid_makes_device_unhealthy_and_recovery_returns_it(
 
         device_events: list[DeviceHealthChanged] = []
 
-        async def on_health(msg: object) -> None:
+        async def on_health(msg: Msg) -> None:
             from xpupool.contracts import decoder_for
 
-            device_events.append(decoder_for((DeviceHealthChanged,)).decode(msg.data))  # type: ignore[attr-defined]
+            device_events.append(decoder_for((DeviceHealthChanged,)).decode(msg.data))
 
         await client.nc.subscribe("xpupool.devices.v1.health", cb=on_health)
         fault = InjectFault(node_id="node-h", device_id="node-h/nvidia0", fault="xid", xid_code=79)
@@ -93,7 +94,7 @@ async def test_vanished_device_and_dead_node_end_leases_as_lost(
             )
         )
         on_npu = await client.submit_and_wait(
-            JobRequested(job_id="on-npu", tenant="t", selector=DeviceSelector(vendor="ascend"))  # type: ignore[arg-type]
+            JobRequested(job_id="on-npu", tenant="t", selector=DeviceSelector(vendor=Vendor.ASCEND))
         )
         assert isinstance(on_gpu, AllocationGranted) and isinstance(on_npu, AllocationGranted)
         gone = InjectFault(
@@ -101,12 +102,12 @@ async def test_vanished_device_and_dead_node_end_leases_as_lost(
         )
         await client.nc.publish(SIM_FAULT.subject(node_id="node-v"), encode(gone))
         ended = await eventually(lambda: log.of(LeaseEnded, "on-gpu"))
-        assert ended[0].reason is EndReason.LOST  # type: ignore[index,union-attr]
+        assert ended[0].reason is EndReason.LOST
 
         await client.nc.publish(
             SIM_FAULT.subject(node_id="node-d"),
             encode(InjectFault(node_id="node-d", fault="kill_node")),
         )
         ended = await eventually(lambda: log.of(LeaseEnded, "on-npu"))
-        assert ended[0].reason is EndReason.LOST  # type: ignore[index,union-attr]
+        assert ended[0].reason is EndReason.LOST
         assert len(log.of(LeaseEnded, "on-gpu")) == 1

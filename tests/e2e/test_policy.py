@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Ready
-from tests.e2e.test_flow import EventLog
+from tests.e2e.conftest import EventLog, Ready
 from xpupool.client import connected
 from xpupool.contracts import (
     AllocationGranted,
@@ -100,12 +99,9 @@ async def test_high_priority_job_preempts_the_youngest_low_priority_lease(
         )
         assert isinstance(urgent, AllocationGranted), urgent
         ended = log.of(LeaseEnded)
-        assert [e.job_id for e in ended] == ["low-2"]  # type: ignore[attr-defined]
-        assert ended[0].reason is EndReason.PREEMPTED  # type: ignore[attr-defined]
-        assert any(
-            p.reason == "preemption_in_progress"  # type: ignore[attr-defined]
-            for p in log.of(JobPending, "urgent")
-        )
+        assert [e.job_id for e in ended] == ["low-2"]
+        assert ended[0].reason is EndReason.PREEMPTED
+        assert any(p.reason == "preemption_in_progress" for p in log.of(JobPending, "urgent"))
 
 
 async def test_impossible_and_unknown_requests_are_rejected_with_reasons(

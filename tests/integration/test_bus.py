@@ -9,6 +9,7 @@ import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from opentelemetry.sdk.trace import TracerProvider
 
 from tests.conftest import eventually
@@ -28,10 +29,10 @@ async def nc(nats_server: NatsServer) -> AsyncIterator[Client]:
     await client.drain()
 
 
-async def _received(nc: Client, subject: str) -> list[nats.aio.msg.Msg]:
-    seen: list[nats.aio.msg.Msg] = []
+async def _received(nc: Client, subject: str) -> list[Msg]:
+    seen: list[Msg] = []
 
-    async def keep(msg: nats.aio.msg.Msg) -> None:
+    async def keep(msg: Msg) -> None:
         seen.append(msg)
 
     await nc.subscribe(subject, cb=keep)

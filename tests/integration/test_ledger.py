@@ -204,7 +204,7 @@ async def test_preemption_request_is_marked_and_queued_once(ledger: Ledger) -> N
     assert (await ledger.request_preemption("lease-victim", "urgent")).duplicate
     entries = await ledger.redis.xrange(outbox)
     assert await ledger.redis.xlen(outbox) == before + 1
-    assert entries[-1][1][b"kind"] == b"end_lease"
+    assert entries and entries[-1][1] and entries[-1][1][b"kind"] == b"end_lease"
     lease = await ledger.get_lease("lease-victim")
     assert lease is not None and lease.preempted_for == "urgent"
 
