@@ -39,11 +39,6 @@ GiveUpHandler = Callable[[Any, BaseException], Sequence[msgspec.Struct]]
 CONTEXT_FIELDS = ("job_id", "lease_id", "device_id", "node_id", "tenant")
 
 
-def _filter_subject(channel: Channel) -> str:
-    """The channel address with every ``{param}`` token replaced by a NATS wildcard."""
-    return ".".join("*" if token.startswith("{") else token for token in channel.address.split("."))
-
-
 def _context_of(event: Any) -> dict[str, Any]:
     return {name: getattr(event, name, None) for name in CONTEXT_FIELDS}
 
@@ -157,7 +152,7 @@ async def consume_stream(
         ack_wait=ack_wait_s,
         max_deliver=max_deliver,
         max_ack_pending=max_ack_pending,
-        filter_subject=_filter_subject(channel),
+        filter_subject=channel.pattern,
     )
     subscription: Any = None
     try:
@@ -263,4 +258,4 @@ async def serve_subject(
                         },
                     )
 
-    return await nc.subscribe(_filter_subject(channel), queue=queue, cb=on_message)
+    return await nc.subscribe(channel.pattern, queue=queue, cb=on_message)

@@ -37,6 +37,11 @@ class Channel:
     reply: type | None = None
     parameters: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def pattern(self) -> str:
+        """The address with every ``{param}`` token a NATS wildcard, for subscribing to all."""
+        return ".".join("*" if t.startswith("{") else t for t in self.address.split("."))
+
     def subject(self, **params: str) -> str:
         """The concrete subject, with ``{param}`` tokens filled in."""
         return self.address.format(**params) if params else self.address

@@ -93,7 +93,7 @@ async def run(settings: SchedulerSettings) -> None:
             deps.wake.set()
 
         for channel in (subjects.ALLOC_ENDED, subjects.NODE_REGISTERED, subjects.DEVICE_HEALTH):
-            await nc.subscribe(channel.address.replace("{reason}", "*"), cb=on_capacity_change)
+            await nc.subscribe(channel.pattern, cb=on_capacity_change)
 
         relay = OutboxRelay(
             ledger,
