@@ -15,75 +15,25 @@ from pathlib import Path
 
 import numpy as np
 
-from xpupool.contracts import JobRequested
-from xpupool.contracts.payloads import DeviceDemand, DeviceSelector, GangSpec, HostDemand
 from xpupool.placement import NodeSpec, PodDemand, PolicyContext, ShapeDistribution, make_policy
 from xpupool.placement.replay import build_fgd_workload, replay_arrivals
+from xpupool.placement.requests import job_request
 from xpupool.placement.trace import find_trace_dir, load_nodes, load_pods
-from xpupool.scheduler.domain import (
-    DeviceState,
-    NodeState,
-    PoolSnapshot,
-    Reserve,
-    WorkingPool,
-    decide,
-    default_config,
-)
-
-MEMORY_MIB = 16_000  # the trace gives no device memory; shares here are compute shares
-
-
-def _snapshot(nodes: list[NodeSpec]) -> PoolSnapshot:
-    return PoolSnapshot(
-        nodes=tuple(
-            NodeState(
-                n.name,
-                tuple(
-                    DeviceState(
-                        f"{n.name}/gpu{k}",
-                        n.name,
-                        "nvidia",
-                        n.model,
-                        MEMORY_MIB,
-                        MEMORY_MIB,
-                        index=k,
-                    )
-                    for k in range(n.num_gpu)
-                ),
-                n.cpu_milli,
-                n.cpu_milli,
-                n.memory_mib,
-                n.memory_mib,
-            )
-            for n in nodes
-        )
-    )
-
-
-def _request(i: int, pod: PodDemand) -> JobRequested:
-    whole = pod.gpu_milli >= 1000
-    return JobRequested(
-        job_id=f"j{i}",
-        tenant="replay",
-        count=pod.num_gpu,
-        device=DeviceDemand() if whole else DeviceDemand(compute_pct=pod.gpu_milli // 10),
-        selector=DeviceSelector(models=sorted(pod.allowed_models or ())),
-        host=HostDemand(cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib),
-        gang=GangSpec() if pod.num_gpu > 1 else None,
-    )
+from xpupool.scheduler.domain import Reserve, WorkingPool, decide, default_config
+from xpupool.scheduler.trace_policies import trace_snapshot
 
 
 def scheduler_default(nodes: list[NodeSpec], workload: list[PodDemand]) -> tuple[float, float]:
     """(allocation % at 100 % arrival, p99 decision ms) of the domain's default policy."""
     capacity = sum(n.num_gpu for n in nodes) * 1000
     config = default_config()
-    pool = WorkingPool(_snapshot(nodes), config)
+    pool = WorkingPool(trace_snapshot(nodes), config)
     arrived = allocated = 0
     at_100: float | None = None
     times = []
     for i, pod in enumerate(workload):
         started = time.perf_counter()
-        decision = decide(_request(i, pod), pool, config, apply=True)
+        decision = decide(job_request(f"j{i}", pod), pool, config, apply=True)
         times.append(time.perf_counter() - started)
         if isinstance(decision, Reserve):
             allocated += pod.gpu_request_milli

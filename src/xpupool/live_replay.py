@@ -54,7 +54,6 @@ from xpupool.bus import ensure_streams
 from xpupool.client import connected
 from xpupool.contracts import AllocationGranted, JobPending, JobRejected, JobRequested, decoder_for
 from xpupool.contracts import subjects as s
-from xpupool.contracts.payloads import DeviceDemand, DeviceSelector, GangSpec, HostDemand
 from xpupool.devices import load_catalog
 from xpupool.devstack.stack import ServiceProcess, Stack
 from xpupool.ledger import Ledger
@@ -62,6 +61,7 @@ from xpupool.placement import ClusterState, Placement, PodDemand, PolicyContext,
 from xpupool.placement.frag import ShapeDistribution
 from xpupool.placement.policies import Policy
 from xpupool.placement.replay import RunResult, build_fgd_workload, replay_arrivals
+from xpupool.placement.requests import job_request as pod_request
 from xpupool.placement.state import MILLI, NodeSpec
 from xpupool.placement.trace import TracePod, format_pods
 from xpupool.scheduler.trace_policies import trace_policy_name
@@ -205,28 +205,8 @@ def catalog_names(models: set[str], catalog_path: Path | None = None) -> dict[st
 def job_request(
     job_id: str, pod: PodDemand, names: dict[str, str], queue: str = TENANT
 ) -> JobRequested:
-    """The job request of a GPU pod (see the module docstring)."""
-    if pod.num_gpu < 1:
-        raise ValueError("a CPU-only pod has no job request (count >= 1)")
-    device = (
-        DeviceDemand() if pod.gpu_milli >= MILLI else DeviceDemand(compute_pct=pod.gpu_milli // 10)
-    )
-    selector = DeviceSelector()
-    if pod.allowed_models:
-        # A model the catalog does not know is sent as is: the scheduler rejects it, and the
-        # in-process run finds no node for it either.
-        selector = DeviceSelector(models=sorted({names.get(m, m) for m in pod.allowed_models}))
-    return JobRequested(
-        job_id=job_id,
-        tenant=TENANT,
-        queue=queue,
-        count=pod.num_gpu,
-        device=device,
-        selector=selector,
-        host=HostDemand(cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib),
-        gang=GangSpec(same_node=True) if pod.num_gpu > 1 else None,
-        lease_ttl_s=LEASE_TTL_S,
-    )
+    """The job request of a GPU pod, leased for the whole run (see the module docstring)."""
+    return pod_request(job_id, pod, names, tenant=TENANT, queue=queue, lease_ttl_s=LEASE_TTL_S)
 
 
 def _spawn_fleet(stack: Stack, fleet_csv: Path, interval_s: float) -> ServiceProcess:

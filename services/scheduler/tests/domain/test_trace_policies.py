@@ -5,14 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xpupool.contracts import JobRequested
-from xpupool.contracts.payloads import DeviceDemand, DeviceSelector, GangSpec, HostDemand
 from xpupool.placement import NodeSpec, PodDemand, PolicyContext, ShapeDistribution, make_policy
 from xpupool.placement.replay import build_fgd_workload, replay_arrivals
+from xpupool.placement.requests import job_request
 from xpupool.scheduler.domain import (
-    DeviceState,
-    NodeState,
-    PoolSnapshot,
     Reserve,
     WorkingPool,
     decide,
@@ -20,7 +16,12 @@ from xpupool.scheduler.domain import (
     parse_config,
 )
 from xpupool.scheduler.domain.config import BUILTIN_POLICIES
-from xpupool.scheduler.trace_policies import make_trace_policies, parse_aliases, trace_policy_name
+from xpupool.scheduler.trace_policies import (
+    make_trace_policies,
+    parse_aliases,
+    trace_policy_name,
+    trace_snapshot,
+)
 
 MODELS = {"P100": "P100-PCIE-16GB", "V100M16": "V100-SXM2-16GB", "T4": "T4"}
 
@@ -57,49 +58,6 @@ def _pods(n: int, seed: int) -> list[PodDemand]:
     return out
 
 
-def _snapshot(nodes: list[NodeSpec]) -> PoolSnapshot:
-    return PoolSnapshot(
-        nodes=tuple(
-            NodeState(
-                n.name,
-                tuple(
-                    DeviceState(
-                        f"{n.name}/nvidia{k}",
-                        n.name,
-                        "nvidia",
-                        MODELS[n.model],
-                        16000,
-                        16000,
-                        index=k,
-                    )
-                    for k in range(n.num_gpu)
-                ),
-                n.cpu_milli,
-                n.cpu_milli,
-                n.memory_mib,
-                n.memory_mib,
-            )
-            for n in nodes
-        )
-    )
-
-
-def _request(i: int, pod: PodDemand) -> JobRequested:
-    device = (
-        DeviceDemand() if pod.gpu_milli >= 1000 else DeviceDemand(compute_pct=pod.gpu_milli // 10)
-    )
-    models = sorted(MODELS[m] for m in pod.allowed_models) if pod.allowed_models else []
-    return JobRequested(
-        job_id=f"j{i}",
-        tenant="replay",
-        count=pod.num_gpu,
-        device=device,
-        selector=DeviceSelector(models=models),
-        host=HostDemand(cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib),
-        gang=GangSpec() if pod.num_gpu > 1 else None,
-    )
-
-
 @pytest.mark.parametrize("policy", ["xpupool", "fgd", "bestfit", "clustering", "packing"])
 def test_trace_policy_decides_as_the_replay(policy: str) -> None:
     nodes = _cluster()
@@ -124,10 +82,10 @@ def test_trace_policy_decides_as_the_replay(policy: str) -> None:
     registry = default_registry(cfg.placement)
     for p in make_trace_policies(original, aliases, 3, [policy]):
         registry = registry.with_policy(p)
-    pool = WorkingPool(_snapshot(nodes), cfg)
+    pool = WorkingPool(trace_snapshot(nodes, MODELS), cfg)
     live = []
     for i, pod in enumerate(workload):
-        d = decide(_request(i, pod), pool, cfg, policies=registry, apply=True)
+        d = decide(job_request(f"j{i}", pod, MODELS), pool, cfg, policies=registry, apply=True)
         if isinstance(d, Reserve):
             assert d.policy == name
             live.append((d.slices[0].node_id, tuple(sorted(s.index for s in d.slices))))

@@ -41,6 +41,7 @@ from xpupool.placement import POLICIES, ClusterState, NodeSpec, PodDemand, Polic
 from xpupool.placement.frag import ShapeDistribution
 from xpupool.placement.state import MILLI, IntArray, pod_class_column
 from xpupool.scheduler.domain.matching import Demand
+from xpupool.scheduler.domain.model import DeviceState, NodeState, PoolSnapshot
 from xpupool.scheduler.domain.placement import Placement, PlacementPolicy, XpupoolPolicy
 from xpupool.scheduler.domain.pool import WorkingPool
 
@@ -194,6 +195,41 @@ def _signature(pool: WorkingPool) -> tuple[object, ...]:
         tuple(n.cpu_milli_total for n in pool.nodes),
         tuple(n.memory_mib_total for n in pool.nodes),
         tuple(pool.dev_class),
+    )
+
+
+def trace_snapshot(
+    nodes: Sequence[NodeSpec],
+    model_names: Mapping[str, str] | None = None,
+    memory_mib: int = 16_000,
+) -> PoolSnapshot:
+    """A fresh pool of the trace's nodes as the domain sees it: one NVIDIA device per GPU, the
+    model renamed through ``model_names``. The trace gives no device memory, so every device has
+    ``memory_mib`` (shares in the trace are compute shares)."""
+    names = model_names or {}
+    return PoolSnapshot(
+        nodes=tuple(
+            NodeState(
+                n.name,
+                tuple(
+                    DeviceState(
+                        f"{n.name}/nvidia{k}",
+                        n.name,
+                        "nvidia",
+                        names.get(n.model, n.model),
+                        memory_mib,
+                        memory_mib,
+                        index=k,
+                    )
+                    for k in range(n.num_gpu)
+                ),
+                n.cpu_milli,
+                n.cpu_milli,
+                n.memory_mib,
+                n.memory_mib,
+            )
+            for n in nodes
+        )
     )
 
 
