@@ -34,7 +34,7 @@ proto: sync
 [group("lint")]
 lint: sync
     uv run --frozen ruff check .
-    uv run --frozen mypy libs/*/src services/*/src src tests
+    uv run --frozen mypy libs/*/src services/*/src src tests bench services/*/bench
 
 # Placement quality on the Alibaba GPU trace: every policy, seeds 42-51
 [group("bench")]
@@ -45,6 +45,11 @@ bench-placement *ARGS: sync
 [group("bench")]
 bench-scheduler: sync
     uv run --frozen python services/scheduler/bench/bench_decide.py
+
+# Whole scheduling cycles at the trace's scale (1,213 nodes) against a real redis-server
+[group("bench")]
+bench-cycle: sync
+    uv run --frozen python services/scheduler/bench/bench_cycle.py
 
 # Collector cost per sample: CPU per device and Redis round trips, 8 and 64 simulated devices
 [group("bench")]

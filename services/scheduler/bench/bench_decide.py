@@ -25,6 +25,7 @@ import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from xpupool.contracts.payloads import (
     DeviceDemand,
@@ -249,25 +250,28 @@ def run(label: str, nodes: list[NodeState], n_requests: int, seed: int, mix: str
     timings: list[float] = []
     original = decide_mod._decide_one
 
-    def timed(item, pool_, ctx):  # type: ignore[no-untyped-def]
+    def timed(item: Any, pool_: Any, ctx: Any) -> Any:
         s = time.perf_counter()
         try:
             return original(item, pool_, ctx)
         finally:
             timings.append((time.perf_counter() - s) * 1e3)
 
-    decide_mod._decide_one = timed  # type: ignore[assignment]
+    setattr(decide_mod, "_decide_one", timed)  # noqa: B010  (a module attribute, patched)
     try:
         t0 = time.perf_counter()
         out = decide_batch(reqs, pool, now_s=NOW)
         batch_ms = (time.perf_counter() - t0) * 1e3
     finally:
-        decide_mod._decide_one = original  # type: ignore[assignment]
+        setattr(decide_mod, "_decide_one", original)  # noqa: B010
     kinds: dict[str, int] = {}
     for _, d in out:
         kinds[type(d).__name__] = kinds.get(type(d).__name__, 0) + 1
     timings.sort()
-    p = lambda q: timings[min(len(timings) - 1, int(q * len(timings)))]  # noqa: E731
+
+    def p(q: float) -> float:
+        return timings[min(len(timings) - 1, int(q * len(timings)))]
+
     n_devices = sum(len(n.devices) for n in nodes)
     print(
         f"{label:<24} {mix:<5} nodes={len(nodes):>5} devices={n_devices:>6} "
