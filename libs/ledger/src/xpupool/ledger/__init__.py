@@ -2,11 +2,13 @@
 
 from xpupool.ledger.audit import audit
 from xpupool.ledger.ledger import (
+    ChangeCursor,
     DeviceRecord,
     HostClaim,
     JobRecord,
     LeaseRecord,
     Ledger,
+    LedgerChanges,
     NodeRecord,
     Reservation,
     ScriptResult,
@@ -21,11 +23,13 @@ from xpupool.ledger.outbox import OutboxRelay
 __all__ = [
     "audit",
     "open_ledger",
+    "ChangeCursor",
     "DeviceRecord",
     "HostClaim",
     "JobRecord",
     "Ledger",
     "LeaseRecord",
+    "LedgerChanges",
     "NodeRecord",
     "OutboxRelay",
     "Reservation",

@@ -12,7 +12,9 @@ async def audit(ledger: Ledger) -> list[str]:
     """Every violated invariant, as a sentence; an empty list means the ledger is consistent.
 
     Checked: no device is over-allocated (free memory and compute never below zero); a whole
-    device has exactly one holder; the counters equal the sum of the live leases' slices.
+    device has exactly one holder; the counters equal the sum of the live leases' slices; no
+    node's host CPU or memory is over-allocated, and what its counters hold equals the sum of
+    the live leases' host charges there (host-only leases, without slices, included).
     """
     # Reads are not one atomic snapshot; retry until no script ran while we read.
     for _ in range(50):
@@ -25,13 +27,34 @@ async def audit(ledger: Ledger) -> list[str]:
     compute: dict[str, int] = defaultdict(int)
     holders: dict[str, int] = defaultdict(int)
     whole: dict[str, int] = defaultdict(int)
+    host_cpu: dict[str, int] = defaultdict(int)
+    host_mem: dict[str, int] = defaultdict(int)
     for lease in leases:
+        for node_id, h in lease.host.items():
+            host_cpu[node_id] += h.cpu_milli
+            host_mem[node_id] += h.memory_mib
         for s in lease.slices:
             memory[s.device_id] += s.memory_mib
             compute[s.device_id] += s.compute_pct
             holders[s.device_id] += 1
             whole[s.device_id] += int(s.whole)
     for node in nodes:
+        n = node.node_id
+        if node.cpu_free_milli < 0 or node.memory_free_mib < 0:
+            problems.append(
+                f"node {n} over-allocated: free CPU {node.cpu_free_milli}, "
+                f"free memory {node.memory_free_mib}"
+            )
+        if node.cpu_total_milli - node.cpu_free_milli != host_cpu[n]:
+            problems.append(
+                f"node {n} CPU counter {node.cpu_total_milli - node.cpu_free_milli} "
+                f"!= leased {host_cpu[n]}"
+            )
+        if node.memory_total_mib - node.memory_free_mib != host_mem[n]:
+            problems.append(
+                f"node {n} memory counter {node.memory_total_mib - node.memory_free_mib} "
+                f"!= leased {host_mem[n]}"
+            )
         for d in node.devices:
             i = d.spec.device_id
             if d.memory_free_mib < 0 or d.compute_free_pct < 0:

@@ -187,6 +187,29 @@ class LeaseRecord:
 
 
 @dataclass(frozen=True)
+class ChangeCursor:
+    """Where a reader of the change log stands: the change sequence it read, the log's epoch
+    (stamped when the log started) and the redis-server process (its ``run_id``) it read from."""
+
+    seq: int
+    epoch: str
+    server: str
+
+
+@dataclass(frozen=True)
+class LedgerChanges:
+    """What ``Ledger.changes_since`` answers: the records changed since the reader's cursor
+    (only meaningful when ``complete``), the new cursor and the ledger version read with it."""
+
+    cursor: ChangeCursor
+    version: int
+    complete: bool
+    nodes: frozenset[str] = frozenset()
+    devices: frozenset[str] = frozenset()
+    leases: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class JobRecord:
     """What the ledger knows of a job id (the idempotency key)."""
 
@@ -278,15 +301,18 @@ class Ledger:
         return await self._run("set_health", device_id, health.value, reason)
 
     async def record_load(self, samples: Iterable[DeviceSample]) -> None:
-        """Write live load for many devices in one round trip (not atomic: last value wins)."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for sample in samples:
-                key = self.key("dev", sample.device_id)
-                if sample.util_pct is not None:
-                    pipe.hset(key, "util", sample.util_pct)
-                if sample.memory_used_mib is not None:
-                    pipe.hset(key, "mem_used", sample.memory_used_mib)
-            await pipe.execute()
+        """Write live load for many devices in one round trip (last value wins); a changed
+        utilisation goes into the change log."""
+        args: list[str] = []
+        for sample in samples:
+            # Encoded as redis-py encodes numbers, so the stored form stays comparable.
+            args += (
+                sample.device_id,
+                "" if sample.util_pct is None else repr(sample.util_pct),
+                "" if sample.memory_used_mib is None else repr(sample.memory_used_mib),
+            )
+        if args:
+            await self._run("record_load", *args)
 
     # ---- scheduling --------------------------------------------------------------------------
 
@@ -408,6 +434,47 @@ class Ledger:
         """A counter bumped by every change of capacity or health (cheap cache invalidation)."""
         return _int(await self._redis.get(self.key("ver")))
 
+    async def changes_since(self, cursor: ChangeCursor | None) -> LedgerChanges:
+        """The nodes, devices and leases changed since ``cursor`` (from the previous call), with
+        the cursor for the next call and the ledger version, in one atomic read.
+
+        ``complete`` is False when the change log cannot answer and the caller must read
+        everything (``nodes()``, ``leases()``) after this call: no cursor yet, the log trimmed
+        past it, started over (Redis flushed) or possibly rewound (another redis-server process:
+        restarted from an older save, or failed over to a replica that lagged), in which case the
+        sequence could have passed the cursor again without showing what was lost.
+        """
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.get(self.key("changes-epoch"))
+            pipe.get(self.key("changes-seq"))
+            pipe.get(self.key("changes-floor"))
+            pipe.get(self.key("ver"))
+            pipe.info("server")
+            if cursor is not None:
+                pipe.zrangebyscore(self.key("changes"), f"({cursor.seq}", "+inf")
+            raw = await pipe.execute()
+        epoch, seq, floor, version = _str(raw[0]), _int(raw[1]), _int(raw[2]), _int(raw[3])
+        new = ChangeCursor(seq=seq, epoch=epoch, server=_str(raw[4].get("run_id")))
+        if (
+            cursor is None
+            or not epoch
+            or (epoch, new.server) != (cursor.epoch, cursor.server)
+            or not floor <= cursor.seq <= seq
+        ):
+            return LedgerChanges(cursor=new, version=version, complete=False)
+        kinds: dict[str, set[str]] = {"node": set(), "dev": set(), "lease": set()}
+        for entry in raw[5]:
+            kind, _, record_id = _str(entry).partition(":")
+            kinds.setdefault(kind, set()).add(record_id)
+        return LedgerChanges(
+            cursor=new,
+            version=version,
+            complete=True,
+            nodes=frozenset(kinds["node"]),
+            devices=frozenset(kinds["dev"]),
+            leases=frozenset(kinds["lease"]),
+        )
+
     async def now_ms(self) -> int:
         """The ledger's clock."""
         seconds, micros = await self._redis.time()
@@ -416,22 +483,37 @@ class Ledger:
     async def nodes(self) -> list[NodeRecord]:
         """Every node with its devices, read in two pipelined round trips."""
         node_ids = sorted(_str(n) for n in await self._redis.smembers(self.key("nodes")))
+        return [n for n in await self._read_nodes(node_ids, members_only=False) if n is not None]
+
+    async def get_nodes(self, node_ids: Sequence[str]) -> list[NodeRecord | None]:
+        """The named nodes as ``nodes()`` reads them (None where not a registered node), in two
+        pipelined round trips."""
+        return await self._read_nodes(node_ids, members_only=True)
+
+    async def _read_nodes(
+        self, node_ids: Sequence[str], members_only: bool
+    ) -> list[NodeRecord | None]:
         async with self._redis.pipeline(transaction=False) as pipe:
             for node_id in node_ids:
                 pipe.hgetall(self.key("node", node_id))
                 pipe.smembers(self.key("node-devices", node_id))
+            if members_only and node_ids:
+                pipe.smismember(self.key("nodes"), list(node_ids))
             raw = await pipe.execute()
-        node_rows = raw[0::2]
-        device_ids = [sorted(_str(d) for d in ids) for ids in raw[1::2]]
+        node_rows = raw[0 : 2 * len(node_ids) : 2]
+        device_ids = [sorted(_str(d) for d in ids) for ids in raw[1 : 2 * len(node_ids) : 2]]
+        member = raw[-1] if members_only and node_ids else [True] * len(node_ids)
         async with self._redis.pipeline(transaction=False) as pipe:
             for ids in device_ids:
                 for device_id in ids:
                     pipe.hgetall(self.key("dev", device_id))
             device_rows = iter(await pipe.execute())
-        nodes = []
-        for node_id, row, ids in zip(node_ids, node_rows, device_ids, strict=True):
+        nodes: list[NodeRecord | None] = []
+        for node_id, row, ids, known in zip(node_ids, node_rows, device_ids, member, strict=True):
             devices = [_device(node_id, next(device_rows)) for _ in ids]
-            nodes.append(_node(node_id, row, [d for d in devices if d is not None]))
+            nodes.append(
+                _node(node_id, row, [d for d in devices if d is not None]) if known else None
+            )
         return nodes
 
     async def node_devices(self, node_id: str) -> list[DeviceRecord]:
@@ -455,6 +537,21 @@ class Ledger:
                 pipe.hgetall(self.key("lease", lease_id))
             rows = await pipe.execute()
         return [_lease(i, r) if r else None for i, r in zip(lease_ids, rows, strict=True)]
+
+    async def live_leases(self, lease_ids: Sequence[str]) -> list[LeaseRecord | None]:
+        """The named leases as ``leases()`` reads them (None where not live), in one round
+        trip."""
+        if not lease_ids:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for lease_id in lease_ids:
+                pipe.hgetall(self.key("lease", lease_id))
+            pipe.smismember(self.key("leases"), list(lease_ids))
+            raw = await pipe.execute()
+        return [
+            _lease(i, row) if row and live else None
+            for i, row, live in zip(lease_ids, raw[:-1], raw[-1], strict=True)
+        ]
 
     async def get_lease(self, lease_id: str) -> LeaseRecord | None:
         """One lease, or None."""

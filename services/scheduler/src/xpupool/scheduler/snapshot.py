@@ -48,7 +48,21 @@ def _device(node: NodeRecord, record: DeviceRecord) -> DeviceState:
     )
 
 
-def _lease(record: LeaseRecord) -> LeaseState:
+def node_state(record: NodeRecord) -> NodeState:
+    """One node as the domain sees it; a node that is not up keeps its devices (marked lost) so
+    running leases are still accounted for."""
+    return NodeState(
+        node_id=record.node_id,
+        devices=tuple(_device(record, d) for d in record.devices),
+        cpu_milli_total=record.cpu_total_milli,
+        cpu_milli_free=record.cpu_free_milli,
+        memory_mib_total=record.memory_total_mib,
+        memory_mib_free=record.memory_free_mib,
+    )
+
+
+def lease_state(record: LeaseRecord) -> LeaseState:
+    """One live lease or reservation as the domain sees it."""
     units = next(
         (u.inc for u in record.usage if u.scope == record.queue and u.field == UNITS_FIELD), 0.0
     )
@@ -74,21 +88,10 @@ def _lease(record: LeaseRecord) -> LeaseState:
 def build_snapshot(
     nodes: Sequence[NodeRecord], leases: Sequence[LeaseRecord], now_ms: int, version: int
 ) -> PoolSnapshot:
-    """The pool as the domain sees it; nodes that are not up keep their devices (marked lost) so
-    running leases are still accounted for."""
+    """The pool as the domain sees it (``node_state`` and ``lease_state`` of every record)."""
     return PoolSnapshot(
-        nodes=tuple(
-            NodeState(
-                node_id=n.node_id,
-                devices=tuple(_device(n, d) for d in n.devices),
-                cpu_milli_total=n.cpu_total_milli,
-                cpu_milli_free=n.cpu_free_milli,
-                memory_mib_total=n.memory_total_mib,
-                memory_mib_free=n.memory_free_mib,
-            )
-            for n in nodes
-        ),
-        leases=tuple(_lease(lease) for lease in leases),
+        nodes=tuple(node_state(n) for n in nodes),
+        leases=tuple(lease_state(lease) for lease in leases),
         now_s=now_ms / 1000,
         version=version,
     )

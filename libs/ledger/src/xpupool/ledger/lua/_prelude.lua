@@ -15,6 +15,32 @@ local function neg(x) return 0 - math.floor(tonumber(x)) end
 local function bump() redis.call('INCR', k('ver')) end
 local RETAIN_S = 7 * 24 * 3600
 
+-- The change log, for readers that keep a copy of the ledger (the scheduler's snapshot cache):
+-- a sorted set of "node:<id>", "dev:<id>" and "lease:<id>", each scored with the change sequence
+-- of the last script that touched that record, so a reader that remembers the sequence it read
+-- re-reads only what changed since. Every script that writes a node, device or lease hash, or
+-- the membership of nodes, node-devices or leases, calls touched() for each record. The log keeps
+-- one entry per record and is trimmed oldest-first past CHANGE_LOG_MAX; changes-floor says up to
+-- which sequence entries may be gone (a reader older than that reads everything again), and
+-- changes-epoch, stamped when the log starts, tells a reader that the log started over.
+local CHANGE_LOG_MAX, CHANGE_LOG_TRIM = 50000, 5000
+local change_seq = nil
+local function touched(kind, id)
+  if not change_seq then
+    change_seq = redis.call('INCR', k('changes-seq'))
+    local t = redis.call('TIME')
+    redis.call('SET', k('changes-epoch'), t[1] .. '.' .. t[2], 'NX')
+    local size = redis.call('ZCARD', k('changes'))
+    if size >= CHANGE_LOG_MAX then
+      local cut = size - CHANGE_LOG_MAX + CHANGE_LOG_TRIM
+      local last = redis.call('ZRANGE', k('changes'), cut - 1, cut - 1, 'WITHSCORES')
+      redis.call('ZREMRANGEBYRANK', k('changes'), 0, cut - 1)
+      redis.call('SET', k('changes-floor'), last[2])
+    end
+  end
+  redis.call('ZADD', k('changes'), change_seq, kind .. ':' .. id)
+end
+
 -- Ends one lease: gives every slice, host share and quota unit back, records why, and queues the
 -- terminal event in the lease-manager's outbox. Idempotent: an ended lease stays ended.
 local function end_lease(lease_id, reason, detail, now)
@@ -30,6 +56,7 @@ local function end_lease(lease_id, reason, detail, now)
       redis.call('HINCRBY', dk, 'holders', -1)
       if s.whole then redis.call('HSET', dk, 'exclusive', 0) end
     end
+    touched('dev', s.device_id)
     redis.call('SREM', k('dev-leases', s.device_id), lease_id)
   end
   for node_id, h in pairs(cjson.decode(l[3])) do
@@ -38,6 +65,7 @@ local function end_lease(lease_id, reason, detail, now)
       redis.call('HINCRBY', nk, 'cpu_free', h.cpu_milli)
       redis.call('HINCRBY', nk, 'mem_free', h.memory_mib)
     end
+    touched('node', node_id)
     redis.call('SREM', k('node-leases', node_id), lease_id)
   end
   for _, u in ipairs(cjson.decode(l[4])) do
@@ -51,5 +79,6 @@ local function end_lease(lease_id, reason, detail, now)
   redis.call('HSET', k('job', l[5]), 'state', 'ended')
   redis.call('XADD', k('outbox', 'lease-manager'), '*', 'kind', 'ended', 'lease_id', lease_id)
   bump()
+  touched('lease', lease_id)
   return 'ended'
 end

@@ -12,11 +12,13 @@ for _, node_id in ipairs(redis.call('SMEMBERS', k('nodes'))) do
     end
     for _, device_id in ipairs(redis.call('SMEMBERS', k('node-devices', node_id))) do
       redis.call('HSET', k('dev', device_id), 'health', 'lost')
+      touched('dev', device_id)
     end
     redis.call('XADD', k('outbox', 'lease-manager'), '*', 'kind', 'node_lost', 'node_id', node_id,
       'last_seen_ms', n[2])
     table.insert(lost_nodes, node_id)
     bump()
+    touched('node', node_id)
   end
 end
 return cjson.encode({ok = true, lost = lost_nodes})

@@ -21,6 +21,7 @@ for _, device_id in ipairs(redis.call('SMEMBERS', k('node-devices', r.node_id)))
     redis.call('DEL', k('dev', device_id), k('dev-leases', device_id))
     redis.call('SREM', k('devices'), device_id)
     redis.call('SREM', k('node-devices', r.node_id), device_id)
+    touched('dev', device_id)
     table.insert(removed, device_id)
   end
 end
@@ -41,6 +42,7 @@ for _, d in ipairs(r.devices) do
   end
   redis.call('SADD', k('devices'), d.device_id)
   redis.call('SADD', k('node-devices', r.node_id), d.device_id)
+  touched('dev', d.device_id)
 end
 local used_cpu, used_mem = 0, 0
 local old = redis.call('HMGET', nk, 'cpu_total', 'cpu_free', 'mem_total', 'mem_free')
@@ -53,4 +55,5 @@ redis.call('HSET', nk, 'cpu_total', r.cpu_milli, 'cpu_free', r.cpu_milli - used_
   'status', 'up', 'last_seen_ms', now)
 redis.call('SADD', k('nodes'), r.node_id)
 bump()
+touched('node', r.node_id)
 return cjson.encode({ok = true, added = added, removed = removed, lost = lost})

@@ -11,4 +11,5 @@ redis.call('HSET', lk, 'preempted_for', ARGV[2])
 redis.call('XADD', k('outbox', 'scheduler'), '*', 'kind', 'end_lease', 'lease_id', ARGV[1],
   'job_id', ARGV[2])
 bump()
+touched('lease', ARGV[1])
 return cjson.encode({ok = true})

@@ -3,6 +3,7 @@
 -- ARGV[1]: JSON {job_id, lease_id, tenant, queue, priority, owner, ttl_ms, hold_ms,
 --   slices=[{device_id, memory_mib, compute_pct, whole}], host={node_id={cpu_milli, memory_mib}},
 --   usage=[{scope, field, inc, limit}]}   (limit < 0: unlimited)
+-- A host-only reservation (count 0) has no slices and one host entry.
 local r = cjson.decode(ARGV[1])
 local jk = k('job', r.job_id)
 local job = redis.call('HMGET', jk, 'state', 'lease_id')
@@ -10,6 +11,7 @@ if job[2] and job[2] ~= '' then
   return cjson.encode({ok = true, duplicate = true, lease_id = job[2]})
 end
 if job[1] == 'timed_out' then return fail('job_finished', job[1]) end
+if #r.slices == 0 and next(r.host) == nil then return fail('empty_reservation', r.job_id) end
 
 local seen, taken = {}, {}
 for i, s in ipairs(r.slices) do
@@ -36,7 +38,8 @@ for i, s in ipairs(r.slices) do
   end
 end
 for node_id, h in pairs(r.host) do
-  local n = redis.call('HMGET', k('node', node_id), 'cpu_free', 'mem_free')
+  local n = redis.call('HMGET', k('node', node_id), 'cpu_free', 'mem_free', 'status')
+  if n[3] ~= 'up' then return fail('node_down', node_id) end
   if tonumber(n[1] or '0') < h.cpu_milli or tonumber(n[2] or '0') < h.memory_mib then
     return fail('insufficient_host_resources', node_id)
   end
@@ -59,17 +62,21 @@ for _, s in ipairs(taken) do
   if s.whole then redis.call('HSET', dk, 'exclusive', 1) end
   redis.call('SADD', k('dev-leases', s.device_id), r.lease_id)
   redis.call('SADD', k('node-leases', s.node_id), r.lease_id)
+  touched('dev', s.device_id)
 end
 for node_id, h in pairs(r.host) do
   redis.call('HINCRBY', k('node', node_id), 'cpu_free', neg(h.cpu_milli))
   redis.call('HINCRBY', k('node', node_id), 'mem_free', neg(h.memory_mib))
   redis.call('SADD', k('node-leases', node_id), r.lease_id)
+  touched('node', node_id)
 end
 for _, u in ipairs(r.usage) do
   redis.call('HINCRBYFLOAT', k('usage', u.scope), u.field, u.inc)
 end
+-- cjson writes an empty table as {}: a host-only lease's slices must still read back as a list.
+local slices_json = #taken > 0 and cjson.encode(taken) or '[]'
 redis.call('HSET', lk, 'job_id', r.job_id, 'tenant', r.tenant, 'owner', r.owner,
-  'queue', r.queue, 'priority', r.priority, 'state', 'reserved', 'slices', cjson.encode(taken),
+  'queue', r.queue, 'priority', r.priority, 'state', 'reserved', 'slices', slices_json,
   'host', cjson.encode(r.host), 'usage', cjson.encode(r.usage), 'ttl_ms', r.ttl_ms,
   'created_ms', now, 'expires_ms', now + r.hold_ms, 'token', 0)
 redis.call('ZADD', k('expiry'), now + r.hold_ms, r.lease_id)
@@ -80,4 +87,5 @@ redis.call('ZREM', k('pending'), r.job_id)
 redis.call('DEL', k('pending-req', r.job_id))
 redis.call('XADD', k('outbox', 'scheduler'), '*', 'kind', 'reserved', 'lease_id', r.lease_id)
 bump()
+touched('lease', r.lease_id)
 return cjson.encode({ok = true, lease_id = r.lease_id, slices = taken})

@@ -6,5 +6,6 @@ if not previous then return fail('unknown_device', ARGV[1]) end
 if previous ~= ARGV[2] then
   redis.call('HSET', dk, 'health', ARGV[2], 'health_reason', ARGV[3])
   bump()
+  touched('dev', ARGV[1])
 end
 return cjson.encode({ok = true, previous = previous})

@@ -1,0 +1,376 @@
+"""The scheduler's incremental snapshot against a real redis-server: after any sequence of ledger
+transitions, and across a flush, a restart, a rewind to an older save and a trimmed change log,
+it equals a full read of the ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+from importlib import resources
+
+import pytest
+from redis.asyncio import Redis
+
+from xpupool.contracts import DeviceSample, DeviceSpec, Health, Vendor
+from xpupool.devstack.servers import RedisServer
+from xpupool.ledger import HostClaim, Ledger, Reservation, SliceClaim, UsageClaim
+from xpupool.scheduler.domain import PoolSnapshot
+from xpupool.scheduler.snapshot import build_snapshot
+from xpupool.scheduler.snapshot_cache import SnapshotCache
+
+pytestmark = pytest.mark.integration
+
+HEALTHS = (Health.HEALTHY, Health.HEALTHY, Health.DEGRADED, Health.UNHEALTHY)
+
+
+def _spec(node: str, index: int, memory_mib: int) -> DeviceSpec:
+    return DeviceSpec(
+        device_id=f"{node}/gpu{index}",
+        vendor=Vendor.NVIDIA,
+        model="A100",
+        index=index,
+        uuid=f"GPU-{node}-{index}",
+        memory_mib=memory_mib,
+    )
+
+
+async def _full(ledger: Ledger) -> PoolSnapshot:
+    version = await ledger.version()
+    return build_snapshot(await ledger.nodes(), await ledger.leases(), 0, version)
+
+
+async def _check(cache: SnapshotCache, ledger: Ledger, step: str) -> None:
+    """The cached snapshot equals a full read (the clock aside), record by record."""
+    cached, _ = await cache.read(ledger)
+    full = await _full(ledger)
+    assert [n.node_id for n in cached.nodes] == [n.node_id for n in full.nodes], step
+    for mine, truth in zip(cached.nodes, full.nodes, strict=True):
+        assert mine == truth, f"{step}: node {truth.node_id}"
+    assert [x.lease_id for x in cached.leases] == [x.lease_id for x in full.leases], step
+    for mine_lease, true_lease in zip(cached.leases, full.leases, strict=True):
+        assert mine_lease == true_lease, f"{step}: lease {true_lease.lease_id}"
+    assert cached.version == full.version, step
+
+
+async def _seq(ledger: Ledger) -> int:
+    return int(await ledger.redis.get(ledger.key("changes-seq")) or 0)
+
+
+class Workload:
+    """Random ledger transitions over a small fleet, chosen from what the ledger holds."""
+
+    def __init__(self, ledger: Ledger, seed: int) -> None:
+        self.ledger = ledger
+        self.rng = random.Random(seed)
+        self.fleet: dict[str, list[DeviceSpec]] = {}
+        self.jobs = 0
+
+    async def _devices(self) -> list[str]:
+        return [d.spec.device_id for n in await self.ledger.nodes() for d in n.devices]
+
+    async def _leases(self, state: str | None = None) -> list[str]:
+        return [x.lease_id for x in await self.ledger.leases() if state in (None, x.state)]
+
+    async def register(self) -> str:
+        rng = self.rng
+        if self.fleet and rng.random() < 0.5:
+            node = rng.choice(sorted(self.fleet))
+            specs = list(self.fleet[node])
+            change = rng.choice(("drop", "add", "resize", "same"))
+            if change == "drop" and len(specs) > 1:
+                specs.pop(rng.randrange(len(specs)))
+            elif change == "add":
+                specs.append(_spec(node, max(s.index for s in specs) + 1, 40_960))
+            elif change == "resize":
+                i = rng.randrange(len(specs))
+                specs[i] = _spec(node, specs[i].index, rng.choice((40_960, 81_920)))
+        else:
+            node = f"n{len(self.fleet)}"
+            change = "new"
+            specs = [_spec(node, i, 81_920) for i in range(rng.randint(1, 4))]
+        self.fleet[node] = specs
+        result = await self.ledger.register_node(node, specs, 64_000, 512_000, {"rack": node})
+        assert result.ok
+        return f"register {node} ({change})"
+
+    async def reserve(self) -> str:
+        rng, devices = self.rng, await self._devices()
+        self.jobs += 1
+        job = f"j{self.jobs}"
+        chosen = rng.sample(devices, min(len(devices), rng.choice((0, 1, 1, 2))))
+        whole = rng.random() < 0.4
+        slices = [
+            SliceClaim(d, whole=True) if whole else SliceClaim(d, rng.choice((1024, 8192)), 25)
+            for d in chosen
+        ]
+        host = (
+            {rng.choice(sorted(self.fleet)): HostClaim(1000, 4096)}
+            if not slices or rng.random() < 0.5
+            else {}
+        )
+        result = await self.ledger.reserve(
+            Reservation(
+                job_id=job,
+                lease_id=f"lease-{job}",
+                tenant="t",
+                queue="q",
+                priority=rng.randint(0, 1000),
+                owner="o",
+                ttl_ms=rng.choice((20, 60_000)),
+                hold_ms=rng.choice((20, 60_000)),
+                slices=slices,
+                host=host,
+                usage=[UsageClaim("q", "units", 1.0)],
+            )
+        )
+        return f"reserve {job} {chosen} host={sorted(host)}: {result.ok} {result.reason}"
+
+    async def grant(self) -> str:
+        leases = await self._leases("reserved")
+        if not leases:
+            return "grant: none"
+        lease = self.rng.choice(leases)
+        return f"grant {lease}: {(await self.ledger.grant(lease)).ok}"
+
+    async def renew(self) -> str:
+        leases = [x for x in await self.ledger.leases() if x.state == "active"]
+        if not leases:
+            return "renew: none"
+        lease = self.rng.choice(leases)
+        result = await self.ledger.renew(lease.lease_id, lease.token)
+        return f"renew {lease.lease_id}: {result.ok}"
+
+    async def end(self) -> str:
+        leases = await self._leases()
+        if not leases:
+            return "end: none"
+        lease = self.rng.choice(leases)
+        return f"end {lease}: {(await self.ledger.end(lease, 'released')).outcome}"
+
+    async def expire(self) -> str:
+        await asyncio.sleep(0.03)
+        return f"expire: {(await self.ledger.expire_due()).ended}"
+
+    async def health(self) -> str:
+        devices = await self._devices()
+        if not devices:
+            return "health: none"
+        device, health = self.rng.choice(devices), self.rng.choice(HEALTHS)
+        await self.ledger.set_health(device, health, "test")
+        return f"health {device} {health.value}"
+
+    async def reap(self) -> str:
+        await asyncio.sleep(0.01)
+        nodes = sorted(self.fleet)
+        silent = self.rng.choice(nodes) if nodes else None
+        for node in nodes:
+            if node != silent:
+                await self.ledger.heartbeat(node)
+        return f"reap (silent {silent}): {(await self.ledger.reap_nodes(5)).lost}"
+
+    async def load(self) -> str:
+        devices = await self._devices()
+        picked = self.rng.sample(devices, min(len(devices), 3))
+        samples = [
+            DeviceSample(
+                device_id=d,
+                util_pct=self.rng.choice((None, 0.0, 50.0, 95.5)),
+                memory_used_mib=self.rng.choice((None, 100)),
+            )
+            for d in picked
+        ]
+        await self.ledger.record_load(samples)
+        return f"load {[(s.device_id, s.util_pct) for s in samples]}"
+
+    async def preempt(self) -> str:
+        leases = await self._leases()
+        if not leases:
+            return "preempt: none"
+        lease = self.rng.choice(leases)
+        return f"preempt {lease}: {(await self.ledger.request_preemption(lease, 'x')).ok}"
+
+    async def step(self) -> str:
+        if not self.fleet:
+            return await self.register()
+        op = self.rng.choices(
+            (
+                self.register,
+                self.reserve,
+                self.grant,
+                self.renew,
+                self.end,
+                self.expire,
+                self.health,
+                self.reap,
+                self.load,
+                self.preempt,
+            ),
+            weights=(2, 6, 4, 2, 3, 1, 2, 1, 2, 1),
+        )[0]
+        return await op()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_incremental_snapshot_equals_a_full_read_after_random_transitions(
+    ledger: Ledger, seed: int
+) -> None:
+    """After every few random transitions the cache's snapshot equals a full read, and all but
+    the first read are incremental (re-reading only what changed)."""
+    work, cache = Workload(ledger, seed), SnapshotCache(full_every=1_000)
+    history: list[str] = []
+    incremental = 0
+    for _ in range(150):
+        for _ in range(work.rng.choice((1, 1, 2, 3))):
+            history.append(await work.step())
+        await _check(cache, ledger, " / ".join(history[-3:]))
+        assert cache.last is not None
+        incremental += not cache.last.full
+    assert incremental == 149
+
+
+async def test_concurrent_transitions_during_reads_are_caught_up(ledger: Ledger) -> None:
+    """Transitions racing the cache's reads are picked up by the read after them."""
+    work, cache = Workload(ledger, 7), SnapshotCache()
+    for _ in range(5):
+        await work.register()
+
+    async def churn() -> None:
+        for _ in range(100):
+            await work.step()
+
+    task = asyncio.create_task(churn())
+    while not task.done():
+        await cache.read(ledger)
+    await task
+    await _check(cache, ledger, "after the churn")
+
+
+async def test_flush_and_rebuild_past_the_cursor_forces_a_full_read(ledger: Ledger) -> None:
+    """A flushed Redis rebuilt with more changes than the cache had seen is read in full, not
+    trusted from a change sequence that started over."""
+    work, cache = Workload(ledger, 11), SnapshotCache()
+    for _ in range(30):
+        await work.step()
+    await _check(cache, ledger, "before the flush")
+    seen = await _seq(ledger)
+    await ledger.redis.flushall()
+    work = Workload(ledger, 12)
+    while await _seq(ledger) <= seen + 5:
+        await work.step()
+    await _check(cache, ledger, "after the flush")
+    assert cache.last is not None and cache.last.full
+
+
+async def _answering(redis: Redis) -> None:
+    for _ in range(100):
+        try:
+            await redis.ping()
+            return
+        except Exception:  # noqa: BLE001  (the client reconnects on its next command)
+            await asyncio.sleep(0.1)
+
+
+async def test_restart_from_an_older_save_forces_a_full_read(
+    redis_server: RedisServer, ledger: Ledger
+) -> None:
+    """redis-server restarted from files older than the cache's last read (a lost disk, a
+    failover to a lagging replica): the change sequence starts from an older value and passes
+    the cursor again with other changes, yet the next read is a full one, and exact."""
+    work, cache = Workload(ledger, 21), SnapshotCache()
+    for _ in range(20):
+        await work.step()
+    await _check(cache, ledger, "before the save")
+    redis_server.stop()
+    saved = redis_server.workdir.parent / "saved-aof"
+    shutil.copytree(redis_server.workdir / "appendonlydir", saved)
+    redis_server.start()
+    await _answering(ledger.redis)
+    for _ in range(2):
+        for _ in range(15):
+            await work.step()
+        await _check(cache, ledger, "after the save")
+    assert cache.last is not None and not cache.last.full
+    seen = await _seq(ledger)
+    redis_server.kill()
+    shutil.rmtree(redis_server.workdir / "appendonlydir")
+    shutil.copytree(saved, redis_server.workdir / "appendonlydir")
+    redis_server.start()
+    await _answering(ledger.redis)
+    assert await _seq(ledger) < seen
+    while await _seq(ledger) <= seen + 5:  # other transitions from the save on, past the cursor
+        await work.step()
+    await _check(cache, ledger, "after the rewind")
+    assert cache.last is not None and cache.last.full
+
+
+async def test_restart_reads_everything_once_then_carries_on(
+    redis_server: RedisServer, ledger: Ledger
+) -> None:
+    """redis-server killed and restarted from its AOF: the first read after it is a full one
+    (the cache cannot know what the restart kept), the next ones incremental again."""
+    work, cache = Workload(ledger, 31), SnapshotCache()
+    for _ in range(30):
+        await work.step()
+    await _check(cache, ledger, "before the restart")
+    redis_server.restart()
+    await _answering(ledger.redis)
+    for full in (True, False, False):
+        for _ in range(10):
+            await work.step()
+        await _check(cache, ledger, "after the restart")
+        assert cache.last is not None and cache.last.full == full
+
+
+async def test_trimmed_change_log_forces_a_full_read(ledger: Ledger) -> None:
+    """A change log trimmed past the cache's cursor makes the next read a full one; a cursor
+    newer than the trim stays incremental."""
+    package = resources.files("xpupool.ledger") / "lua"
+    prelude = (package / "_prelude.lua").read_text()
+    constants = "CHANGE_LOG_MAX, CHANGE_LOG_TRIM = 50000, 5000"
+    assert constants in prelude
+    small = prelude.replace(constants, "CHANGE_LOG_MAX, CHANGE_LOG_TRIM = 12, 4")
+    ledger._scripts = {  # noqa: SLF001  (the same scripts with a tiny log)
+        name: ledger.redis.register_script(small + "\n" + (package / f"{name}.lua").read_text())
+        for name in ledger._scripts  # noqa: SLF001
+    }
+    work, cache = Workload(ledger, 41), SnapshotCache()
+    for _ in range(5):
+        await work.register()
+    await _check(cache, ledger, "start")
+    for _ in range(40):
+        await work.step()
+    assert await ledger.redis.zcard(ledger.key("changes")) < 40
+    await _check(cache, ledger, "after the trim")
+    assert cache.last is not None and cache.last.full
+    await work.health()
+    await _check(cache, ledger, "after one more change")
+    assert cache.last is not None and not cache.last.full
+
+
+async def test_every_nth_read_is_full(ledger: Ledger) -> None:
+    """The safety net: a full read every ``full_every`` reads, whatever the log says."""
+    work, cache = Workload(ledger, 51), SnapshotCache(full_every=3)
+    kinds = []
+    for _ in range(8):
+        await work.step()
+        await _check(cache, ledger, "step")
+        assert cache.last is not None
+        kinds.append(cache.last.full)
+    assert kinds == [True, False, False, False, True, False, False, False]
+
+
+async def test_a_device_id_listed_under_two_nodes_stays_exact(ledger: Ledger) -> None:
+    """A device id registered again under another node (a misconfigured collector) is listed
+    under both, as a full read shows it; each change to it reaches both cached nodes."""
+    cache = SnapshotCache()
+    await ledger.register_node("a", [_spec("a", 0, 81_920)], 64_000, 512_000)
+    await _check(cache, ledger, "a registered")
+    moved = _spec("a", 0, 40_960)
+    await ledger.register_node("b", [moved, _spec("b", 1, 81_920)], 64_000, 512_000)
+    await _check(cache, ledger, "a/gpu0 registered under b too")
+    await ledger.set_health("a/gpu0", Health.UNHEALTHY)
+    await _check(cache, ledger, "a/gpu0 unhealthy")
+    await ledger.register_node("b", [_spec("b", 1, 81_920)], 64_000, 512_000)
+    await _check(cache, ledger, "a/gpu0 dropped by b")
+    assert cache.last is not None and not cache.last.full
