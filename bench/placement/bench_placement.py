@@ -7,7 +7,8 @@ Usage (from the repository root):
 
 Prints the protocol table (allocation at arrival 90/95/100/110/130 %, the published value at
 100 % for the baselines, unallocated GPUs, fragmentation, rejections, decision time). With
-``--variants`` it also replays FGD and xpupool on each generated workload variant.
+``--variants`` it also replays FGD and xpupool (told the workload, and learning it online as the
+scheduler does) on each generated workload variant.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ def main(argv: list[str]) -> int:
     if variants:
         for name in VARIANTS:
             print(f"\n== variant {name}")
-            rc = max(rc, replay_main(["--policy", "fgd,xpupool", "--variant", name, *rest]))
+            rc = max(
+                rc,
+                replay_main(["--policy", "fgd,xpupool,xpupool-online", "--variant", name, *rest]),
+            )
     return rc
 
 

@@ -1,9 +1,18 @@
-"""How the scheduler's own default placement (the domain's ``xpupool`` policy, as the live
-scheduler runs it) does on the Alibaba trace, beside FGD on the very same arrivals.
+"""How the scheduler's own default placement does on the Alibaba trace, beside FGD on the very
+same arrivals.
 
-The live request model has no CPU-only requests (``count >= 1``), so both sides replay the GPU
-pods of the FGD-protocol sequence only; allocation is read at 100 % arrival like the replay's.
-Run: ``uv run python bench/placement/bench_scheduler_default.py [--seeds 42-44]``.
+The scheduler side is the domain's ``decide`` with the registry the service builds: the learned
+default ``xpupool`` (``xpupool.scheduler.learned_policy``: intent tiers, then fragmentation
+against the request shapes it has seen; it is told nothing about the trace). Every pod of the
+FGD-protocol sequence, CPU-only ones included (host-only requests, ``count: 0``), is turned into
+a job request (``xpupool.placement.requests.job_request``) and decided against a working pool of
+the trace's 1,213 nodes, one decision per call as a cycle with one new request makes it.
+
+The decisions are then scored by the replay's own code (``replay_arrivals`` with the recorded
+outcomes), which re-validates every placement, so both columns are measured identically.
+Decision time is per ``decide`` call, including the per-cycle set-up a one-request cycle pays.
+
+Run: ``just bench-scheduler-trace [--seeds 42-44]``.
 """
 
 from __future__ import annotations
@@ -15,37 +24,58 @@ from pathlib import Path
 
 import numpy as np
 
+from xpupool.live_replay import Outcome, RecordedPolicy
 from xpupool.placement import NodeSpec, PodDemand, PolicyContext, ShapeDistribution, make_policy
-from xpupool.placement.replay import build_fgd_workload, replay_arrivals
+from xpupool.placement.replay import RunResult, build_fgd_workload, replay_arrivals
 from xpupool.placement.requests import job_request
 from xpupool.placement.trace import find_trace_dir, load_nodes, load_pods
-from xpupool.scheduler.domain import Reserve, WorkingPool, decide, default_config
+from xpupool.scheduler.domain import (
+    Reserve,
+    WorkingPool,
+    decide,
+    default_config,
+    default_registry,
+)
+from xpupool.scheduler.learned_policy import LearnedPolicy
 from xpupool.scheduler.trace_policies import trace_snapshot
 
+POINTS = (90, 95, 100, 110, 130)
 
-def scheduler_default(nodes: list[NodeSpec], workload: list[PodDemand]) -> tuple[float, float]:
-    """(allocation % at 100 % arrival, p99 decision ms) of the domain's default policy."""
-    capacity = sum(n.num_gpu for n in nodes) * 1000
+
+def scheduler_default(
+    nodes: list[NodeSpec], workload: list[PodDemand]
+) -> tuple[list[Outcome], list[float]]:
+    """The default policy's outcome for every pod, and each decision's time in seconds."""
     config = default_config()
+    registry = LearnedPolicy.create(config.placement).install(default_registry(config.placement))
     pool = WorkingPool(trace_snapshot(nodes), config)
-    arrived = allocated = 0
-    at_100: float | None = None
+    row = {n.name: i for i, n in enumerate(nodes)}
+    outcomes: list[Outcome] = []
     times = []
     for i, pod in enumerate(workload):
         started = time.perf_counter()
-        decision = decide(job_request(f"j{i}", pod), pool, config, apply=True)
+        decision = decide(job_request(f"j{i}", pod), pool, config, policies=registry, apply=True)
         times.append(time.perf_counter() - started)
         if isinstance(decision, Reserve):
-            allocated += pod.gpu_request_milli
-        arrived += pod.gpu_request_milli
-        if at_100 is None and arrived >= capacity:
-            at_100 = 100 * allocated / capacity
+            node = decision.host[0].node_id if decision.host else decision.slices[0].node_id
+            outcomes.append((row[node], tuple(sorted(s.index for s in decision.slices))))
+        else:
+            outcomes.append(None)
     assert pool.violations() == []
-    return at_100 or 100 * allocated / capacity, statistics.quantiles(times, n=100)[98] * 1000
+    return outcomes, times
+
+
+def _row(name: str, runs: list[RunResult]) -> str:
+    cells = []
+    for pct in POINTS:
+        values = [r.alloc_at(pct) for r in runs]
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        cells.append(f"{statistics.mean(values):6.2f}" + (f" +- {sd:.2f}" if pct == 100 else ""))
+    return f"{name:<20}" + "  ".join(cells)
 
 
 def main() -> None:
-    """Print, per seed, the scheduler default vs FGD on the GPU pods of the FGD sequence."""
+    """Print the scheduler default vs FGD at every arrival point, per seed and on average."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", default="42-44")
     args = parser.parse_args()
@@ -57,21 +87,31 @@ def main() -> None:
     original = [p.demand for p in load_pods(trace / "openb_pod_list_default.csv")]
     typical = ShapeDistribution.typical(original)
     capacity = sum(n.num_gpu for n in nodes) * 1000
-    ours, fgd = [], []
+    ours: list[RunResult] = []
+    fgd: list[RunResult] = []
+    all_times: list[float] = []
     for seed in range(int(first), int(last or first) + 1):
-        workload = [p for p in build_fgd_workload(original, seed, capacity) if p.num_gpu]
+        workload = build_fgd_workload(original, seed, capacity)
         ctx = PolicyContext(rng=np.random.default_rng(seed), workload=original, typical=typical)
-        reference = replay_arrivals(nodes, workload, make_policy("fgd", ctx), typical)
-        alloc, p99 = scheduler_default(nodes, workload)
-        ours.append(alloc)
-        fgd.append(reference.alloc_at(100))
+        reference = replay_arrivals(nodes, workload, make_policy("fgd", ctx), typical, seed=seed)
+        outcomes, times = scheduler_default(nodes, workload)
+        scored = replay_arrivals(
+            nodes, workload, RecordedPolicy("xpupool", outcomes), typical, seed=seed
+        )
+        ours.append(scored)
+        fgd.append(reference)
+        all_times.extend(times)
+        ms = np.percentile(np.array(times) * 1000, [50, 99])
         print(
-            f"seed {seed}: scheduler default {alloc:.2f} % (decision p99 {p99:.1f} ms), "
-            f"FGD {reference.alloc_at(100):.2f} %",
+            f"seed {seed}: scheduler default {scored.alloc_at(100):.2f} % "
+            f"(decide p50 {ms[0]:.2f} ms, p99 {ms[1]:.2f} ms), FGD {reference.alloc_at(100):.2f} %",
             flush=True,
         )
-    mean_ours, mean_fgd = statistics.mean(ours), statistics.mean(fgd)
-    print(f"mean: scheduler default {mean_ours:.2f} %, FGD {mean_fgd:.2f} %")
+    print(f"\nGPU allocation % at arrival {', '.join(f'{p} %' for p in POINTS)} (mean over seeds)")
+    print(_row("scheduler default", ours))
+    print(_row("FGD", fgd))
+    ms = np.percentile(np.array(all_times) * 1000, [50, 99])
+    print(f"decide() per pod: p50 {ms[0]:.2f} ms, p99 {ms[1]:.2f} ms over {len(all_times)} pods")
 
 
 if __name__ == "__main__":

@@ -16,14 +16,15 @@ its outcome:
 How a pod becomes a request: ``count = num_gpu``; a whole-GPU pod asks whole devices (several
 on one node: ``gang.same_node``); a sharing pod asks ``compute_pct = gpu_milli / 10`` (memory in
 proportion); ``cpu_milli``/``memory_mib`` are the host demand; ``gpu_spec`` models become
-``selector.models`` under their catalog names. The lease term is the longest the contract
-allows (7 days), so nothing expires during a run. Catalog models without memory (the trace's
-anonymised G1-G3) get a placeholder (:data:`PLACEHOLDER_MEMORY_GB`) through an operator catalog:
-a device without memory takes no share at all.
+``selector.models`` under their catalog names. A CPU-only pod (``num_gpu == 0``) is a host-only
+request (``count: 0``): its CPU and memory on one node, no device; the grant's ``host`` says which
+node. The lease term is the longest the contract allows (7 days), so nothing expires during a
+run. Catalog models without memory (the trace's anonymised G1-G3) get a placeholder
+(:data:`PLACEHOLDER_MEMORY_GB`) through an operator catalog: a device without memory takes no
+share at all.
 
-CPU-only pods (``num_gpu == 0``) cannot be expressed: the contract requires ``count >= 1``. They
-are skipped, and the live run is compared with the in-process run of the same sequence without
-them (exactly equal, pod by pod); the standard in-process run (with them) is reported beside it.
+Every pod of the sequence, CPU-only ones included, is submitted, and the live run is compared
+with the standard in-process run of the same sequence (exactly equal, pod by pod).
 
 The allocation ratio is computed by the replay's own code: the live placements are replayed
 into a ``ClusterState`` (every one re-validated) with :func:`replay_arrivals`, so both numbers
@@ -64,6 +65,8 @@ from xpupool.placement.replay import RunResult, build_fgd_workload, replay_arriv
 from xpupool.placement.requests import job_request as pod_request
 from xpupool.placement.state import MILLI, NodeSpec
 from xpupool.placement.trace import TracePod, format_pods
+from xpupool.scheduler.learned_policy import DEFAULT_POLICY_NAME as LEARNED_DEFAULT
+from xpupool.scheduler.learned_policy import ONLINE_POLICY
 from xpupool.scheduler.trace_policies import trace_policy_name
 from xpupool.telemetry_collector.fleet import FleetNode, format_fleet
 
@@ -85,9 +88,8 @@ class LiveResult:
     seed: int
     live: RunResult
     inprocess: RunResult
-    standard: RunResult
     submitted: int
-    skipped_cpu_only: int
+    cpu_only: int
     granted: int
     withdrawn: int
     rejected: int
@@ -111,21 +113,19 @@ class LiveResult:
         """JSON-ready summary."""
         return {
             "policy": self.policy,
-            "scheduler_policy": trace_policy_name(self.policy),
+            "scheduler_policy": scheduler_policy(self.policy),
             "seed": self.seed,
             "alloc_at_100": {
                 "live": self.live.alloc_at(100),
-                "inprocess_same_sequence": self.inprocess.alloc_at(100),
-                "inprocess_standard": self.standard.alloc_at(100),
+                "inprocess": self.inprocess.alloc_at(100),
             },
             "final_alloc_pct": {
                 "live": self.live.final_alloc_pct,
-                "inprocess_same_sequence": self.inprocess.final_alloc_pct,
-                "inprocess_standard": self.standard.final_alloc_pct,
+                "inprocess": self.inprocess.final_alloc_pct,
             },
             "first_divergence": self.first_divergence,
             "submitted": self.submitted,
-            "skipped_cpu_only": self.skipped_cpu_only,
+            "cpu_only": self.cpu_only,
             "granted": self.granted,
             "withdrawn": self.withdrawn,
             "rejected": self.rejected,
@@ -205,7 +205,7 @@ def catalog_names(models: set[str], catalog_path: Path | None = None) -> dict[st
 def job_request(
     job_id: str, pod: PodDemand, names: dict[str, str], queue: str = TENANT
 ) -> JobRequested:
-    """The job request of a GPU pod, leased for the whole run (see the module docstring)."""
+    """The job request of a pod, leased for the whole run (see the module docstring)."""
     return pod_request(job_id, pod, names, tenant=TENANT, queue=queue, lease_ttl_s=LEASE_TTL_S)
 
 
@@ -227,8 +227,15 @@ def _spawn_fleet(stack: Stack, fleet_csv: Path, interval_s: float) -> ServicePro
     return service
 
 
+def scheduler_policy(policy: str) -> str:
+    """The scheduler's name for replay policy ``policy``: ``xpupool-online`` is the scheduler's
+    own default (``xpupool``, learning shapes from the requests); the others are trace policies
+    (``fgd`` -> ``fgd-trace``)."""
+    return LEARNED_DEFAULT if policy == ONLINE_POLICY else trace_policy_name(policy)
+
+
 def _queue_config(policy: str) -> str:
-    name = trace_policy_name(policy)
+    name = scheduler_policy(policy)
     return (
         "preemption: {enabled: false}\n"
         "starvation: {after_s: 1000000000, max_holds: 0}\n"
@@ -292,7 +299,6 @@ async def replay_live(
 
     capacity = sum(n.num_gpu for n in nodes) * MILLI
     workload = build_fgd_workload(original, seed, capacity, ratio)
-    gpu_workload = [p for p in workload if not p.is_cpu_only]
     typical = ShapeDistribution.typical(original)
     run_id = secrets.token_hex(3)
     stack = Stack(
@@ -338,7 +344,7 @@ async def replay_live(
                         waiter.set_result(event)
 
                 sub = await client.nc.subscribe(s.JOB_PENDING.address, cb=on_pending)
-                for i, pod in enumerate(gpu_workload):
+                for i, pod in enumerate(workload):
                     job_id = f"replay-{run_id}-{i:06d}"
                     done = client.expect(job_id)
                     waits = pending[job_id] = asyncio.get_running_loop().create_future()
@@ -370,7 +376,11 @@ async def replay_live(
                     pending.pop(job_id, None)
                     result = done.result()
                     if isinstance(result, AllocationGranted):
-                        node = index[result.slices[0].node_id]
+                        # A host-only grant (a CPU-only pod) has no slices; its host says where.
+                        where = (
+                            result.slices[0].node_id if result.slices else result.host[0].node_id
+                        )
+                        node = index[where]
                         gpus = tuple(sorted(sl.index for sl in result.slices))
                         outcomes.append((node, gpus))
                         grant_ms.append(elapsed)
@@ -381,7 +391,7 @@ async def replay_live(
                         if not isinstance(result, JobRejected):
                             raise RuntimeError(f"pod {i}: unexpected outcome {result!r}")
                     if progress is not None and (i + 1) % 100 == 0:
-                        progress.write(f"\r  {i + 1}/{len(gpu_workload)} pods live")
+                        progress.write(f"\r  {i + 1}/{len(workload)} pods live")
                         progress.flush()
                 await sub.unsubscribe()
         finally:
@@ -395,28 +405,21 @@ async def replay_live(
         progress.write("\n")
     wall = time.monotonic() - started
 
-    live = replay_arrivals(
-        nodes, gpu_workload, RecordedPolicy(policy, outcomes), typical, seed=seed
-    )
-    same, rec = _inprocess(nodes, gpu_workload, original, typical, policy, seed)
-    standard, _ = _inprocess(nodes, workload, original, typical, policy, seed)
+    live = replay_arrivals(nodes, workload, RecordedPolicy(policy, outcomes), typical, seed=seed)
+    inprocess, rec = _inprocess(nodes, workload, original, typical, policy, seed)
     diverge = next(
         (i for i, (a, b) in enumerate(zip(outcomes, rec.outcomes, strict=True)) if a != b), None
     )
-    notes = [
-        f"{len(workload) - len(gpu_workload)} CPU-only pods skipped (a request needs count >= 1); "
-        "'inprocess_same_sequence' is the in-process run without them",
-    ]
+    notes: list[str] = []
     if policy == "random":
         notes.append("random: equal only while the scheduler draws once per pod (no retries)")
     return LiveResult(
         policy=policy,
         seed=seed,
         live=live,
-        inprocess=same,
-        standard=standard,
-        submitted=len(gpu_workload),
-        skipped_cpu_only=len(workload) - len(gpu_workload),
+        inprocess=inprocess,
+        submitted=len(workload),
+        cpu_only=sum(1 for p in workload if p.is_cpu_only),
         granted=counts["granted"],
         withdrawn=counts["withdrawn"],
         rejected=counts["rejected"],
@@ -450,12 +453,11 @@ def format_result(r: LiveResult) -> str:
     same = "equal" if r.first_divergence is None else f"DIFFER from pod {r.first_divergence}"
     return "\n".join(
         [
-            f"policy {r.policy} (scheduler: {trace_policy_name(r.policy)}), seed {r.seed}: "
-            f"{r.submitted} GPU pods submitted, {r.skipped_cpu_only} CPU-only skipped",
-            f"  alloc@100 live {r.live.alloc_at(100):.2f}%  in-process same sequence "
-            f"{r.inprocess.alloc_at(100):.2f}%  ({same})  in-process standard "
-            f"{r.standard.alloc_at(100):.2f}%",
-            f"  final alloc live {r.live.final_alloc_pct:.2f}%  in-process same sequence "
+            f"policy {r.policy} (scheduler: {scheduler_policy(r.policy)}), seed {r.seed}: "
+            f"{r.submitted} pods submitted ({r.cpu_only} CPU-only)",
+            f"  alloc@100 live {r.live.alloc_at(100):.2f}%  in-process "
+            f"{r.inprocess.alloc_at(100):.2f}%  ({same})",
+            f"  final alloc live {r.live.final_alloc_pct:.2f}%  in-process "
             f"{r.inprocess.final_alloc_pct:.2f}%",
             f"  granted {r.granted}, withdrawn (did not fit) {r.withdrawn}, rejected {r.rejected}",
             f"  submit->grant ms p50 {g['p50']:.1f} p90 {g['p90']:.1f} p99 {g['p99']:.1f} "

@@ -10,7 +10,7 @@ import jsonschema
 import msgspec
 import pytest
 
-from xpupool.contracts import asyncapi, decoder_for, encode
+from xpupool.contracts import asyncapi, decoder_for, describe_error, encode
 from xpupool.contracts import payloads as p
 from xpupool.contracts.subjects import CHANNELS, STREAMS, channel_of, subject_of
 
@@ -69,6 +69,7 @@ EXAMPLES: list[msgspec.Struct] = [
         expires_at=NOW,
         slices=[SLICE],
         env={"CUDA_VISIBLE_DEVICES": "GPU-1"},
+        host=[p.HostShare(node_id="n1", cpu_milli=4000, memory_mib=8192)],
     ),
     p.LeaseRenewed(job_id="j1", lease_id="l1", fencing_token=7, expires_at=NOW),
     p.LeaseEnded(
@@ -159,6 +160,42 @@ def test_old_minimal_request_stays_valid() -> None:
     """The smallest request upstream systems send (no type tag, two fields) still decodes."""
     request = decoder_for((p.JobRequested,)).decode(b'{"job_id":"a","tenant":"b"}')
     assert request.count == 1 and request.device.is_whole
+
+
+def test_host_only_request_decodes_with_count_zero() -> None:
+    """``count: 0`` (a host-only job) is a valid request; a negative count names the field."""
+    decoder = decoder_for((p.JobRequested,))
+    request = decoder.decode(b'{"job_id":"a","tenant":"b","count":0,"host":{"cpu_milli":500}}')
+    assert request.count == 0 and request.host.cpu_milli == 500
+    with pytest.raises(msgspec.ValidationError) as bad:
+        decoder.decode(b'{"job_id":"a","tenant":"b","count":-1}')
+    assert describe_error(bad.value)[0] == "count"
+    schema = json.loads((PROTO / "schemas" / "JobRequested.json").read_text())
+    jsonschema.validate(json.loads(encode(request)), schema)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ('"count":0,"host":{"cpu_milli":500},"device":{"compute_pct":10}', "device.compute_pct"),
+        ('"count":0,"host":{"cpu_milli":500},"device":{"memory_mib":10}', "device.memory_mib"),
+        ('"count":0,"host":{"cpu_milli":500},"gang":{}', "gang"),
+        ('"count":0,"host":{"cpu_milli":500},"selector":{"vendor":"nvidia"}', "selector.vendor"),
+        ('"count":0', "host"),
+        ('"count":0,"host":{"cpu_milli":0,"memory_mib":0}', "host"),
+    ],
+)
+def test_invalid_host_only_requests_are_rejected_naming_the_field(body: str, field: str) -> None:
+    """What a foreign client sends as a malformed host-only request is rejected by the
+    scheduler's validation (``invalid_request``) with the field to blame, never a crash."""
+    from xpupool.scheduler.domain import Reason, default_config
+    from xpupool.scheduler.domain.matching import validate_request
+
+    raw = ('{"job_id":"a","tenant":"b",' + body + "}").encode()
+    request = decoder_for((p.JobRequested,)).decode(raw)
+    rejection = validate_request(request, default_config())
+    assert rejection is not None
+    assert (rejection.reason, rejection.field) == (Reason.INVALID_REQUEST, field)
 
 
 def test_committed_proto_matches_the_code() -> None:

@@ -73,6 +73,21 @@ async def test_submit_wait_status_explain_release(
     assert stale.returncode == 1 and json.loads(stale.stdout)["error"] == "stale_token"
 
 
+async def test_submit_host_only_job(make_stack: Callable[..., Stack], ready: Ready) -> None:
+    """submit --count 0 --cpu-milli asks for a host-only job: granted with no slice, its node in
+    ``host``, which explain shows too."""
+    stack = make_stack([NodeSpec("node-h", "1xA100-80GB")])
+    await ready(stack, 1)
+    args = ("--tenant", "cli", "--job-id", "cli-h", "--count", "0", "--cpu-milli", "2000")
+    submitted = await asyncio.to_thread(_cli, stack, "submit", *args, "--wait")
+    assert submitted.returncode == 0, submitted.stderr
+    grant = json.loads(submitted.stdout)
+    assert grant["slices"] == [] and grant["env"]["CUDA_VISIBLE_DEVICES"] == ""
+    assert grant["host"] == [{"node_id": "node-h", "cpu_milli": 2000, "memory_mib": 0}]
+    explained = json.loads((await asyncio.to_thread(_cli, stack, "explain", "cli-h")).stdout)
+    assert explained["devices"] == [] and explained["host"]["node-h"]["cpu_milli"] == 2000
+
+
 def test_dev_up_prints_urls_and_leaves_nothing_behind() -> None:
     """`xpupool dev up` starts servers and services, prints the URLs, and on Ctrl-C stops every
     process it started."""

@@ -11,8 +11,16 @@ import pytest
 from tests.conftest import eventually
 from tests.e2e.conftest import EventLog, Ready
 from xpupool.client import connected
-from xpupool.contracts import AllocationGranted, DeviceDemand, JobRejected, JobRequested
+from xpupool.contracts import (
+    AllocationGranted,
+    DeviceDemand,
+    HostDemand,
+    HostShare,
+    JobRejected,
+    JobRequested,
+)
 from xpupool.devstack.stack import NodeSpec, Stack
+from xpupool.ledger import audit
 
 T = TypeVar("T")
 
@@ -60,11 +68,63 @@ async def test_invalid_request_is_rejected_naming_the_field(
     assert stack.nats_url
     async with connected(stack.nats_url) as client:
         future = client.expect("bad-1")
-        await client.submit_raw(b'{"job_id": "bad-1", "tenant": "t", "count": 0}')
+        await client.submit_raw(b'{"job_id": "bad-1", "tenant": "t", "count": -1}')
         outcome = await future_with_timeout(future)
         assert isinstance(outcome, JobRejected)
         assert outcome.field_name == "count"
         assert outcome.reason == "invalid_request"
+
+
+async def test_host_only_job_gets_cpu_and_no_device(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
+    """A host-only job (count 0) is granted its CPU and memory on a node with no device and
+    every visible-device variable empty; released, the node's CPU comes back. One that asks a
+    device share as well is rejected naming the field."""
+    stack = make_stack([NodeSpec("node-a", "2xA100-80GB", cpu_milli=16_000, memory_mib=65_536)])
+    ledger = await ready(stack, 2)
+    assert stack.nats_url
+    async with connected(stack.nats_url) as client:
+        outcome = await client.submit_and_wait(
+            JobRequested(
+                job_id="cpu-1",
+                tenant="t",
+                count=0,
+                host=HostDemand(cpu_milli=6_000, memory_mib=4_096),
+            )
+        )
+        assert isinstance(outcome, AllocationGranted), outcome
+        assert outcome.slices == []
+        assert outcome.host == [HostShare(node_id="node-a", cpu_milli=6_000, memory_mib=4_096)]
+        for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"):
+            assert outcome.env[name] == "", name
+        assert outcome.env["XPUPOOL_LEASE_ID"] == outcome.lease_id
+
+        async def cpu_free() -> int:
+            return (await ledger.nodes())[0].cpu_free_milli
+
+        assert await cpu_free() == 10_000
+        assert all(d.holders == 0 for d in (await ledger.nodes())[0].devices)
+        reply = await client.release(outcome.lease_id, outcome.fencing_token)
+        assert reply.ok, reply
+
+        async def cpu_back() -> bool:
+            return await cpu_free() == 16_000
+
+        await eventually(cpu_back)
+        assert await audit(ledger) == []
+
+        bad = await client.submit_and_wait(
+            JobRequested(
+                job_id="cpu-bad",
+                tenant="t",
+                count=0,
+                device=DeviceDemand(compute_pct=10),
+                host=HostDemand(cpu_milli=1_000),
+            )
+        )
+        assert isinstance(bad, JobRejected), bad
+        assert (bad.reason, bad.field_name) == ("invalid_request", "device.compute_pct")
 
 
 async def future_with_timeout(future: asyncio.Future[T], timeout_s: float = 20.0) -> T:

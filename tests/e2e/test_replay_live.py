@@ -20,12 +20,13 @@ SEED = 42
 
 
 @pytest.mark.skipif(TRACE is None, reason="the Alibaba trace is not beside the repository")
-@pytest.mark.parametrize("policy", ["xpupool", "fgd"])
+@pytest.mark.parametrize("policy", ["xpupool-online", "fgd"])  # the scheduler default; FGD
 async def test_live_replay_places_exactly_as_the_in_process_replay(
     policy: str, nats_server: NatsServer, redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    """Same seed, same policy: every pod lands on the same node and GPUs (or is dropped) live
-    as in process, so the allocation ratios are equal; nothing is left pending."""
+    """Same seed, same policy: every pod, CPU-only ones (host-only requests) included, lands on
+    the same node and GPUs (or is dropped) live as in process, so the allocation ratios are
+    equal; nothing is left pending."""
     assert TRACE is not None
     nodes = load_nodes(TRACE / "openb_node_list_gpu_node.csv")[::NODE_STEP]
     pods = load_pods(TRACE / "openb_pod_list_default.csv")[:PODS]
@@ -43,4 +44,5 @@ async def test_live_replay_places_exactly_as_the_in_process_replay(
     assert result.live.alloc_at(100) == result.inprocess.alloc_at(100)
     assert result.live.final_alloc_pct == result.inprocess.final_alloc_pct
     assert result.granted > 0 and result.withdrawn > 0
+    assert result.cpu_only > 0 and result.submitted == result.inprocess.pods
     assert len(result.grant_ms) == result.granted

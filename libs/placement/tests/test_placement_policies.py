@@ -26,7 +26,7 @@ def _state(*nodes: NodeSpec) -> ClusterState:
 
 
 def test_registry_has_all_policies_and_default() -> None:
-    """POLICIES names the six baselines plus xpupool, which is the default."""
+    """POLICIES names the six baselines plus xpupool (the default) and its online form."""
     assert set(POLICIES) == {
         "random",
         "dotprod",
@@ -35,6 +35,7 @@ def test_registry_has_all_policies_and_default() -> None:
         "bestfit",
         "fgd",
         "xpupool",
+        "xpupool-online",
     }
     assert DEFAULT_POLICY == "xpupool"
     with pytest.raises(KeyError):

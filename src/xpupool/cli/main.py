@@ -14,7 +14,7 @@ import msgspec
 from redis.asyncio import Redis
 
 from xpupool.client import connected
-from xpupool.contracts import DeviceDemand, DeviceSelector, JobRequested, Vendor
+from xpupool.contracts import DeviceDemand, DeviceSelector, HostDemand, JobRequested, Vendor
 from xpupool.ledger import Ledger
 
 DEFAULT_NATS = "nats://127.0.0.1:4222"
@@ -45,6 +45,7 @@ async def _submit(args: argparse.Namespace) -> int:
         selector=DeviceSelector(
             vendor=Vendor(args.vendor) if args.vendor else None, models=args.model or []
         ),
+        host=HostDemand(cpu_milli=args.cpu_milli, memory_mib=args.host_memory_mib),
         lease_ttl_s=args.ttl,
         priority=args.priority,
         queue=args.queue,
@@ -143,6 +144,10 @@ async def _explain(args: argparse.Namespace) -> int:
             lease_id=lease.lease_id,
             lease_state=lease.state,
             devices=[s.device_id for s in lease.slices],
+            host={
+                n: {"cpu_milli": h.cpu_milli, "memory_mib": h.memory_mib}
+                for n, h in lease.host.items()
+            },
         )
         if lease.end_reason:
             result.update(end_reason=lease.end_reason, end_detail=lease.end_detail)
@@ -196,12 +201,16 @@ def build_parser() -> argparse.ArgumentParser:
     submit = sub.add_parser("submit", help="publish a job request")
     submit.add_argument("--tenant", required=True)
     submit.add_argument("--job-id")
-    submit.add_argument("--count", type=int, default=1)
+    submit.add_argument(
+        "--count", type=int, default=1, help="devices; 0: a host-only job (give --cpu-milli)"
+    )
     submit.add_argument("--memory-mib", type=int)
     submit.add_argument("--memory-pct", type=int)
     submit.add_argument("--compute-pct", type=int)
     submit.add_argument("--vendor", choices=[v.value for v in Vendor])
     submit.add_argument("--model", action="append")
+    submit.add_argument("--cpu-milli", type=int, default=0, help="host CPU on the node")
+    submit.add_argument("--host-memory-mib", type=int, default=0, help="host memory on the node")
     submit.add_argument("--ttl", type=float, default=300.0, help="lease term in seconds")
     submit.add_argument("--priority", default="normal")
     submit.add_argument("--queue")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from domain_builders import CATALOG, device
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -35,10 +36,12 @@ from xpupool.scheduler.domain import (
     apply_decision,
     decide_batch,
     default_config,
+    default_registry,
 )
 from xpupool.scheduler.domain.config import with_queues
 from xpupool.scheduler.domain.model import HARD_ISOLATION
 from xpupool.scheduler.domain.pool import domain_key
+from xpupool.scheduler.learned_policy import LearnedPolicy
 
 NOW = 100_000.0
 MODELS = sorted(CATALOG)
@@ -47,18 +50,21 @@ TENANTS = ["ta", "tb", "tc", "td"]
 
 @st.composite
 def pools(draw: st.DrawFn) -> PoolSnapshot:
-    """1-6 nodes of 1-8 devices, random models, domains, health; random leases already held."""
+    """1-6 nodes of 1-8 devices, random models, one or two domains per node, health; random
+    leases already held."""
     nodes = []
     for n in range(draw(st.integers(1, 6))):
         nid = f"n{n}"
         model = draw(st.sampled_from(MODELS))
         dom = draw(st.sampled_from(["", "d1", "d2"]))
+        # Some nodes hold two interconnect domains (devices from ``split`` on are in the other).
+        split = draw(st.integers(1, 8))
         devs = tuple(
             device(
                 nid,
                 i,
                 model,
-                domain=dom,
+                domain=dom if i < split else f"{nid}-upper",
                 health=draw(st.sampled_from(["healthy"] * 6 + ["degraded", "unhealthy"])),
                 util_pct=draw(st.none() | st.floats(0, 100)),
             )
@@ -187,14 +193,19 @@ def _check_slices(snap: PoolSnapshot, req: JobRequested, r: Reserve) -> None:
             assert len({domain_key(devs[s.device_id].domain, s.node_id) for s in r.slices}) == 1
 
 
+@pytest.mark.parametrize("learned", [False, True], ids=["classic", "learned-default"])
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(snap=pools(), cfg=configs(), stream=streams())
 def test_batch_invariants(
-    snap: PoolSnapshot, cfg: SchedulerConfig, stream: list[PendingRequest]
+    learned: bool, snap: PoolSnapshot, cfg: SchedulerConfig, stream: list[PendingRequest]
 ) -> None:
     """Capacity and quota limits are never exceeded, every request gets exactly one valid outcome,
-    and no gang is ever partly placed."""
-    out = decide_batch(stream, snap, cfg)
+    and no gang is ever partly placed: under the domain's classic policies and under the
+    scheduler's learned default (as the service wires it)."""
+    registry = default_registry(cfg.placement)
+    if learned:
+        registry = LearnedPolicy.create(cfg.placement).install(registry)
+    out = decide_batch(stream, snap, cfg, policies=registry)
     assert sorted(j for j, _ in out) == sorted(p.request.job_id for p in stream)
 
     replay = WorkingPool(snap, cfg)

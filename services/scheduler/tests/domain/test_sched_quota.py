@@ -17,7 +17,7 @@ from xpupool.scheduler.domain import (
     queue_status,
 )
 from xpupool.scheduler.domain.config import with_queues
-from xpupool.scheduler.domain.quota import mark_over_quota
+from xpupool.scheduler.domain.quota import mark_over_quota, refresh_over_quota
 
 OLD = 0.0  # leases started long before now (10,000 s), past the minimum runtime
 
@@ -142,3 +142,31 @@ def test_share_counts_as_fraction_in_quota():
     assert isinstance(decide(job("j", tenant="ta", queue="A", memory_pct=50), snap, cfg), Reserve)
     d = decide(job("j", tenant="ta", queue="A", memory_pct=60), snap, cfg)
     assert isinstance(d, Wait) and d.reason is Reason.QUOTA_EXHAUSTED
+
+
+def test_refreshing_over_quota_flags_re_marks_only_what_changed_and_matches_a_full_mark():
+    """After leases come and go, the incremental refresh leaves every flag as a full marking of
+    the same pool would (a queue's flags depend on its own leases only)."""
+    leases = (
+        lease("old-normal", ["n/0"], tenant="ta", queue="A", started=1),
+        lease("young-normal", ["n/1"], tenant="ta", queue="A", started=50),
+        lease("b0", ["n/4"], tenant="tb", queue="B", started=5),
+    )
+    cfg = two_queues()
+    pool = WorkingPool(snapshot(node("n", "A100", 8), leases=leases), cfg)
+    refresh_over_quota(pool, cfg)
+    assert not pool.quota_stale
+    high = lease("young-high", ["n/2"], tenant="ta", queue="A", priority=900, started=60)
+    pool.add_lease(high)
+    pool.release("old-normal")
+    assert pool.quota_stale == {"A"}
+    refresh_over_quota(pool, cfg)
+    flags = {lid: pl.over_quota for lid, pl in pool.leases.items()}
+    # young-high now takes the guarantee before young-normal; both fit in 2 units.
+    assert flags == {"young-normal": False, "young-high": False, "b0": False}
+    pool.add_lease(lease("a9", ["n/3"], tenant="ta", queue="A", started=70))
+    refresh_over_quota(pool, cfg)
+    flags = {lid: pl.over_quota for lid, pl in pool.leases.items()}
+    assert flags == {"young-normal": False, "young-high": False, "b0": False, "a9": True}
+    assert mark_over_quota(pool, cfg) == {"a9"}
+    assert {lid: pl.over_quota for lid, pl in pool.leases.items()} == flags

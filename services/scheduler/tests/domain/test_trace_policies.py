@@ -62,11 +62,8 @@ def _pods(n: int, seed: int) -> list[PodDemand]:
 def test_trace_policy_decides_as_the_replay(policy: str) -> None:
     nodes = _cluster()
     original = _pods(300, 7)
-    workload = [
-        p
-        for p in build_fgd_workload(original, 3, sum(n.num_gpu for n in nodes) * 1000)
-        if p.num_gpu
-    ]
+    workload = build_fgd_workload(original, 3, sum(n.num_gpu for n in nodes) * 1000)
+    assert any(p.is_cpu_only for p in workload)  # CPU-only pods are host-only requests
     typical = ShapeDistribution.typical(original)
     ctx = PolicyContext(rng=np.random.default_rng(3), workload=original, typical=typical)
     ref = replay_arrivals(
@@ -88,7 +85,8 @@ def test_trace_policy_decides_as_the_replay(policy: str) -> None:
         d = decide(job_request(f"j{i}", pod, MODELS), pool, cfg, policies=registry, apply=True)
         if isinstance(d, Reserve):
             assert d.policy == name
-            live.append((d.slices[0].node_id, tuple(sorted(s.index for s in d.slices))))
+            node_id = d.slices[0].node_id if d.slices else d.host[0].node_id
+            live.append((node_id, tuple(sorted(s.index for s in d.slices))))
     assert live == [(r.node, tuple(sorted(r.gpus))) for r in ref.placements]
     assert pool.violations() == []
 

@@ -39,6 +39,7 @@ __all__ = [
     "GangSpec",
     "Health",
     "HostDemand",
+    "HostShare",
     "InjectFault",
     "Identifier",
     "Intent",
@@ -90,6 +91,8 @@ class Intent(StrEnum):
     CHEAPEST = "cheapest"
     FASTEST = "fastest"
     BALANCED = "balanced"
+    # No preference between classes: the pool's efficiency (least fragmentation) decides.
+    ANY = "any"
 
 
 class Isolation(StrEnum):
@@ -161,11 +164,27 @@ class GangSpec(Struct, frozen=True, kw_only=True):
 class JobRequested(
     Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.requested.v1"
 ):
-    """An upstream system asks for accelerators. ``job_id`` is the idempotency key."""
+    """An upstream system asks for accelerators. ``job_id`` is the idempotency key.
+
+    ``count`` is the number of distinct devices, all or nothing. ``count: 0`` is a host-only job:
+    it reserves ``host.cpu_milli`` and ``host.memory_mib`` on one node and no device, so it must
+    ask for some host resource and carries neither a device share nor a gang.
+    """
 
     job_id: Identifier
     tenant: Identifier
-    count: Annotated[int, Meta(ge=1, le=1024)] = 1
+    count: Annotated[
+        int,
+        Meta(
+            ge=0,
+            le=1024,
+            description=(
+                "Number of distinct devices, all or nothing. 0: a host-only job, which reserves "
+                "host.cpu_milli and host.memory_mib on one node and no device (it must ask for "
+                "some host resource, and give no device share and no gang)"
+            ),
+        ),
+    ] = 1
     device: DeviceDemand = field(default_factory=DeviceDemand)
     selector: DeviceSelector = field(default_factory=DeviceSelector)
     host: HostDemand = field(default_factory=HostDemand)
@@ -267,12 +286,22 @@ class EndLease(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool
 # --------------------------------------------------------------------------------------------
 
 
+class HostShare(Struct, frozen=True, kw_only=True):
+    """Host CPU and memory a lease holds on one node."""
+
+    node_id: str
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
 class AllocationGranted(
     Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.alloc.granted.v1"
 ):
     """The job holds a lease on these slices until ``expires_at`` unless it renews.
 
-    ``env`` is what the job must run with: the vendors' visible-device variables and limits.
+    ``env`` is what the job must run with: the vendors' visible-device variables and limits
+    (a host-only job, with no slices, gets every vendor's visible-device variable empty: no
+    device). ``host`` is the host CPU and memory held per node; it is where a host-only job runs.
     ``fencing_token`` must accompany every renew and release.
     """
 
@@ -285,6 +314,7 @@ class AllocationGranted(
     expires_at: Timestamp
     slices: list[DeviceSlice]
     env: dict[str, str]
+    host: list[HostShare] = field(default_factory=list)
 
 
 class LeaseRenewed(

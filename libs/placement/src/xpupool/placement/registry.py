@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Final
 
+from xpupool.placement.online import OnlineXpupoolPolicy
 from xpupool.placement.ours import XpupoolPolicy
 from xpupool.placement.policies import (
     BestFitPolicy,
@@ -30,6 +31,7 @@ POLICIES: Final[Mapping[str, PolicyFactory]] = MappingProxyType(
         "bestfit": lambda ctx: BestFitPolicy(),
         "fgd": lambda ctx: FGDPolicy(ctx.typical_shapes()),
         "xpupool": lambda ctx: XpupoolPolicy.from_context(ctx),
+        "xpupool-online": lambda ctx: OnlineXpupoolPolicy(),
     }
 )
 

@@ -6,7 +6,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from xpupool.contracts import JobRequested
-from xpupool.contracts.payloads import DeviceDemand, DeviceSelector, GangSpec, HostDemand
+from xpupool.contracts.payloads import (
+    DeviceDemand,
+    DeviceSelector,
+    GangSpec,
+    HostDemand,
+    Intent,
+)
 from xpupool.placement.state import MILLI, PodDemand
 
 DEFAULT_TENANT = "replay"
@@ -21,16 +27,26 @@ def job_request(
     queue: str | None = None,
     lease_ttl_s: float = 300.0,
 ) -> JobRequested:
-    """The request for a GPU pod.
+    """The request for a trace pod.
 
     A whole-GPU pod asks for ``num_gpu`` whole devices on one node; a sharing pod (``gpu_milli``
     < 1000, always a multiple of 10 in the trace) asks for ``gpu_milli / 10`` percent of compute,
     and gets memory in proportion. ``gpu_spec`` models become model selectors, renamed through
     ``model_names`` (trace name -> catalog name; unknown names are sent as they are, so the
-    scheduler rejects them just as the in-process replay finds no node for them).
+    scheduler rejects them just as the in-process replay finds no node for them). A CPU-only pod
+    (``num_gpu == 0``) is a host-only request (``count: 0``): its CPU and memory on one node, no
+    device and no selector (the replay ignores ``gpu_spec`` for it too).
     """
-    if pod.num_gpu < 1:
-        raise ValueError("a CPU-only pod has no job request (count >= 1)")
+    host = HostDemand(cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib)
+    if pod.is_cpu_only:
+        return JobRequested(
+            job_id=job_id,
+            tenant=tenant,
+            queue=queue,
+            count=0,
+            host=host,
+            lease_ttl_s=lease_ttl_s,
+        )
     names = model_names or {}
     device = (
         DeviceDemand() if pod.gpu_milli >= MILLI else DeviceDemand(compute_pct=pod.gpu_milli // 10)
@@ -43,7 +59,9 @@ def job_request(
         count=pod.num_gpu,
         device=device,
         selector=DeviceSelector(models=models),
-        host=HostDemand(cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib),
+        host=host,
         gang=GangSpec(same_node=True) if pod.num_gpu > 1 else None,
         lease_ttl_s=lease_ttl_s,
+        # The trace's pods state no preference between GPU models beyond gpu_spec.
+        intent=Intent.ANY,
     )

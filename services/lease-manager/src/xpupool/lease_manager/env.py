@@ -7,6 +7,9 @@ which stay right whether or not a container renumbered the devices. Other vendor
 take indices, so they get the host's indices (bare-metal semantics).
 Share limits are emitted for each mechanism the vendor supports (MPS and HAMi-core for NVIDIA,
 hami-vnpu-core for Ascend); only the one running on the node enforces them.
+A host-only job (no slices) gets every vendor's visible-device variables set to the empty
+string, which each runtime and backend reads as "no device" (for ``NVIDIA_VISIBLE_DEVICES``,
+like ``void``: no GPU mounted), so it cannot touch an accelerator by accident.
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ _BUILDERS: dict[Vendor, EnvBuilder] = {
 def job_environment(
     slices: Sequence[DeviceSlice], job_id: str, lease_id: str, fencing_token: int
 ) -> dict[str, str]:
-    """Everything the job's process needs, for every vendor among its slices."""
+    """Everything the job's process needs, for every vendor among its slices; with no slices
+    (a host-only job), every vendor's visible-device variables, empty."""
     by_vendor: dict[Vendor, list[DeviceSlice]] = defaultdict(list)
     for s in slices:
         by_vendor[s.vendor].append(s)
@@ -85,6 +89,9 @@ def job_environment(
         "XPUPOOL_LEASE_ID": lease_id,
         "XPUPOOL_FENCING_TOKEN": str(fencing_token),
     }
+    if not slices:
+        for builder in _BUILDERS.values():
+            env.update(builder([]))
     for vendor, group in by_vendor.items():
         builder = _BUILDERS[vendor]
         env.update(builder(sorted(group, key=lambda s: s.index)))

@@ -15,6 +15,7 @@ from xpupool.contracts import (
     AllocationGranted,
     EndLease,
     EndReason,
+    HostShare,
     JobReserved,
     LeaseEnded,
     LeaseRenewed,
@@ -81,6 +82,10 @@ def granted_event(lease: LeaseRecord) -> AllocationGranted:
         expires_at=_time(lease.expires_ms),
         slices=slices,
         env=job_environment(slices, lease.job_id, lease.lease_id, lease.token),
+        host=[
+            HostShare(node_id=node_id, cpu_milli=h.cpu_milli, memory_mib=h.memory_mib)
+            for node_id, h in sorted(lease.host.items())
+        ],
     )
 
 

@@ -55,8 +55,10 @@ from xpupool.scheduler.domain import (
     default_registry,
     update_history,
 )
+from xpupool.scheduler.learned_policy import LearnedPolicy
 from xpupool.scheduler.settings import SchedulerSettings
-from xpupool.scheduler.snapshot import UNITS_FIELD, build_snapshot, devices_field
+from xpupool.scheduler.snapshot import UNITS_FIELD, devices_field
+from xpupool.scheduler.snapshot_cache import SnapshotCache
 
 ADMITTED = "queued"
 _REQUEST_DECODER = decoder_for((JobRequested,))
@@ -76,8 +78,12 @@ class SchedulerDeps:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     history: FairShareHistory | None = None
     new_lease_id: Callable[[], str] = field(default=_new_lease_id)
+    # The default placement policy: kept across cycles because it learns the request shapes.
+    default_policy: LearnedPolicy = field(default_factory=LearnedPolicy.create)
     # Policies added to the built-in ones (the trace policies, when configured).
     extra_policies: Sequence[PlacementPolicy] = ()
+    # The ledger as of the last cycle, re-read only where the ledger's change log says it changed.
+    snapshots: SnapshotCache = field(default_factory=SnapshotCache)
 
 
 async def admit_job(request: JobRequested, deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
@@ -140,7 +146,12 @@ def device_memory(snapshot: PoolSnapshot) -> dict[str, int]:
 def _usage_claims(
     reserve: Reserve, memory_total: Mapping[str, int], config: SchedulerConfig
 ) -> list[UsageClaim]:
-    """Quota counters the reservation adds to, for the queue and each ancestor, with limits."""
+    """Quota counters the reservation adds to, for the queue and each ancestor, with limits.
+
+    A host-only reservation (no slices) uses no quota, so it adds to no counter.
+    """
+    if not reserve.slices:
+        return []
     per_model: dict[str, float] = {}
     for s in reserve.slices:
         total = max(memory_total.get(s.device_id, 0), 1)
@@ -229,9 +240,7 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
     jobs = await ledger.pending_jobs(deps.settings.batch_limit)
     if not jobs:
         return []
-    version = await ledger.version()
-    nodes, leases, now_ms = await ledger.nodes(), await ledger.leases(), await ledger.now_ms()
-    snapshot = build_snapshot(nodes, leases, now_ms, version)
+    snapshot, now_ms = await deps.snapshots.read(ledger)
     memory_total = device_memory(snapshot)
     config = deps.config.current()
 
@@ -249,7 +258,8 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
             )
         )
     read = time.perf_counter()
-    registry = default_registry(config.placement)
+    # The learned default (kept across cycles) takes the classic ``xpupool`` policy's place.
+    registry = deps.default_policy.install(default_registry(config.placement))
     for policy in deps.extra_policies:
         registry = registry.with_policy(policy)
     # One working pool per cycle: the usage it starts with (before decide_batch mutates it) is

@@ -19,6 +19,7 @@ from xpupool.scheduler import handlers
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.domain.config import BUILTIN_POLICIES
 from xpupool.scheduler.domain.placement import PlacementPolicy
+from xpupool.scheduler.learned_policy import LearnedPolicy
 from xpupool.scheduler.settings import SchedulerSettings
 from xpupool.scheduler.trace_policies import make_trace_policies, parse_aliases
 
@@ -86,7 +87,11 @@ async def run(settings: SchedulerSettings) -> None:
             known_policies=(*BUILTIN_POLICIES, *(p.name for p in extra)),
         )
         deps = handlers.SchedulerDeps(
-            ledger=ledger, settings=settings, config=config, extra_policies=extra
+            ledger=ledger,
+            settings=settings,
+            config=config,
+            default_policy=LearnedPolicy.create(half_life=settings.placement_shape_half_life),
+            extra_policies=extra,
         )
 
         async def on_capacity_change(_: Any) -> None:

@@ -26,3 +26,6 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     placement_workload: str = ""
     placement_model_aliases: str = ""
     placement_seed: int = 0
+    # The default policy learns the request shapes over a window of this many requests (the
+    # weight of a request halves after this many newer ones).
+    placement_shape_half_life: float = 5000.0

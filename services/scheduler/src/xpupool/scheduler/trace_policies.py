@@ -24,6 +24,8 @@ A request becomes a ``PodDemand``: ``count`` GPUs, ``1000`` milli each when whol
 ``10 x compute_pct`` (or the memory fraction, rounded up, for a memory share), its host demand,
 and as ``allowed_models`` the models of the quota-allowed classes (``None`` when that is every
 class). The policy's choice comes back as devices of one node, charged the request's host demand.
+A host-only request (``count: 0``) is the trace's CPU-only pod (``num_gpu = 0``): every node row
+is a candidate, and the choice comes back as a node without devices.
 
 Decision time: the ``ClusterState`` is kept across cycles and brought in step with the working
 pool before every decision with a few vectorised comparisons (nodes whose free counters changed
@@ -42,7 +44,12 @@ from xpupool.placement.frag import ShapeDistribution
 from xpupool.placement.state import MILLI, IntArray, pod_class_column
 from xpupool.scheduler.domain.matching import Demand
 from xpupool.scheduler.domain.model import DeviceState, NodeState, PoolSnapshot
-from xpupool.scheduler.domain.placement import Placement, PlacementPolicy, XpupoolPolicy
+from xpupool.scheduler.domain.placement import (
+    HOST_ONLY,
+    Placement,
+    PlacementPolicy,
+    XpupoolPolicy,
+)
 from xpupool.scheduler.domain.pool import WorkingPool
 
 __all__ = [
@@ -118,6 +125,11 @@ class ClusterMirror:
         self._mapped = self.dev_row >= 0
         self._leases: dict[str, tuple[int, int]] = {}
 
+    @property
+    def complete(self) -> bool:
+        """Whether every device of the pool is in a row (no second model on a mixed node)."""
+        return bool(self._mapped.all())
+
     def matches(self, pool: WorkingPool) -> bool:
         """Whether ``pool`` has the nodes and devices this mirror was built from."""
         return _signature(pool) == self.signature
@@ -165,12 +177,19 @@ class ClusterMirror:
             st.node_version[row] += 1
         for lease_id in current.keys() - known.keys():
             pl = current[lease_id]
-            rows = [int(self.dev_row[i]) for i in pl.devices if self.dev_row[i] >= 0]
+            slices = pl.state.slices
+            if slices:
+                rows = [int(self.dev_row[i]) for i in pl.devices if self.dev_row[i] >= 0]
+            else:
+                rows = sorted(pl.nodes)  # host-only: a CPU-only pod on its node's row
             if not rows:
                 continue
-            slices = pl.state.slices
-            whole = all(s.whole for s in slices)
-            milli = MILLI if whole else max(s.compute_pct for s in slices) * (MILLI // 100)
+            if not slices:
+                milli = 0
+            elif all(s.whole for s in slices):
+                milli = MILLI
+            else:
+                milli = max(s.compute_pct for s in slices) * (MILLI // 100)
             col = pod_class_column(len(slices), milli)
             known[lease_id] = (rows[0], col)
             if col >= 0:
@@ -237,10 +256,18 @@ def pod_demand(
     pool: WorkingPool, demand: Demand, allowed_models: frozenset[str] | None
 ) -> PodDemand:
     """The trace's view of ``demand``: GPUs, milli-GPU per GPU, host CPU and memory."""
+    if demand.host_only:
+        return PodDemand(cpu_milli=demand.cpu_milli, memory_mib=demand.host_memory_mib)
     if demand.whole:
         milli = MILLI
     else:
-        cls = pool.classes[demand.classes[0]] if demand.classes else None
+        # Memory as a fraction of the smallest matching device: never less than the share
+        # really takes on any of them, so the milli-GPU view cannot over-commit memory.
+        cls = min(
+            (pool.classes[ci] for ci in demand.classes),
+            key=lambda c: c.memory_total_mib,
+            default=None,
+        )
         compute = demand.compute_pct or 0
         milli = compute * (MILLI // 100)
         if cls is not None and (demand.memory_mib is not None or demand.memory_pct is not None):
@@ -308,8 +335,21 @@ class TracePolicy:
         *,
         respect_holds: bool = True,
     ) -> Placement | None:
-        """The inner policy's choice over every node whose devices are of ``classes``."""
-        if not classes or demand.count < 1:
+        """The inner policy's choice over every node whose devices are of ``classes``.
+
+        A host-only demand (``count: 0``, ``classes`` empty) is a CPU-only pod: every node row
+        (but held ones) is a candidate, and the placement has no devices.
+        """
+        if demand.host_only:
+            return self._place_host_only(pool, demand, respect_holds)
+        # A share larger than a class's device memory never fits there; the milli-GPU view
+        # caps a share at one whole device and would not notice.
+        classes = [
+            ci
+            for ci in classes
+            if demand.share(pool.classes[ci])[0] <= pool.classes[ci].memory_total_mib
+        ]
+        if not classes:
             return None
         mirror = self.mirror(pool)
         st = mirror.state
@@ -355,6 +395,30 @@ class TracePolicy:
             self.name,
         )
 
+    def _place_host_only(
+        self, pool: WorkingPool, demand: Demand, respect_holds: bool
+    ) -> Placement | None:
+        mirror = self.mirror(pool)
+        state = mirror.state
+        rows_ok = np.array(pool.node_up, dtype=np.bool_)
+        if respect_holds and pool.held_nodes:
+            rows_ok[list(pool.held_nodes)] = False
+        if not rows_ok.all():
+            state = mirror.restricted(rows_ok, None)
+        choice = self.inner.choose(state, pod_demand(pool, demand, None))
+        if choice is None:
+            return None
+        return Placement(
+            HOST_ONLY,
+            (),
+            0,
+            0,
+            False,
+            ((choice.node, demand.cpu_milli, demand.host_memory_mib),),
+            0.0,
+            self.name,
+        )
+
 
 def make_trace_policies(
     workload: Sequence[PodDemand] | None = None,
@@ -370,7 +434,10 @@ def make_trace_policies(
     """
     typical = ShapeDistribution.typical(workload) if workload else None
     out: list[TracePolicy] = []
-    for key in names if names is not None else tuple(POLICIES):
+    # ``xpupool-online`` learns from the requests it places; in the scheduler that is the default
+    # policy itself (``learned_policy``), which learns once per request, not once per retry.
+    default_names = tuple(k for k in POLICIES if k != "xpupool-online")
+    for key in names if names is not None else default_names:
         ctx = PolicyContext(
             rng=np.random.default_rng(seed),
             workload=list(workload) if workload else None,

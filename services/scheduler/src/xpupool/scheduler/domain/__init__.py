@@ -37,6 +37,7 @@ from xpupool.scheduler.domain.model import (
     PoolSnapshot,
 )
 from xpupool.scheduler.domain.placement import (
+    LearningPolicy,
     NodeScorer,
     PlacementPolicy,
     PolicyRegistry,
@@ -61,6 +62,7 @@ __all__ = [
     "PendingRequest",
     "PlacementPolicy",
     "PolicyRegistry",
+    "LearningPolicy",
     "PoolPlacementPolicy",
     "PoolSnapshot",
     "Preempt",

@@ -31,12 +31,14 @@ from xpupool.scheduler.domain.fairshare import (
 from xpupool.scheduler.domain.matching import Demand, make_demand, never_fits
 from xpupool.scheduler.domain.model import HostCharge, LeaseSlice, LeaseState, PoolSnapshot
 from xpupool.scheduler.domain.placement import (
+    LearningPolicy,
     Placement,
     PlacementPolicy,
     PolicyRegistry,
     PoolPlacementPolicy,
     default_registry,
     eligible_devices,
+    place_host_only,
     place_in_class,
     placeable_count,
 )
@@ -46,7 +48,7 @@ from xpupool.scheduler.domain.quota import (
     QuotaVerdict,
     below_guarantee,
     check_quota,
-    mark_over_quota,
+    refresh_over_quota,
 )
 from xpupool.scheduler.domain.reasons import Reason
 
@@ -153,6 +155,7 @@ class _Ctx:
     registry: PolicyRegistry
     history: FairShareHistory | None
     now_s: float
+    learners: tuple[LearningPolicy, ...] = ()
 
 
 def _vendor(v: str) -> Vendor:
@@ -252,18 +255,22 @@ def _decide_one(item: PendingRequest, pool: WorkingPool, ctx: _Ctx) -> _Outcome:
     rej = never_fits(req, pool, cfg, demand)
     if rej is not None:
         return _Outcome(Reject(req.job_id, rej.reason, rej.field, rej.detail))
+    for learner in ctx.learners:
+        learner.observe(req.job_id, demand, pool)
     queue = cfg.resolve_queue(req.tenant, req.queue)
     priority = cfg.priority_value(req.priority)
     assert queue is not None and priority is not None  # never_fits validated both
     policy = _policy_for(ctx, queue)
-    ranked = policy.rank_classes(pool, demand, demand.classes)
-
-    verdicts = {ci: check_quota(pool, cfg, queue, demand, ci) for ci in ranked}
-    allowed = tuple(ci for ci in ranked if verdicts[ci].allowed)
     backfill = cfg.starvation.backfill_max_duration_s
     may_backfill = (
         backfill > 0 and req.expected_duration_s is not None and req.expected_duration_s <= backfill
     )
+    if demand.host_only:
+        return _decide_host_only(item, pool, ctx, demand, policy, queue, priority, may_backfill)
+    ranked = policy.rank_classes(pool, demand, demand.classes)
+
+    verdicts = {ci: check_quota(pool, cfg, queue, demand, ci) for ci in ranked}
+    allowed = tuple(ci for ci in ranked if verdicts[ci].allowed)
     if isinstance(policy, PoolPlacementPolicy):
         # One decision over every allowed class (FGD-style scores compare models).
         found = policy.place_pool(pool, demand, allowed, respect_holds=not may_backfill)
@@ -281,11 +288,74 @@ def _decide_one(item: PendingRequest, pool: WorkingPool, ctx: _Ctx) -> _Outcome:
                 )
 
     wait = _why_not(item, pool, ctx, demand, policy, queue, priority, ranked, allowed, verdicts)
+    return _Outcome(_timed_out(item, ctx, wait), demand, allowed)
+
+
+def _timed_out(item: PendingRequest, ctx: _Ctx, wait: Decision) -> Decision:
+    """``wait``, or TimedOut when the request has waited past its ``max_wait_s``."""
+    req = item.request
     if isinstance(wait, Wait) and req.max_wait_s is not None:
         waited = ctx.now_s - item.enqueued_at_s
         if waited >= req.max_wait_s:
-            return _Outcome(TimedOut(req.job_id, waited, wait.reason), demand, allowed)
-    return _Outcome(wait, demand, allowed)
+            return TimedOut(req.job_id, waited, wait.reason)
+    return wait
+
+
+def _decide_host_only(
+    item: PendingRequest,
+    pool: WorkingPool,
+    ctx: _Ctx,
+    demand: Demand,
+    policy: PlacementPolicy,
+    queue: str,
+    priority: int,
+    may_backfill: bool,
+) -> _Outcome:
+    """A host-only request (``count: 0``): CPU and host memory on one node, no device, no quota.
+
+    A pool-wide policy places it with ``place_pool(pool, demand, ())`` (no class: host only);
+    the others with :func:`~.placement.place_host_only`. It never preempts: when nothing fits it
+    waits, saying whether ending leases or held nodes would let it in.
+    """
+    req = item.request
+    if isinstance(policy, PoolPlacementPolicy):
+        found = policy.place_pool(pool, demand, (), respect_holds=not may_backfill)
+    else:
+        found = place_host_only(pool, demand, policy, respect_holds=not may_backfill)
+    if found is not None:
+        return _Outcome(_reserve(pool, req, queue, priority, found, True), demand)
+    return _Outcome(
+        _timed_out(item, ctx, _why_host_waits(req.job_id, pool, demand, policy)), demand
+    )
+
+
+def _why_host_waits(job: str, pool: WorkingPool, demand: Demand, policy: PlacementPolicy) -> Wait:
+    """Why a host-only request does not fit now (it never preempts)."""
+    ending = [lid for lid, pl in pool.leases.items() if pl.state.terminating]
+    if ending:
+        released = pool.release_many(ending)
+        try:
+            fits = place_host_only(pool, demand, policy) is not None
+        finally:
+            pool.restore_many(released)
+        if fits:
+            return Wait(
+                job,
+                Reason.CAPACITY_INCOMING,
+                f"fits once {len(ending)} ending lease(s) give their host resources back",
+            )
+    if pool.held_nodes and place_host_only(pool, demand, policy, respect_holds=False):
+        return Wait(
+            job,
+            Reason.CAPACITY_RESERVED,
+            f"fits only on {len(pool.held_nodes)} node(s) held for a starved job",
+        )
+    return Wait(
+        job,
+        Reason.INSUFFICIENT_CAPACITY,
+        f"host-only: needs {demand.cpu_milli} mCPU and {demand.host_memory_mib} MiB of host "
+        "memory free on one node",
+    )
 
 
 def _why_not(
@@ -452,8 +522,10 @@ def _setup(
         wp = WorkingPool(pool, cfg)
     if now_s is not None:
         wp.now_s = now_s
-    mark_over_quota(wp, cfg)
-    ctx = _Ctx(cfg, policies or default_registry(cfg.placement), history, wp.now_s)
+    refresh_over_quota(wp, cfg)
+    registry = policies or default_registry(cfg.placement)
+    learners = {id(p): p for p in registry.policies.values() if isinstance(p, LearningPolicy)}
+    ctx = _Ctx(cfg, registry, history, wp.now_s, tuple(learners.values()))
     return wp, ctx
 
 

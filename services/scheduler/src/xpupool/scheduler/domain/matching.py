@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from xpupool.contracts.payloads import DeviceDemand, Isolation, JobRequested
+from xpupool.contracts.payloads import DeviceDemand, DeviceSelector, Isolation, JobRequested
 from xpupool.scheduler.domain.config import SchedulerConfig, default_config
 from xpupool.scheduler.domain.model import PoolSnapshot
 from xpupool.scheduler.domain.pool import DeviceClass, WorkingPool
@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 Scope = Literal["node", "domain", "any"]
+_NO_SELECTOR = DeviceSelector()
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,11 @@ class Demand:
         if self.whole:
             return cls.memory_total_mib, 100
         return share_on(self.memory_mib, self.memory_pct, self.compute_pct, cls.memory_total_mib)
+
+    @property
+    def host_only(self) -> bool:
+        """True for a host-only request (``count: 0``): host CPU and memory on one node."""
+        return self.count == 0
 
     @property
     def id_filtered(self) -> bool:
@@ -115,12 +121,20 @@ def class_matches(cls: DeviceClass, request: JobRequested) -> bool:
 
 
 def validate_request(request: JobRequested, config: SchedulerConfig) -> Rejection | None:
-    """Inputs that are malformed or name unknown priorities/queues, independent of the pool."""
+    """Inputs that are malformed or name unknown priorities/queues, independent of the pool.
+
+    A host-only request (``count: 0``) must ask for host CPU or memory and carry no device
+    share, gang or selector.
+    """
     dev: DeviceDemand = request.device
     if dev.memory_mib is not None and dev.memory_pct is not None:
         return Rejection(
             Reason.INVALID_REQUEST, "device.memory_pct", "give memory_mib or memory_pct, not both"
         )
+    if request.count == 0:
+        bad = _host_only_problem(request)
+        if bad is not None:
+            return bad
     if config.priority_value(request.priority) is None:
         return Rejection(
             Reason.UNKNOWN_PRIORITY,
@@ -132,6 +146,36 @@ def validate_request(request: JobRequested, config: SchedulerConfig) -> Rejectio
             Reason.UNKNOWN_QUEUE,
             "queue",
             f"no leaf queue {request.queue or request.tenant!r} for tenant {request.tenant!r}",
+        )
+    return None
+
+
+def _host_only_problem(request: JobRequested) -> Rejection | None:
+    """What is wrong with a host-only request (``count: 0``), if anything."""
+    dev = request.device
+    for name in ("memory_mib", "memory_pct", "compute_pct"):
+        if getattr(dev, name) is not None:
+            return Rejection(
+                Reason.INVALID_REQUEST,
+                f"device.{name}",
+                "a host-only request (count 0) takes no device, so no device share",
+            )
+    if request.gang is not None:
+        return Rejection(
+            Reason.INVALID_REQUEST, "gang", "a host-only request (count 0) has no gang"
+        )
+    for name in DeviceSelector.__struct_fields__:
+        if getattr(request.selector, name) != getattr(_NO_SELECTOR, name):
+            return Rejection(
+                Reason.INVALID_REQUEST,
+                f"selector.{name}",
+                "a host-only request (count 0) takes no device, so selects none",
+            )
+    if request.host.cpu_milli == 0 and request.host.memory_mib == 0:
+        return Rejection(
+            Reason.INVALID_REQUEST,
+            "host",
+            "a host-only request (count 0) must ask for host.cpu_milli or host.memory_mib",
         )
     return None
 
@@ -156,7 +200,9 @@ def make_demand(request: JobRequested, pool: WorkingPool) -> Demand:
     avoided = frozenset(
         i for i in (pool.dev_index.get(x) for x in sel.avoid_device_ids) if i is not None
     )
-    classes = tuple(c.index for c in pool.classes if class_matches(c, request))
+    classes = (
+        tuple(c.index for c in pool.classes if class_matches(c, request)) if request.count else ()
+    )
     if allowed is not None:
         keep = {pool.dev_class[i] for i in allowed}
         classes = tuple(c for c in classes if c in keep)
@@ -197,7 +243,8 @@ def never_fits(
     Checked against every registered device whatever its health or load (a device that is down
     now may come back): selectors matching nothing, unknown models or device ids, a share larger
     than any matching device, more devices than any node/domain/the pool has, host demand beyond
-    any node, and (with ``config``) a demand above the queue's hard limits.
+    any node, and (with ``config``) a demand above the queue's hard limits. A host-only request
+    never fits when no node has that much CPU and memory in all.
     """
     if isinstance(pool, PoolSnapshot):
         pool = WorkingPool(pool, config or default_config())
@@ -205,6 +252,8 @@ def never_fits(
     bad = validate_request(request, cfg)
     if bad is not None:
         return bad
+    if request.count == 0:
+        return _host_never_fits(request, pool)
     sel = request.selector
     if sel.models and not (_lower(sel.models) & pool.model_names):
         return Rejection(
@@ -323,6 +372,22 @@ def never_fits(
         return None
     assert best is not None
     return best[2]
+
+
+def _host_never_fits(request: JobRequested, pool: WorkingPool) -> Rejection | None:
+    """A host-only request fits some day when one node has that much CPU and memory in all."""
+    cpu, mem = request.host.cpu_milli, request.host.memory_mib
+    nodes = pool.nodes
+    if any(n.cpu_milli_total >= cpu and n.memory_mib_total >= mem for n in nodes):
+        return None
+    cpu_short = all(n.cpu_milli_total < cpu for n in nodes)
+    return Rejection(
+        Reason.EXCEEDS_NODE_CAPACITY,
+        "host.cpu_milli" if cpu_short else "host.memory_mib",
+        f"no node has {cpu} mCPU and {mem} MiB of host memory"
+        if nodes
+        else "no node is registered",
+    )
 
 
 def _over_limit(

@@ -14,6 +14,10 @@ function (for instance the FGD scorer of ``xpupool.placement``) plugs in with
 Topology: scope ``node`` puts every slice on one node; ``domain`` puts them in one interconnect
 domain (NVLink / HCCS / MLU-Link; a device without a domain is its node's own domain); ``any``
 prefers one node, then fills the fewest nodes. Host demand is charged on every node used.
+
+Host-only demands (``count: 0``) take no device: :func:`place_host_only` charges their CPU and
+memory on one node, and their :class:`Placement` has no devices and ``class_index``
+:data:`HOST_ONLY`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from xpupool.scheduler.domain.matching import Demand
 from xpupool.scheduler.domain.pool import DeviceClass, WorkingPool, domain_key
 
 __all__ = [
+    "HOST_ONLY",
     "BinpackPolicy",
+    "LearningPolicy",
     "NodeScorer",
     "Placement",
     "PlacementPolicy",
@@ -42,14 +48,21 @@ __all__ = [
     "default_registry",
     "eligible_devices",
     "place",
+    "place_host_only",
     "place_in_class",
     "placeable_count",
 ]
 
+HOST_ONLY = -1
+"""``Placement.class_index`` of a host-only placement (no device, so no device class)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where a demand goes: devices of one class, the share on each, host charges per node."""
+    """Where a demand goes: devices of one class, the share on each, host charges per node.
+
+    A host-only placement has no devices and ``class_index`` :data:`HOST_ONLY`.
+    """
 
     class_index: int
     devices: tuple[int, ...]
@@ -109,6 +122,20 @@ class PoolPlacementPolicy(PlacementPolicy, Protocol):
         ...
 
 
+@runtime_checkable
+class LearningPolicy(Protocol):
+    """A policy that learns from the request stream (the default one learns request shapes).
+
+    :func:`~.decide.decide_batch` shows it every valid request it decides, whatever the queue,
+    once per decision; ``observe`` must be idempotent per ``job_id`` because a waiting request is
+    decided again in every cycle.
+    """
+
+    def observe(self, job_id: str, demand: Demand, pool: WorkingPool) -> None:
+        """Learn from one request."""
+        ...
+
+
 NodeScorer = Callable[[WorkingPool, int, Sequence[int], Demand, int], float]
 """Signature of a pluggable node scorer: (pool, node index, chosen devices, demand, memory_mib)."""
 
@@ -127,8 +154,12 @@ def class_cost_key(cls: DeviceClass, demand: Demand, intent: str) -> tuple[float
     * ``fastest``: the highest capacity, then the cheaper;
     * ``balanced``: the lowest cost per capacity unit (price/performance), then the faster.
 
+    * ``any``: no preference, every class ranks equal (the policy's own score decides).
+
     A class without a price (0) is priced at its capacity units, so capacity still orders it.
     """
+    if intent == "any":
+        return (0.0, 0.0)
     price = cls.cost_per_hour if cls.cost_per_hour > 0 else cls.capacity_units
     if intent == "fastest":
         return (-cls.capacity_units, price)
@@ -415,9 +446,10 @@ def place_in_class(
 
     whole = demand.whole
     best_pl: Placement | None = None
-    # One node when it can, for every scope: fewer nodes is never worse for a job.
+    # One node when it can: fewer nodes is never worse for a job. A domain-scoped gang goes to
+    # the grouping below even then, because one node may hold several interconnect domains.
     for ni, elig in cands:
-        if len(elig) < k:
+        if len(elig) < k or demand.scope == "domain":
             continue
         chosen = _best(pool, policy, elig, k, mem, comp, whole)
         s = policy.node_score(pool, ni, chosen, demand, mem)
@@ -574,6 +606,48 @@ def place(
         pl = place_in_class(pool, demand, policy, ci, nodes=nodes, respect_holds=respect_holds)
         if pl is not None:
             return pl
+    return None
+
+
+def place_host_only(
+    pool: WorkingPool,
+    demand: Demand,
+    policy: PlacementPolicy,
+    *,
+    respect_holds: bool = True,
+) -> Placement | None:
+    """One node for a host-only demand (``count: 0``): its CPU and host memory, no device.
+
+    Among the nodes with that much CPU and memory free (not held for a starved job unless
+    ``respect_holds`` is off, and not lost: a node whose devices are all lost is down), the charge
+    should strand the fewest idle devices (healthy, nobody holding them): nodes without an idle
+    device first, then the most CPU left per idle device; ties go to the first node in pool
+    order. ``policy`` only names the placement.
+    """
+    n = len(pool.nodes)
+    if n == 0:
+        return None
+    cpu, mem = demand.cpu_milli, demand.host_memory_mib
+    arr = pool.arrays()
+    fits = (arr.node_cpu_free >= cpu) & (arr.node_mem_free >= mem)
+    if respect_holds and pool.held_nodes:
+        fits[list(pool.held_nodes)] = False
+    cands = np.flatnonzero(fits)
+    if len(cands) == 0:
+        return None
+    idle_dev = np.array(pool.dev_ok, dtype=np.bool_) & (arr.holders == 0) & ~arr.exclusive
+    idle = np.bincount(
+        np.array(pool.dev_node, dtype=np.int64), weights=idle_dev, minlength=n
+    ).astype(np.int64)[cands]
+    cpu_left = arr.node_cpu_free[cands] - cpu
+    per_idle = np.where(idle > 0, cpu_left / np.maximum(idle, 1), 0.0)
+    # Sorted by: an idle device stranded or not, then most CPU per idle device, then pool order.
+    for k in np.lexsort((cands, -per_idle, idle > 0)):
+        ni = int(cands[k])
+        if pool.node_up[ni]:
+            return Placement(
+                HOST_ONLY, (), 0, 0, False, ((ni, cpu, mem),), -float(idle[k]), policy.name
+            )
     return None
 
 

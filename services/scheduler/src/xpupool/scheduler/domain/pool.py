@@ -234,6 +234,12 @@ class WorkingPool:
                 i += 1
             self.node_devs.append(tuple(idxs))
 
+        self.node_up = [
+            not idxs or any(self.devices[i].health != "lost" for i in idxs)
+            for idxs in self.node_devs
+        ]
+        """False for a node whose devices are all lost: how a snapshot shows a node that is down
+        (host-only placement must not pick it)."""
         usable = [d for d in self.devices if d.health != "lost"]
         self.total_devices = float(len(usable)) or 1.0
         self.total_memory_mib = float(sum(d.memory_total_mib for d in usable)) or 1.0
@@ -241,6 +247,11 @@ class WorkingPool:
 
         self.leases: dict[str, PoolLease] = {}
         self.node_leases: list[set[str]] = [set() for _ in self.nodes]
+        self.queue_leases: dict[str, set[str]] = {}
+        self.quota_stale: set[str] = set()
+        """Queues whose leases changed since ``quota.refresh_over_quota`` last marked them."""
+        self.quota_marked_for: SchedulerConfig | None = None
+        """The config the over-quota flags were last computed with (None: never)."""
         self.usage: dict[str, Usage] = {}
         self.held_nodes: set[int] = set()
         self.fast_placement: bool | None = None
@@ -413,6 +424,8 @@ class WorkingPool:
         self.leases[lease.lease_id] = pl
         for ni in pl.nodes:
             self.node_leases[ni].add(lease.lease_id)
+        self.queue_leases.setdefault(pl.queue, set()).add(lease.lease_id)
+        self.quota_stale.add(pl.queue)
         self._charge_usage(pl, +1.0)
         return pl
 
@@ -438,6 +451,8 @@ class WorkingPool:
         self._apply_host(pl.state.host, -1)
         for ni in pl.nodes:
             self.node_leases[ni].discard(lease_id)
+        self.queue_leases[pl.queue].discard(lease_id)
+        self.quota_stale.add(pl.queue)
         self._charge_usage(pl, -1.0)
         return pl
 

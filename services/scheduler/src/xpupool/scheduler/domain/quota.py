@@ -11,6 +11,8 @@ share counts as the fraction of the device it takes). A queue's usage includes i
 * **Reclaim**: within each leaf queue, leases are ranked by priority (high first) then age (old
   first); those that fit in the guarantee are in-quota, the rest are *over-quota* (borrowed) and
   are the first victims when an in-quota request of another queue needs its capacity back.
+* **Host-only** requests (``count: 0``) take no device and no capacity unit: every quota admits
+  them, and their leases are never borrowed capacity (never reclaimed by other queues).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = [
     "check_quota",
     "demand_footprint",
     "mark_over_quota",
+    "refresh_over_quota",
     "queue_status",
 ]
 
@@ -58,7 +61,9 @@ class QueueStatus:
 
 
 def demand_footprint(pool: WorkingPool, demand: Demand, ci: int) -> tuple[float, float]:
-    """(units, devices) ``demand`` would take on class ``ci``."""
+    """(units, devices) ``demand`` would take on class ``ci``; nothing for a host-only one."""
+    if demand.host_only or ci < 0:
+        return 0.0, 0.0
     cls = pool.classes[ci]
     if demand.whole:
         frac = 1.0
@@ -79,7 +84,12 @@ def _within_guarantee(q: QueueConfig, units: float, model: str, model_devices: f
 def check_quota(
     pool: WorkingPool, config: SchedulerConfig, queue: str, demand: Demand, ci: int
 ) -> QuotaVerdict:
-    """May ``queue`` take ``demand`` on class ``ci`` given what it and its ancestors hold now?"""
+    """May ``queue`` take ``demand`` on class ``ci`` given what it and its ancestors hold now?
+
+    A host-only demand uses no quota: always allowed, and in quota.
+    """
+    if demand.host_only:
+        return QuotaVerdict(True, True)
     units, devices = demand_footprint(pool, demand, ci)
     model = pool.classes[ci].model
     in_quota = False
@@ -129,36 +139,50 @@ def below_guarantee(pool: WorkingPool, config: SchedulerConfig, queue: str) -> b
 
 
 def mark_over_quota(pool: WorkingPool, config: SchedulerConfig) -> set[str]:
-    """Flag each lease in-quota or over-quota (see the module doc); return the over-quota ids."""
-    by_queue: dict[str, list[str]] = {}
-    for lid, pl in pool.leases.items():
-        by_queue.setdefault(pl.queue, []).append(lid)
-    over: set[str] = set()
-    for qname, lids in by_queue.items():
-        q = config.queue(qname)
-        lids.sort(
-            key=lambda x: (-pool.leases[x].state.priority, pool.leases[x].state.started_at_s, x)
+    """Flag every lease in-quota or over-quota (see the module doc); return the over-quota ids."""
+    pool.quota_marked_for = None
+    refresh_over_quota(pool, config)
+    return {lid for lid, pl in pool.leases.items() if pl.over_quota}
+
+
+def refresh_over_quota(pool: WorkingPool, config: SchedulerConfig) -> None:
+    """Flag leases in-quota or over-quota, re-marking only queues whose leases changed since the
+    last marking with this ``config`` (a queue's flags depend on its own leases only)."""
+    fresh = pool.quota_marked_for is config
+    queues = pool.quota_stale if fresh else set(pool.queue_leases)
+    for qname in queues:
+        _mark_queue(pool, config.queue(qname), pool.queue_leases.get(qname, set()))
+    pool.quota_stale = set()
+    pool.quota_marked_for = config
+
+
+def _mark_queue(pool: WorkingPool, q: QueueConfig | None, lease_ids: set[str]) -> None:
+    leases = pool.leases
+    if q is None or (q.guaranteed_units <= 0 and not q.guaranteed_devices):
+        # No guarantee: every device lease is borrowed capacity, whatever the order.
+        for lid in lease_ids:
+            pl = leases[lid]
+            pl.over_quota = bool(pl.state.slices)
+        return
+    lids = sorted(
+        lease_ids, key=lambda x: (-leases[x].state.priority, leases[x].state.started_at_s, x)
+    )
+    units = 0.0
+    models: dict[str, float] = {}
+    for lid in lids:
+        pl = leases[lid]
+        if not pl.state.slices:
+            pl.over_quota = False  # host-only: it borrowed nothing to reclaim
+            continue
+        ok = bool(pl.by_model) and all(
+            _within_guarantee(q, units + pl.units, m, models.get(m, 0.0) + n)
+            for m, n in pl.by_model.items()
         )
-        units = 0.0
-        models: dict[str, float] = {}
-        for lid in lids:
-            pl = pool.leases[lid]
-            ok = (
-                q is not None
-                and all(
-                    _within_guarantee(q, units + pl.units, m, models.get(m, 0.0) + n)
-                    for m, n in pl.by_model.items()
-                )
-                and bool(pl.by_model)
-            )
-            pl.over_quota = not ok
-            if ok:
-                units += pl.units
-                for m, n in pl.by_model.items():
-                    models[m] = models.get(m, 0.0) + n
-            else:
-                over.add(lid)
-    return over
+        pl.over_quota = not ok
+        if ok:
+            units += pl.units
+            for m, n in pl.by_model.items():
+                models[m] = models.get(m, 0.0) + n
 
 
 def queue_status(pool: WorkingPool, config: SchedulerConfig) -> list[QueueStatus]:

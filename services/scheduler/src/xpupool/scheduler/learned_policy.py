@@ -1,0 +1,152 @@
+"""The scheduler's default placement policy, ``xpupool``: fragmentation-aware, shapes learned live.
+
+It is the trace-validated policy of ``xpupool.placement`` (``ours.XpupoolPolicy``: fragmentation
+descent against the distribution of request shapes, stranded-GPU pricing, explicit packing), run
+on the live pool through the :class:`~xpupool.scheduler.trace_policies.TracePolicy` adapter, with
+the shape distribution learned from the request stream
+(:class:`~xpupool.placement.online.OnlineXpupoolPolicy`) instead of read from a workload file.
+
+How it merges with the rest of the scheduler:
+
+* **Learning**: :func:`~xpupool.scheduler.domain.decide.decide_batch` shows it every valid request
+  (:meth:`LearnedPolicy.observe`, idempotent per job id), whatever queue the request is in: the
+  fragments that matter are those of the whole pool's workload. On its first decision a fresh
+  replica also counts the live leases, so a restart does not start from nothing.
+* **Intent first, fragmentation second**: the request's intent (cheapest / fastest / balanced)
+  orders the quota-allowed device classes as it always has (``class_cost_key``). Classes the
+  intent ranks equally (same price and capacity, or not in the catalog) form one tier, and the
+  fragmentation score chooses across every node of the tier; a lower tier is tried only when
+  nothing in the higher one fits. So light work still goes to cheap cards, and within what the
+  user is indifferent about, the pool stays unfragmented.
+* **Topology**: one-node placements (one device, or a gang on one node) are fragmentation-scored.
+  A gang within one interconnect domain, a gang allowed across nodes that does not fit one node,
+  and devices invisible to the trace view (the second model of a mixed node) go to the engine
+  with the classic per-class judgements (``base``), which also serve preemption planning and
+  explanations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import groupby
+
+from xpupool.placement.online import DEFAULT_HALF_LIFE, OnlineXpupoolPolicy
+from xpupool.placement.state import MILLI, PodDemand
+from xpupool.scheduler.domain.config import PlacementConfig
+from xpupool.scheduler.domain.matching import Demand
+from xpupool.scheduler.domain.model import LeaseState
+from xpupool.scheduler.domain.placement import (
+    Placement,
+    PolicyRegistry,
+    XpupoolPolicy,
+    class_cost_key,
+    place_in_class,
+)
+from xpupool.scheduler.domain.pool import WorkingPool
+from xpupool.scheduler.trace_policies import TracePolicy, pod_demand
+
+__all__ = ["DEFAULT_POLICY_NAME", "ONLINE_POLICY", "LearnedPolicy", "lease_pod"]
+
+#: The name queues and ``placement.default_policy`` select it by (the built-in default).
+DEFAULT_POLICY_NAME = "xpupool"
+#: The replay's name of the same policy (``xpupool replay --policy xpupool-online``).
+ONLINE_POLICY = "xpupool-online"
+
+
+def lease_pod(lease: LeaseState) -> PodDemand:
+    """The shape of a live lease, as the fragmentation metric sees a request (any model)."""
+    slices = lease.slices
+    cpu = sum(h.cpu_milli for h in lease.host)
+    memory = sum(h.memory_mib for h in lease.host)
+    if not slices:
+        return PodDemand(cpu_milli=cpu, memory_mib=memory)
+    whole = all(s.whole for s in slices)
+    milli = MILLI if whole else min(MILLI, max(1, max(s.compute_pct for s in slices) * 10))
+    return PodDemand(cpu_milli=cpu, memory_mib=memory, num_gpu=len(slices), gpu_milli=milli)
+
+
+@dataclass
+class LearnedPolicy(TracePolicy):
+    """``xpupool``: see the module docstring."""
+
+    online: OnlineXpupoolPolicy = field(
+        default_factory=lambda: OnlineXpupoolPolicy(learn_on_choose=False)
+    )
+    _seeded: bool = field(default=False, repr=False)
+
+    @classmethod
+    def create(
+        cls, cfg: PlacementConfig | None = None, half_life: float = DEFAULT_HALF_LIFE
+    ) -> LearnedPolicy:
+        """The default policy with the classic judgements configured by ``cfg``."""
+        online = OnlineXpupoolPolicy(half_life, learn_on_choose=False)
+        return cls(DEFAULT_POLICY_NAME, online, {}, XpupoolPolicy(cfg), online=online)
+
+    def install(self, registry: PolicyRegistry) -> PolicyRegistry:
+        """``registry`` with this policy in place of the classic ``xpupool`` policy, whose
+        judgements (as configured in ``registry``) it keeps for the engine's work."""
+        self.base = registry.get(DEFAULT_POLICY_NAME)
+        return registry.with_policy(self)
+
+    # -- learning ---------------------------------------------------------------------------
+
+    def observe(self, job_id: str, demand: Demand, pool: WorkingPool) -> None:
+        """Count one request's shape (once per job id)."""
+        self._seed(pool)
+        self.online.observe(self._pod(pool, demand), job_id)
+
+    def _seed(self, pool: WorkingPool) -> None:
+        if self._seeded:
+            return
+        self._seeded = True
+        for placed in pool.leases.values():
+            lease = placed.state
+            if lease.slices or lease.host:
+                self.online.observe(lease_pod(lease), lease.job_id)
+
+    def _pod(self, pool: WorkingPool, demand: Demand) -> PodDemand:
+        if demand.count < 1:
+            return PodDemand(cpu_milli=demand.cpu_milli, memory_mib=demand.host_memory_mib)
+        models = {pool.classes[ci].model for ci in demand.classes}
+        every = {c.model for c in pool.classes}
+        return pod_demand(pool, demand, None if models >= every else frozenset(models))
+
+    # -- placement --------------------------------------------------------------------------
+
+    def place_pool(
+        self,
+        pool: WorkingPool,
+        demand: Demand,
+        classes: Sequence[int],
+        *,
+        respect_holds: bool = True,
+    ) -> Placement | None:
+        """The first intent tier where the demand fits, fragmentation-scored within the tier."""
+        if demand.count < 1:
+            return super().place_pool(pool, demand, classes, respect_holds=respect_holds)
+        multi = demand.count > 1
+        scored = not (multi and demand.scope == "domain")
+        for tier in self._tiers(pool, demand, classes):
+            if scored:
+                found = super().place_pool(pool, demand, tier, respect_holds=respect_holds)
+                if found is not None:
+                    return found
+            if not scored or (multi and demand.scope == "any") or self._partial_view():
+                for ci in tier:
+                    pl = place_in_class(pool, demand, self.base, ci, respect_holds=respect_holds)
+                    if pl is not None:
+                        return pl
+        return None
+
+    def _tiers(self, pool: WorkingPool, demand: Demand, classes: Sequence[int]) -> list[list[int]]:
+        """``classes`` (already in intent order) cut where the intent's sort key changes."""
+
+        def key(ci: int) -> tuple[float, float]:
+            return class_cost_key(pool.classes[ci], demand, demand.intent)
+
+        return [list(group) for _, group in groupby(classes, key=key)]
+
+    def _partial_view(self) -> bool:
+        """Whether some devices are invisible to the trace view (mixed-model nodes)."""
+        return self._mirror is not None and not self._mirror.complete

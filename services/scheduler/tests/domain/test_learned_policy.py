@@ -1,0 +1,89 @@
+"""The default ``xpupool`` policy: intent tiers first, fragmentation within a tier, shapes learned
+once per request, gangs the trace view cannot express left to the engine."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from domain_builders import job, lease, node, snapshot
+
+from xpupool.contracts.payloads import GangSpec, Intent
+from xpupool.scheduler.domain import (
+    PolicyRegistry,
+    Reserve,
+    Wait,
+    decide,
+    decide_batch,
+    default_config,
+    default_registry,
+)
+from xpupool.scheduler.domain.model import HostCharge, PoolSnapshot
+from xpupool.scheduler.learned_policy import LearnedPolicy
+
+
+def _registry() -> tuple[PolicyRegistry, LearnedPolicy]:
+    policy = LearnedPolicy.create()
+    return policy.install(default_registry(default_config().placement)), policy
+
+
+def _reserve(snap: PoolSnapshot, request: object, registry: PolicyRegistry) -> Reserve:
+    d = decide(request, snap, policies=registry)  # type: ignore[arg-type]
+    assert isinstance(d, Reserve), d
+    assert d.policy == "xpupool"
+    return d
+
+
+def test_it_is_the_default_and_keeps_the_classic_judgements() -> None:
+    registry, policy = _registry()
+    assert registry.get(None) is policy
+    assert policy.base is not policy and policy.base.name == "xpupool"
+
+
+def test_intent_ranks_classes_before_fragmentation() -> None:
+    """A cheap share goes to the cheap T4 even though a half-used A100 is a tighter fit; asked
+    to be fast, the same share goes to the A100 that is already shared."""
+    half = lease("l1", ["a/0"], share=(40960, 50))
+    snap = snapshot(node("a", "A100", 2), node("t", "T4", 2), leases=(half,))
+    registry, _ = _registry()
+    cheap = _reserve(snap, job("cheap", compute_pct=50), registry)
+    assert cheap.slices[0].model == "T4"
+    fast = _reserve(snap, job("fast", compute_pct=50, intent=Intent.FASTEST), registry)
+    assert fast.slices[0].device_id == "a/0"
+
+
+def test_within_a_tier_a_share_keeps_whole_devices_whole() -> None:
+    """Among equal A100 nodes, with whole-device work in the learned mix (a live whole lease),
+    a half share fills the half-used device, on whichever node it is: first-fit by name would
+    break the whole device left on node ``a``."""
+    half = lease("l1", ["b/1"], share=(40960, 50))
+    whole = lease("l2", ["a/0"])
+    snap = snapshot(node("a", "A100", 2), node("b", "A100", 2), leases=(half, whole))
+    registry, _ = _registry()
+    d = _reserve(snap, job("j", compute_pct=50), registry)
+    assert d.slices[0].device_id == "b/1"
+
+
+def test_a_waiting_request_is_learned_once_and_leases_seed_the_learner() -> None:
+    busy = lease("l1", ["a/0", "a/1"], host=(HostCharge("a", 4000, 0),))
+    snap = snapshot(node("a", "A100", 2), leases=(busy,))
+    registry, policy = _registry()
+    for _ in range(3):  # three cycles: the request waits in each
+        out = decide_batch([job("big", count=2, gang=GangSpec())], snap, policies=registry)
+        assert isinstance(out[0][1], Wait)
+    assert policy.online.learner.observed == 2  # the live lease, then the request, once each
+    dist = policy.online.learner.distribution()
+    assert dist is not None and {s.num_gpu for s in dist.shapes} == {2}
+
+
+def test_same_domain_gangs_stay_in_one_domain() -> None:
+    """The trace view does not know interconnect domains: such gangs go to the engine."""
+    devs = node("a", "A100", 8)
+    left = tuple(replace(d, domain="nv0" if d.index < 4 else "nv1") for d in devs.devices)
+    taken = lease("l1", ["a/0", "a/1"])  # the first three free devices span both domains
+    snap = snapshot(replace(devs, devices=left), leases=(taken,))
+    registry, _ = _registry()
+    d = _reserve(
+        snap, job("g", count=3, gang=GangSpec(same_node=False, same_domain=True)), registry
+    )
+    domains = {"nv0" if int(s.device_id.split("/")[1]) < 4 else "nv1" for s in d.slices}
+    assert len(domains) == 1
