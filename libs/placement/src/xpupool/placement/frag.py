@@ -9,13 +9,79 @@ milli is below ``m``'s per-GPU request. ``F_n = sum_m p_m frag(n, m)``; the clus
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
 from xpupool.placement.state import BoolArray, ClusterState, FloatArray, IntArray, PodDemand
+
+#: ``FragEvaluator.evaluate`` groups identical states from this many rows on.
+DEDUP_MIN_ROWS: Final = 64
+
+
+def group_rows(table: IntArray) -> tuple[IntArray, IntArray]:
+    """Groups of equal rows of ``table``: (first row of each group, group of every row).
+
+    Columns are packed into as few int64 words as their value ranges allow, then sorted (stable,
+    so a group's representative is its first row).
+    """
+    k = len(table)
+    if k == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    lo = table.min(axis=0)
+    spans = (table.max(axis=0) - lo).tolist()
+    words: list[IntArray] = []
+    used = 0
+    for j, span in enumerate(spans):
+        bits = int(span).bit_length()
+        if bits == 0:
+            continue
+        if bits > 62 or span < 0:  # too wide to pack (or max - min overflowed)
+            _, index, groups = np.unique(table, axis=0, return_index=True, return_inverse=True)
+            return index.astype(np.int64), groups.reshape(-1).astype(np.int64)
+        col = table[:, j] - lo[j]
+        if not words or used + bits > 62:
+            words.append(col)
+            used = bits
+        else:
+            words[-1] = (words[-1] << bits) | col
+            used += bits
+    if not words:
+        return np.zeros(1, dtype=np.int64), np.zeros(k, dtype=np.int64)
+    order = np.lexsort(words) if len(words) > 1 else np.argsort(words[0], kind="stable")
+    starts = np.zeros(k, dtype=np.bool_)
+    starts[0] = True
+    for w in words:
+        sw = w[order]
+        starts[1:] |= sw[1:] != sw[:-1]
+    inverse = np.empty(k, dtype=np.int64)
+    inverse[order] = np.cumsum(starts) - 1
+    first: IntArray = order[starts]
+    return first, inverse
+
+
+def _distinct_states(
+    gpu_free: IntArray, cpu_free: IntArray, model_id: IntArray, cpu_levels: IntArray
+) -> tuple[IntArray, IntArray] | None:
+    """Groups of node states with the same GPU free multiset, model and CPU rank among
+    ``cpu_levels``, or None when grouping would not pay (few rows, or all distinct)."""
+    if len(gpu_free) < DEDUP_MIN_ROWS:
+        return None
+    key = np.column_stack(
+        (
+            np.sort(gpu_free, axis=1),
+            np.searchsorted(cpu_levels, cpu_free, side="right"),
+            model_id,
+        )
+    )
+    first, inverse = group_rows(key)
+    if len(first) == len(gpu_free):
+        return None
+    return first, inverse
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -98,11 +164,19 @@ class FragEvaluator:
         self.thr_index: IntArray = np.searchsorted(self.thresholds, milli).astype(np.int64)
         # A CPU-only shape can never use a GPU, so every idle GPU milli is a fragment for it.
         self.gpu_shape: BoolArray = milli > 0
-        access = np.ones((len(self.models), len(shapes)), dtype=np.bool_)
-        for j, s in enumerate(shapes):
-            if s.allowed_models:
+        # One model mask per distinct constraint (hundreds of shapes share a few dozen).
+        mask_of: dict[tuple[str, ...], int] = {(): 0}
+        masks = [[True] * len(self.models)]
+        which: list[int] = []
+        for s in shapes:
+            i = mask_of.get(s.allowed_models)
+            if i is None:
                 allowed = set(s.allowed_models)
-                access[:, j] = [m in allowed for m in self.models]
+                i = mask_of[s.allowed_models] = len(masks)
+                masks.append([m in allowed for m in self.models])
+            which.append(i)
+        access = np.array(masks, dtype=np.bool_).reshape(len(masks), len(self.models))
+        access = np.ascontiguousarray(access[np.array(which, dtype=np.int64)].T)
         self.access: BoolArray = access & self.gpu_shape[None, :]
         # evaluate() works per base shape (cpu, milli, count) with the probability mass each
         # GPU model can use: shapes that differ only in their model constraint (hundreds with
@@ -110,27 +184,89 @@ class FragEvaluator:
         # F = total x sum(p) + sum_b P[model, b] x (host_b ? below_b - total : 0).
         keys = sorted({(s.cpu_milli, s.gpu_milli, s.num_gpu) for s in shapes})
         where = {k: i for i, k in enumerate(keys)}
-        base = np.array([where[(s.cpu_milli, s.gpu_milli, s.num_gpu)] for s in shapes])
+        base = np.array(
+            [where[(s.cpu_milli, s.gpu_milli, s.num_gpu)] for s in shapes], dtype=np.int64
+        )
+        self._base_of_shape: IntArray = base
         self.base_cpu: IntArray = np.array([k[0] for k in keys], dtype=np.int64)
         self.base_num: IntArray = np.array([k[2] for k in keys], dtype=np.int64)
         base_milli = np.array([k[1] for k in keys], dtype=np.int64)
         self.base_thr: IntArray = np.searchsorted(self.thresholds, base_milli).astype(np.int64)
-        usable = np.zeros((len(self.models), len(keys)), dtype=np.float64)
-        for j in range(len(shapes)):
-            usable[:, base[j]] += np.where(self.access[:, j], self.prob[j], 0.0)
-        self.base_usable: FloatArray = usable
+        self.base_usable: FloatArray = self._usable(self.prob)
         self.prob_sum = float(self.prob.sum())
+        # Distinct CPU requests of the base shapes: a node state's CPU matters to F only through
+        # how many of them it can serve, so states are grouped by that rank (see evaluate()).
+        self._cpu_levels: IntArray = np.unique(self.base_cpu)
+        self._shape_cpu_levels: IntArray = np.unique(self.cpu)
+
+    def _usable(self, prob: FloatArray) -> FloatArray:
+        """``(M, B)`` probability mass of each base shape that a node of each model can host."""
+        usable = np.zeros((len(self.models), len(self.base_cpu)), dtype=np.float64)
+        # Accumulated shape by shape in shape order (ufunc.at is unbuffered and in index order),
+        # so every cell is the same float sum as adding the shapes one at a time.
+        mass = np.where(self.access, prob[None, :], 0.0)
+        rows = np.broadcast_to(np.arange(len(self.models))[:, None], mass.shape)
+        cols = np.broadcast_to(self._base_of_shape[None, :], mass.shape)
+        np.add.at(usable, (rows, cols), mass)
+        return usable
+
+    def reweighted(self, dist: ShapeDistribution) -> FragEvaluator:
+        """The evaluator of ``dist``, which has this one's shapes with other probabilities.
+
+        Same result as ``FragEvaluator(dist, self.models)`` without rebuilding the shape tables.
+        """
+        if dist.shapes != self.dist.shapes:
+            raise ValueError("reweighted() needs the same shapes in the same order")
+        out = copy.copy(self)
+        out.dist = dist
+        out.prob = np.array(dist.probs, dtype=np.float64)
+        out.base_usable = out._usable(out.prob)
+        out.prob_sum = float(out.prob.sum())
+        return out
 
     def evaluate(self, gpu_free: IntArray, cpu_free: IntArray, model_id: IntArray) -> FloatArray:
-        """``F`` for ``K`` node states given as ``(K, G)`` GPU free, ``(K,)`` CPU free and model."""
+        """``F`` for ``K`` node states given as ``(K, G)`` GPU free, ``(K,)`` CPU free and model.
+
+        Each state is computed on its own (a row's value does not depend on the other rows), and
+        states that ``F`` cannot tell apart (same GPU free multiset, same model, same number of
+        base-shape CPU requests served) are computed once: a cluster holds many identical nodes.
+        """
+        groups = _distinct_states(gpu_free, cpu_free, model_id, self._cpu_levels)
+        if groups is not None:
+            first, inverse = groups
+            distinct = self._evaluate(gpu_free[first], cpu_free[first], model_id[first])
+            out: FloatArray = distinct[inverse]
+            return out
+        return self._evaluate(gpu_free, cpu_free, model_id)
+
+    def _counts(self, gpu_free: IntArray) -> tuple[IntArray, FloatArray]:
+        """``(K, U)`` GPUs with at least threshold ``u`` free, and the free milli they hold.
+
+        Integer-exact (the free milli sums are far below 2**53), so equal to the direct
+        ``gpu_free >= threshold`` sums.
+        """
+        k = len(gpu_free)
+        width = len(self.thresholds) + 1
+        # Bin of a GPU: how many thresholds its free milli reaches (0..U); it counts for
+        # threshold u exactly when its bin is > u.
+        bins = np.searchsorted(self.thresholds, gpu_free, side="right")
+        flat = (bins + (np.arange(k, dtype=np.int64) * width)[:, None]).ravel()
+        hist = np.bincount(flat, minlength=k * width).reshape(k, width)
+        held: FloatArray = np.asarray(
+            np.bincount(flat, weights=gpu_free.ravel(), minlength=k * width), dtype=np.float64
+        ).reshape(k, width)
+        cnt: IntArray = np.cumsum(hist[:, :0:-1], axis=1)[:, ::-1]
+        above: FloatArray = np.cumsum(held[:, :0:-1], axis=1)[:, ::-1]
+        return cnt, above
+
+    def _evaluate(self, gpu_free: IntArray, cpu_free: IntArray, model_id: IntArray) -> FloatArray:
         total = gpu_free.sum(axis=1)
-        ge = gpu_free[:, :, None] >= self.thresholds[None, None, :]
-        cnt = ge.sum(axis=1)
-        above = np.einsum("kg,kgu->ku", gpu_free, ge.astype(np.int64))
+        cnt, above = self._counts(gpu_free)
         host = (cnt[:, self.base_thr] >= self.base_num[None, :]) & (
             cpu_free[:, None] >= self.base_cpu[None, :]
         )
-        gain = np.where(host, -above[:, self.base_thr], 0).astype(np.float64)
+        # 0.0 - x: -x exactly, and +0.0 (not -0.0) for x == 0, as the integer negation gave.
+        gain = np.where(host, (0.0 - above)[:, self.base_thr], 0.0)
         out: FloatArray = total * self.prob_sum + np.einsum(
             "kb,kb->k", gain, self.base_usable[model_id]
         )
@@ -138,10 +274,18 @@ class FragEvaluator:
 
     def hostable(self, gpu_free: IntArray, cpu_free: IntArray, model_id: IntArray) -> BoolArray:
         """``(K, S)``: whether each node state can host each GPU shape (CPU-only: False)."""
-        ge = gpu_free[:, :, None] >= self.thresholds[None, None, :]
-        cnt_s = ge.sum(axis=1)[:, self.thr_index]
+        groups = _distinct_states(gpu_free, cpu_free, model_id, self._shape_cpu_levels)
+        if groups is not None:
+            first, inverse = groups
+            distinct = self._hostable(gpu_free[first], cpu_free[first], model_id[first])
+            out: BoolArray = distinct[inverse]
+            return out
+        return self._hostable(gpu_free, cpu_free, model_id)
+
+    def _hostable(self, gpu_free: IntArray, cpu_free: IntArray, model_id: IntArray) -> BoolArray:
+        cnt, _ = self._counts(gpu_free)
         out: BoolArray = (
-            (cnt_s >= self.num[None, :])
+            (cnt[:, self.thr_index] >= self.num[None, :])
             & (cpu_free[:, None] >= self.cpu[None, :])
             & self.access[model_id]
         )

@@ -40,6 +40,7 @@ from xpupool.placement.frag import FragCache, FragEvaluator, Shape, ShapeDistrib
 from xpupool.placement.policies import (
     MAX_SPEC_CPU,
     MAX_SPEC_GPU,
+    NodeGroups,
     PolicyContext,
     candidates,
 )
@@ -94,6 +95,7 @@ class XpupoolPolicy:
         self.cpu_weight = cpu_weight
         self._evaluator: FragEvaluator | None = None
         self._cache: FragCache | None = None
+        self._groups = NodeGroups()
 
     @classmethod
     def from_context(cls, ctx: PolicyContext) -> XpupoolPolicy:
@@ -106,21 +108,28 @@ class XpupoolPolicy:
 
     def _frag(self, state: ClusterState) -> tuple[FragEvaluator, FragCache]:
         if self._evaluator is None or self._evaluator.models != state.models:
-            self._evaluator = FragEvaluator(self._scarcity_weighted(state), state.models)
+            probe = FragEvaluator(self.target, state.models)
+            if self.scarcity:
+                # Same evaluator as FragEvaluator(self._scarcity_weighted(state), models).
+                probe = probe.reweighted(self._scarcity_weighted(state, probe))
+            self._evaluator = probe
             self._cache = FragCache(self._evaluator)
         assert self._cache is not None
         return self._evaluator, self._cache
 
-    def _scarcity_weighted(self, state: ClusterState) -> ShapeDistribution:
+    def _scarcity_weighted(
+        self, state: ClusterState, probe: FragEvaluator | None = None
+    ) -> ShapeDistribution:
         """Target reweighted by how few nodes of the (empty) cluster can host each shape.
 
         Losing one of the 39 nodes able to host a 120-CPU 8-GPU pod costs more than losing one of
         the 1,200 that host a 1-GPU pod; ``p_m x N / H_m`` (renormalised) says so without any
-        tuned constant.
+        tuned constant. ``probe``: an evaluator of the target on ``state``'s models, if at hand.
         """
         if not self.scarcity:
             return self.target
-        probe = FragEvaluator(self.target, state.models)
+        if probe is None:
+            probe = FragEvaluator(self.target, state.models)
         empty = np.where(state.gpu_exists, MILLI, 0).astype(np.int64)
         hosts = probe.hostable(empty, state.cpu_cap, state.model_id).sum(axis=0)
         probs = np.array(self.target.probs) * state.num_nodes / np.maximum(hosts, 1)
@@ -130,9 +139,11 @@ class XpupoolPolicy:
 
     def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
         """Placement with the lowest ``dF + alpha x leftover``."""
-        idx = np.flatnonzero(state.feasible(pod))
-        if len(idx) == 0:
+        feasible = state.feasible(pod)
+        if not feasible.any():
             return None
+        # One node per group of identical feasible nodes (see NodeGroups): same choice.
+        idx = self._groups.representatives(state, feasible)
         evaluator, cache = self._frag(state)
         before = cache.values(state)
         cand = candidates(state, idx, pod)

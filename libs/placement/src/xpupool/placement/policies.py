@@ -19,9 +19,15 @@ from typing import Final, Protocol, runtime_checkable
 
 import numpy as np
 
-from xpupool.placement.frag import FragCache, FragEvaluator, ShapeDistribution
+from xpupool.placement.frag import (
+    FragCache,
+    FragEvaluator,
+    ShapeDistribution,
+    group_rows,
+)
 from xpupool.placement.state import (
     MILLI,
+    BoolArray,
     ClusterState,
     FloatArray,
     IntArray,
@@ -263,6 +269,74 @@ def candidates(state: ClusterState, idx: IntArray, pod: PodDemand) -> Candidates
     return Candidates(idx, minus_one, after, cpu_after)
 
 
+def _state_table(state: ClusterState, rows: IntArray) -> IntArray:
+    """What a node's group is made of: sorted GPU free, CPU free, model (one row per node)."""
+    out: IntArray = np.column_stack(
+        (np.sort(state.gpu_free[rows], axis=1), state.cpu_free[rows], state.model_id[rows])
+    )
+    return out
+
+
+class NodeGroups:
+    """Feasible nodes that FGD and xpupool cannot tell apart, one representative per group.
+
+    Two nodes are in one group when they have the same GPU model, the same free CPU and the same
+    multiset of free GPU milli. Every candidate placement on one then has a twin on the other
+    whose after-state is the same up to the order of GPU slots, hence the same ``F``, leftover
+    and score; and a tie inside a group goes to its first node by name. Scoring only that node of
+    each group therefore chooses exactly what scoring every feasible node chooses, and a
+    ~1,200-node cluster holds far fewer distinct states (tens while it fills up).
+
+    Groups are kept per node and refreshed only where ``node_version`` changed.
+    """
+
+    def __init__(self) -> None:
+        self._token: object = None
+        self._versions: IntArray = np.zeros(0, dtype=np.int64)
+        self._gid: IntArray = np.zeros(0, dtype=np.int64)
+        self._by_name: IntArray = np.zeros(0, dtype=np.int64)
+        # State (sorted GPU free, CPU free, model) -> group id; built on the first refresh after
+        # a reset, from ``_named`` (the distinct rows, group i in row i): a state that is
+        # decided on only once (a restricted copy) never pays for it.
+        self._ids: dict[tuple[int, ...], int] | None = None
+        self._named: IntArray = np.zeros((0, 0), dtype=np.int64)
+
+    def group_ids(self, state: ClusterState) -> IntArray:
+        """Group id of every node of ``state`` in its current state."""
+        n = state.num_nodes
+        if (
+            self._token is not state.token
+            or len(self._gid) != n
+            or (self._ids is not None and len(self._ids) > 4 * n + 1024)  # forget old states
+        ):
+            self._token = state.token
+            self._versions = state.node_version.copy()
+            self._by_name = np.argsort(state.name_rank, kind="stable")
+            table = _state_table(state, np.arange(n, dtype=np.int64))
+            first, self._gid = group_rows(table)
+            self._named = table[first]
+            self._ids = None
+            return self._gid
+        stale = np.flatnonzero(self._versions != state.node_version)
+        if len(stale) == 0:
+            return self._gid
+        self._versions[stale] = state.node_version[stale]
+        if self._ids is None:
+            self._ids = {tuple(row): i for i, row in enumerate(self._named.tolist())}
+        ids = self._ids
+        table = _state_table(state, stale)
+        self._gid[stale] = [ids.setdefault(tuple(row), len(ids)) for row in table.tolist()]
+        return self._gid
+
+    def representatives(self, state: ClusterState, mask: BoolArray) -> IntArray:
+        """The first node by name of each group among the nodes of ``mask``, in index order."""
+        gid = self.group_ids(state)
+        by_name = self._by_name[mask[self._by_name]]
+        _, first = np.unique(gid[by_name], return_index=True)
+        out: IntArray = np.sort(by_name[first])
+        return out
+
+
 class FGDPolicy:
     """Fragmentation Gradient Descent: minimise the growth of ``F_n`` (integer sigmoid score)."""
 
@@ -272,6 +346,7 @@ class FGDPolicy:
         self.typical = typical
         self._evaluator: FragEvaluator | None = None
         self._cache: FragCache | None = None
+        self._groups = NodeGroups()
 
     def _frag(self, state: ClusterState) -> tuple[FragEvaluator, FragCache]:
         if self._evaluator is None or self._evaluator.models != state.models:
@@ -282,9 +357,11 @@ class FGDPolicy:
 
     def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
         """Placement with the highest integer FGD score; first node name, lowest GPU on ties."""
-        idx = np.flatnonzero(state.feasible(pod))
-        if len(idx) == 0:
+        feasible = state.feasible(pod)
+        if not feasible.any():
             return None
+        # One node per group of identical feasible nodes (see NodeGroups): same choice.
+        idx = self._groups.representatives(state, feasible)
         evaluator, cache = self._frag(state)
         before = cache.values(state)
         cand = candidates(state, idx, pod)
