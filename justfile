@@ -63,7 +63,7 @@ bench-scheduler-trace *ARGS: sync
 
 # Live replay of the default trace through the running services (one seed) beside the in-process run
 [group("bench")]
-bench-live POLICY="xpupool" SEED="42": sync
+bench-live POLICY="xpupool-online" SEED="42": sync
     uv run --frozen xpupool replay --live --policy {{POLICY}} --seeds {{SEED}}
 
 # What CI runs

@@ -4,9 +4,11 @@ For one (policy, seed), the in-process replay places the shuffled, inflated pod 
 ``ClusterState``; the live replay submits the same sequence as job requests to a real stack
 (scheduler, lease-manager, Redis, NATS; embedded servers unless ``XPUPOOL_NATS_URL`` /
 ``XPUPOOL_REDIS_URL`` are set) whose nodes are the trace's nodes, simulated by one fleet collector
-process (``xpupool.telemetry_collector.fleet``), and whose queue places with the trace policy
-``<policy>-trace`` (``xpupool.scheduler.trace_policies``). Pods go one at a time; each waits for
-its outcome:
+process (``xpupool.telemetry_collector.fleet``), and whose queue places with the scheduler's
+name for the policy (:func:`scheduler_policy`): ``xpupool-online`` is the scheduler's own default
+``xpupool`` (it learns the shapes from the requests it decides), every other policy its trace
+policy ``<policy>-trace`` (``xpupool.scheduler.trace_policies``). Pods go one at a time; each
+waits for its outcome:
 
 * granted: the slices say where it went;
 * pending (it does not fit now; arrivals only, so it never will): the FGD protocol drops it, so
@@ -16,7 +18,8 @@ its outcome:
 How a pod becomes a request: ``count = num_gpu``; a whole-GPU pod asks whole devices (several
 on one node: ``gang.same_node``); a sharing pod asks ``compute_pct = gpu_milli / 10`` (memory in
 proportion); ``cpu_milli``/``memory_mib`` are the host demand; ``gpu_spec`` models become
-``selector.models`` under their catalog names. A CPU-only pod (``num_gpu == 0``) is a host-only
+``selector.models`` under their catalog names; ``intent`` is ``any`` (the trace states no
+preference between models beyond ``gpu_spec``). A CPU-only pod (``num_gpu == 0``) is a host-only
 request (``count: 0``): its CPU and memory on one node, no device; the grant's ``host`` says which
 node. The lease term is the longest the contract allows (7 days), so nothing expires during a
 run. Catalog models without memory (the trace's anonymised G1-G3) get a placeholder

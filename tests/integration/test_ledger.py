@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from xpupool.contracts import DeviceSpec, Health, Vendor
+from tests.integration.ledger_builders import device_spec, reservation
+from xpupool.contracts import Health
 from xpupool.ledger import (
     HostClaim,
     Ledger,
-    Reservation,
     SliceClaim,
     UsageClaim,
     audit,
@@ -19,46 +19,21 @@ from xpupool.ledger import (
 pytestmark = pytest.mark.integration
 
 
-def _spec(node: str, index: int, memory_mib: int = 81920) -> DeviceSpec:
-    return DeviceSpec(
-        device_id=f"{node}/nvidia{index}",
-        vendor=Vendor.NVIDIA,
-        model="A100",
-        index=index,
-        uuid=f"GPU-{node}-{index}",
-        memory_mib=memory_mib,
-    )
-
-
-def _reservation(job: str, *slices: SliceClaim, **kwargs: object) -> Reservation:
-    fields: dict[str, object] = dict(
-        job_id=job,
-        lease_id=f"lease-{job}",
-        tenant="t",
-        queue="q",
-        priority=500,
-        owner="o",
-        ttl_ms=60_000,
-        hold_ms=60_000,
-        slices=list(slices),
-    )
-    fields.update(kwargs)
-    return Reservation(**fields)  # type: ignore[arg-type]
-
-
 async def _two_gpus(ledger: Ledger) -> None:
-    result = await ledger.register_node("n1", [_spec("n1", 0), _spec("n1", 1)], 64_000, 256_000)
+    result = await ledger.register_node(
+        "n1", [device_spec("n1", 0), device_spec("n1", 1)], 64_000, 256_000
+    )
     assert result.ok and len(result.added) == 2
 
 
 async def test_whole_device_excludes_shares_and_vice_versa(ledger: Ledger) -> None:
     """A whole device takes no share, and a shared device cannot be taken whole."""
     await _two_gpus(ledger)
-    assert (await ledger.reserve(_reservation("w", SliceClaim("n1/nvidia0", whole=True)))).ok
-    refused = await ledger.reserve(_reservation("s", SliceClaim("n1/nvidia0", 1024, 10)))
+    assert (await ledger.reserve(reservation("w", SliceClaim("n1/nvidia0", whole=True)))).ok
+    refused = await ledger.reserve(reservation("s", SliceClaim("n1/nvidia0", 1024, 10)))
     assert not refused.ok and refused.reason == "insufficient_capacity"
-    assert (await ledger.reserve(_reservation("s2", SliceClaim("n1/nvidia1", 1024, 10)))).ok
-    refused = await ledger.reserve(_reservation("w2", SliceClaim("n1/nvidia1", whole=True)))
+    assert (await ledger.reserve(reservation("s2", SliceClaim("n1/nvidia1", 1024, 10)))).ok
+    refused = await ledger.reserve(reservation("w2", SliceClaim("n1/nvidia1", whole=True)))
     assert not refused.ok
     assert await audit(ledger) == []
 
@@ -68,7 +43,7 @@ async def test_memory_only_share_round_trips_without_partial_writes(ledger: Ledg
     await _two_gpus(ledger)
     for i in range(5):
         job = f"mem-{i}"
-        assert (await ledger.reserve(_reservation(job, SliceClaim("n1/nvidia0", 4096, 0)))).ok
+        assert (await ledger.reserve(reservation(job, SliceClaim("n1/nvidia0", 4096, 0)))).ok
         assert (await ledger.end(f"lease-{job}", "released")).ok
     assert await audit(ledger) == []
     device = (await ledger.nodes())[0].devices[0]
@@ -78,10 +53,10 @@ async def test_memory_only_share_round_trips_without_partial_writes(ledger: Ledg
 async def test_refused_reservation_writes_nothing(ledger: Ledger) -> None:
     """A reservation that fails any check (here the second device) leaves no trace at all."""
     await _two_gpus(ledger)
-    await ledger.reserve(_reservation("first", SliceClaim("n1/nvidia1", whole=True)))
+    await ledger.reserve(reservation("first", SliceClaim("n1/nvidia1", whole=True)))
     before = [(d.memory_free_mib, d.holders) for d in (await ledger.nodes())[0].devices]
     refused = await ledger.reserve(
-        _reservation(
+        reservation(
             "gang",
             SliceClaim("n1/nvidia0", whole=True),
             SliceClaim("n1/nvidia1", whole=True),
@@ -96,10 +71,10 @@ async def test_refused_reservation_writes_nothing(ledger: Ledger) -> None:
 
 async def test_racing_reservations_for_the_last_slice_have_one_winner(ledger: Ledger) -> None:
     """Fifty concurrent reservations for one device: exactly one wins."""
-    await ledger.register_node("n1", [_spec("n1", 0)])
+    await ledger.register_node("n1", [device_spec("n1", 0)])
     results = await asyncio.gather(
         *(
-            ledger.reserve(_reservation(f"r{i}", SliceClaim("n1/nvidia0", whole=True)))
+            ledger.reserve(reservation(f"r{i}", SliceClaim("n1/nvidia0", whole=True)))
             for i in range(50)
         )
     )
@@ -112,24 +87,24 @@ async def test_quota_limit_is_checked_in_the_same_step(ledger: Ledger) -> None:
     await _two_gpus(ledger)
     claim = [UsageClaim("q", "units", 1.0, 1.0)]
     assert (
-        await ledger.reserve(_reservation("a", SliceClaim("n1/nvidia0", whole=True), usage=claim))
+        await ledger.reserve(reservation("a", SliceClaim("n1/nvidia0", whole=True), usage=claim))
     ).ok
     refused = await ledger.reserve(
-        _reservation("b", SliceClaim("n1/nvidia1", whole=True), usage=claim)
+        reservation("b", SliceClaim("n1/nvidia1", whole=True), usage=claim)
     )
     assert not refused.ok and refused.reason == "quota_exceeded"
     await ledger.end("lease-a", "released")
     assert (await ledger.usage("q"))["units"] == pytest.approx(0.0)
     assert (
-        await ledger.reserve(_reservation("b", SliceClaim("n1/nvidia1", whole=True), usage=claim))
+        await ledger.reserve(reservation("b", SliceClaim("n1/nvidia1", whole=True), usage=claim))
     ).ok
 
 
 async def test_fencing_tokens_guard_renew_and_release(ledger: Ledger) -> None:
     """Tokens grow with every grant; a stale token can neither renew nor release."""
     await _two_gpus(ledger)
-    await ledger.reserve(_reservation("a", SliceClaim("n1/nvidia0", whole=True)))
-    await ledger.reserve(_reservation("b", SliceClaim("n1/nvidia1", whole=True)))
+    await ledger.reserve(reservation("a", SliceClaim("n1/nvidia0", whole=True)))
+    await ledger.reserve(reservation("b", SliceClaim("n1/nvidia1", whole=True)))
     first, second = await ledger.grant("lease-a"), await ledger.grant("lease-b")
     assert second.token > first.token
     assert (await ledger.grant("lease-a")).duplicate  # idempotent
@@ -143,7 +118,7 @@ async def test_fencing_tokens_guard_renew_and_release(ledger: Ledger) -> None:
 async def test_expiry_uses_the_ledger_clock_and_ends_once(ledger: Ledger) -> None:
     """A lease past its term ends as expired exactly once and frees its device."""
     await _two_gpus(ledger)
-    await ledger.reserve(_reservation("x", SliceClaim("n1/nvidia0", whole=True), ttl_ms=200))
+    await ledger.reserve(reservation("x", SliceClaim("n1/nvidia0", whole=True), ttl_ms=200))
     await ledger.grant("lease-x")
     assert (await ledger.expire_due()).ended == []
     await asyncio.sleep(0.3)
@@ -160,15 +135,17 @@ async def test_reregistration_reconciles_devices_and_ends_leases_on_vanished_one
     """A restarted collector with a changed device set: usage of survivors is kept, a new
     device joins free, leases on a vanished device end as lost; duplicate ids are refused."""
     await _two_gpus(ledger)
-    await ledger.reserve(_reservation("keep", SliceClaim("n1/nvidia0", 8192, 50)))
-    await ledger.reserve(_reservation("gone", SliceClaim("n1/nvidia1", whole=True)))
-    result = await ledger.register_node("n1", [_spec("n1", 0), _spec("n1", 2)], 64_000, 256_000)
+    await ledger.reserve(reservation("keep", SliceClaim("n1/nvidia0", 8192, 50)))
+    await ledger.reserve(reservation("gone", SliceClaim("n1/nvidia1", whole=True)))
+    result = await ledger.register_node(
+        "n1", [device_spec("n1", 0), device_spec("n1", 2)], 64_000, 256_000
+    )
     assert result.added == ["n1/nvidia2"] and result.removed == ["n1/nvidia1"]
     assert result.lost == ["lease-gone"]
     devices = {d.spec.device_id: d for d in (await ledger.nodes())[0].devices}
     assert devices["n1/nvidia0"].memory_free_mib == 81920 - 8192
     assert devices["n1/nvidia2"].holders == 0
-    duplicate = await ledger.register_node("n1", [_spec("n1", 0), _spec("n1", 0)])
+    duplicate = await ledger.register_node("n1", [device_spec("n1", 0), device_spec("n1", 0)])
     assert not duplicate.ok and duplicate.reason == "duplicate_device_id"
     assert await audit(ledger) == []
 
@@ -177,14 +154,14 @@ async def test_unhealthy_device_takes_no_new_grant(ledger: Ledger) -> None:
     """The reserve script refuses a device that is not healthy, whatever the caller believed."""
     await _two_gpus(ledger)
     assert (await ledger.set_health("n1/nvidia0", Health.UNHEALTHY, "xid 79")).previous == "healthy"
-    refused = await ledger.reserve(_reservation("u", SliceClaim("n1/nvidia0", 1024, 10)))
+    refused = await ledger.reserve(reservation("u", SliceClaim("n1/nvidia0", 1024, 10)))
     assert not refused.ok and refused.reason == "device_unhealthy"
 
 
 async def test_silent_node_is_declared_lost_with_its_leases(ledger: Ledger) -> None:
     """A node past its heartbeat grace is lost; its leases end as lost, its devices are lost."""
     await _two_gpus(ledger)
-    await ledger.reserve(_reservation("on-n1", SliceClaim("n1/nvidia0", whole=True)))
+    await ledger.reserve(reservation("on-n1", SliceClaim("n1/nvidia0", whole=True)))
     await asyncio.sleep(0.2)
     assert (await ledger.reap_nodes(100)).lost == ["n1"]
     lease = await ledger.get_lease("lease-on-n1")
@@ -196,7 +173,7 @@ async def test_silent_node_is_declared_lost_with_its_leases(ledger: Ledger) -> N
 async def test_preemption_request_is_marked_and_queued_once(ledger: Ledger) -> None:
     """Marking a victim and queueing its EndLease happen together, once per (lease, job)."""
     await _two_gpus(ledger)
-    await ledger.reserve(_reservation("victim", SliceClaim("n1/nvidia0", whole=True)))
+    await ledger.reserve(reservation("victim", SliceClaim("n1/nvidia0", whole=True)))
     await ledger.grant("lease-victim")
     outbox = ledger.key("outbox", "scheduler")
     before = await ledger.redis.xlen(outbox)
@@ -222,6 +199,6 @@ async def test_admission_is_idempotent_and_orders_by_priority_then_arrival(ledge
     assert [job.job_id for _, job in jobs] == ["high", "low"]
     assert jobs[1][0] == b'{"n": 1}' and jobs[1][1].reason == "insufficient_capacity"
     await _two_gpus(ledger)
-    await ledger.reserve(_reservation("high", SliceClaim("n1/nvidia0", whole=True)))
+    await ledger.reserve(reservation("high", SliceClaim("n1/nvidia0", whole=True)))
     refused = await ledger.pend("high", 900, b"{}", None, "queued")
     assert not refused.ok and refused.reason == "job_reserved"

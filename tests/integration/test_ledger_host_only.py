@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from xpupool.contracts import DeviceSpec, Vendor
+from tests.integration.ledger_builders import device_spec, reservation
 from xpupool.ledger import HostClaim, Ledger, Reservation, SliceClaim, UsageClaim, audit
 
 pytestmark = pytest.mark.integration
@@ -16,36 +16,12 @@ pytestmark = pytest.mark.integration
 CPU, MEMORY = 64_000, 256_000
 
 
-def _spec(node: str, index: int) -> DeviceSpec:
-    return DeviceSpec(
-        device_id=f"{node}/nvidia{index}",
-        vendor=Vendor.NVIDIA,
-        model="A100",
-        index=index,
-        uuid=f"GPU-{node}-{index}",
-        memory_mib=81920,
-    )
-
-
 def _host_only(job: str, cpu: int = 4000, memory: int = 8192, **kwargs: object) -> Reservation:
-    fields: dict[str, object] = dict(
-        job_id=job,
-        lease_id=f"lease-{job}",
-        tenant="t",
-        queue="q",
-        priority=500,
-        owner="o",
-        ttl_ms=60_000,
-        hold_ms=60_000,
-        slices=[],
-        host={"n1": HostClaim(cpu, memory)},
-    )
-    fields.update(kwargs)
-    return Reservation(**fields)  # type: ignore[arg-type]
+    return reservation(job, **{"host": {"n1": HostClaim(cpu, memory)}, **kwargs})
 
 
 async def _node(ledger: Ledger) -> None:
-    result = await ledger.register_node("n1", [_spec("n1", 0)], CPU, MEMORY)
+    result = await ledger.register_node("n1", [device_spec("n1", 0)], CPU, MEMORY)
     assert result.ok
 
 

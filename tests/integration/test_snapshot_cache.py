@@ -12,7 +12,8 @@ from importlib import resources
 import pytest
 from redis.asyncio import Redis
 
-from xpupool.contracts import DeviceSample, DeviceSpec, Health, Vendor
+from tests.integration.ledger_builders import device_spec
+from xpupool.contracts import DeviceSample, DeviceSpec, Health
 from xpupool.devstack.servers import RedisServer
 from xpupool.ledger import HostClaim, Ledger, Reservation, SliceClaim, UsageClaim
 from xpupool.scheduler.domain import PoolSnapshot
@@ -25,14 +26,7 @@ HEALTHS = (Health.HEALTHY, Health.HEALTHY, Health.DEGRADED, Health.UNHEALTHY)
 
 
 def _spec(node: str, index: int, memory_mib: int) -> DeviceSpec:
-    return DeviceSpec(
-        device_id=f"{node}/gpu{index}",
-        vendor=Vendor.NVIDIA,
-        model="A100",
-        index=index,
-        uuid=f"GPU-{node}-{index}",
-        memory_mib=memory_mib,
-    )
+    return device_spec(node, index, memory_mib, prefix="gpu")
 
 
 async def _full(ledger: Ledger) -> PoolSnapshot:

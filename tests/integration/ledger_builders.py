@@ -1,0 +1,37 @@
+"""Builders shared by the ledger's integration tests: device specs and reservations."""
+
+from __future__ import annotations
+
+from xpupool.contracts import DeviceSpec, Vendor
+from xpupool.ledger import Reservation, SliceClaim
+
+
+def device_spec(
+    node: str, index: int, memory_mib: int = 81920, *, prefix: str = "nvidia"
+) -> DeviceSpec:
+    """An A100 ``<node>/<prefix><index>`` with ``memory_mib`` of memory."""
+    return DeviceSpec(
+        device_id=f"{node}/{prefix}{index}",
+        vendor=Vendor.NVIDIA,
+        model="A100",
+        index=index,
+        uuid=f"GPU-{node}-{index}",
+        memory_mib=memory_mib,
+    )
+
+
+def reservation(job: str, *slices: SliceClaim, **kwargs: object) -> Reservation:
+    """A reservation of ``slices`` for ``job`` (lease ``lease-<job>``); ``kwargs`` override."""
+    fields: dict[str, object] = dict(
+        job_id=job,
+        lease_id=f"lease-{job}",
+        tenant="t",
+        queue="q",
+        priority=500,
+        owner="o",
+        ttl_ms=60_000,
+        hold_ms=60_000,
+        slices=list(slices),
+    )
+    fields.update(kwargs)
+    return Reservation(**fields)  # type: ignore[arg-type]
