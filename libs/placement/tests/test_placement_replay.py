@@ -16,7 +16,7 @@ from xpupool.placement.frag import ShapeDistribution
 from xpupool.placement.policies import PolicyContext
 from xpupool.placement.registry import make_policy
 from xpupool.placement.replay import build_fgd_workload, replay_arrivals, replay_dynamic
-from xpupool.placement.replay_cli import main, parse_seeds
+from xpupool.placement.replay_cli import main, parse_policies, parse_seeds
 from xpupool.placement.state import ClusterState, NodeSpec, Placement, PodDemand
 from xpupool.placement.trace import TracePod, format_pods, parse_pods
 from xpupool.placement.variants import VARIANTS, make_variant
@@ -185,7 +185,22 @@ def test_dynamic_queue_waits_for_departure() -> None:
     assert res.util_gpu_pct.max() == 100.0
 
 
-def test_dynamic_cli_on_reduced_trace(small_trace) -> None:
+def test_all_policies_include_the_online_default() -> None:
+    """``--policy all`` is every registered policy, the scheduler default's online form too."""
+    assert parse_policies("all") == [
+        "random",
+        "dotprod",
+        "clustering",
+        "packing",
+        "bestfit",
+        "fgd",
+        "xpupool",
+        "xpupool-online",
+    ]
+
+
+@pytest.mark.parametrize("policy", ["xpupool", "xpupool-online"])
+def test_dynamic_cli_on_reduced_trace(small_trace, policy: str) -> None:
     """--dynamic reports wait percentiles and utilisation; --plot without matplotlib says so."""
     nodes_path, pods_path = small_trace
     buf = io.StringIO()
@@ -198,7 +213,7 @@ def test_dynamic_cli_on_reduced_trace(small_trace) -> None:
                 str(pods_path),
                 "--dynamic",
                 "--policy",
-                "xpupool",
+                policy,
                 "--json",
             ]
         )

@@ -77,14 +77,15 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def parse_policies(text: str) -> list[str]:
-    """Comma-separated policy names; ``all`` = the baselines plus the default policy."""
+    """Comma-separated policy names; ``all`` = every registered policy (the baselines, ``xpupool``
+    told the workload, and ``xpupool-online``, the scheduler's default, learning it)."""
     names: list[str] = []
     for part in text.split(","):
         key = part.strip().lower()
         if not key:
             continue
         if key == "all":
-            names.extend([*BASELINES, DEFAULT_POLICY])
+            names.extend([*BASELINES, DEFAULT_POLICY, *POLICIES])
         elif key in POLICIES:
             names.append(key)
         else:
