@@ -20,9 +20,10 @@ How it merges with the rest of the scheduler:
   user is indifferent about, the pool stays unfragmented.
 * **Topology**: one-node placements (one device, or a gang on one node) are fragmentation-scored.
   A gang within one interconnect domain, a gang allowed across nodes that does not fit one node,
-  and devices invisible to the trace view (the second model of a mixed node) go to the engine
-  with the classic per-class judgements (``base``), which also serve preemption planning and
-  explanations.
+  devices invisible to the trace view (the second model of a mixed node), and a share the trace
+  view's milli-GPU rounding turned away go to the engine with the classic per-class judgements
+  (``base``), which also serve preemption planning and explanations, so the policy never
+  refuses what the engine would place.
 """
 
 from __future__ import annotations
@@ -132,7 +133,15 @@ class LearnedPolicy(TracePolicy):
                 found = super().place_pool(pool, demand, tier, respect_holds=respect_holds)
                 if found is not None:
                     return found
-            if not scored or (multi and demand.scope == "any") or self._partial_view():
+            # The engine where the trace view cannot place the demand or may round it out:
+            # a domain gang, a gang over several nodes, devices it does not see, and shares
+            # (it counts free memory in whole milli-GPU, the engine in MiB).
+            if (
+                not scored
+                or (multi and demand.scope == "any")
+                or not demand.whole
+                or self._partial_view()
+            ):
                 for ci in tier:
                     pl = place_in_class(pool, demand, self.base, ci, respect_holds=respect_holds)
                     if pl is not None:

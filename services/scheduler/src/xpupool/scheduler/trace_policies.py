@@ -120,6 +120,9 @@ class ClusterMirror:
         self._dev_mem_total: IntArray = np.array(
             [max(1, d.memory_total_mib) for d in pool.devices], dtype=np.int64
         )
+        self._memory_unknown = np.array(
+            [d.memory_total_mib <= 0 for d in pool.devices], dtype=np.bool_
+        )
         self.row_devs = row_devs
         self.row_class: IntArray = np.array(row_class, dtype=np.int64)
         self._mapped = self.dev_row >= 0
@@ -147,6 +150,9 @@ class ClusterMirror:
         # memory fraction is never the smaller one, so this is exactly 10 x compute_free_pct;
         # a memory share (or the ledger's whole-device flag) still counts.
         by_mem = np.clip(mem_free, 0, None) * MILLI // self._dev_mem_total
+        # A device whose memory is unknown (0) is bound by compute alone here; shares never go
+        # to its class (``place_pool`` drops classes a share's memory does not fit).
+        by_mem = np.where(self._memory_unknown, MILLI, by_mem)
         milli = np.where(usable, np.minimum(np.clip(comp, 0, 100) * (MILLI // 100), by_mem), 0)
         gpu = np.zeros_like(st.gpu_free)
         m = self._mapped

@@ -435,6 +435,10 @@ def _why_not(
     if plan is not None:
         iq = check_quota(pool, cfg, queue, demand, plan.placement.class_index).in_quota
         reserve = _reserve(pool, req, queue, priority, plan.placement, iq)
+        if not plan.victims:
+            # The policy's own view turned it away, the engine fits it without preempting
+            # anyone (a pool-wide policy rounds differently): place it, never "preempt nobody".
+            return reserve
         return Preempt(job, plan.victims, reserve, f"preempting {len(plan.victims)} lease(s)")
 
     if not allowed:
