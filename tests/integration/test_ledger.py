@@ -38,6 +38,23 @@ async def test_whole_device_excludes_shares_and_vice_versa(ledger: Ledger) -> No
     assert await audit(ledger) == []
 
 
+async def test_reservations_sent_together_are_each_atomic_and_in_order(ledger: Ledger) -> None:
+    """reserve_many: one round trip, each script still checks on its own, in order: the second
+    claim on a device is refused, the one after it still goes through."""
+    await _two_gpus(ledger)
+    results = await ledger.reserve_many(
+        [
+            reservation("a", SliceClaim("n1/nvidia0", whole=True)),
+            reservation("b", SliceClaim("n1/nvidia0", whole=True)),
+            reservation("c", SliceClaim("n1/nvidia1", 1024, 10)),
+        ]
+    )
+    assert [r.ok for r in results] == [True, False, True]
+    assert results[1].reason == "insufficient_capacity"
+    assert await ledger.reserve_many([]) == []
+    assert await audit(ledger) == []
+
+
 async def test_memory_only_share_round_trips_without_partial_writes(ledger: Ledger) -> None:
     """A share with no compute (0 %) reserves and releases cleanly (regression: Lua's -0)."""
     await _two_gpus(ledger)

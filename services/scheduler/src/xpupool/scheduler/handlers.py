@@ -275,25 +275,27 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
 
     # Commit what changes the ledger first, in decision order (the order the domain applied
     # them in); the bookkeeping of waiting jobs can follow without holding up any grant.
+    # Reservations go in one round trip (each still its own script, in decision order).
+    reserves = [(job_id, d) for job_id, d in decisions if isinstance(d, Reserve)]
+    results = await ledger.reserve_many(
+        [
+            reservation_of(
+                d, deps.new_lease_id(), memory_total, config, deps.settings.reservation_hold_s
+            )
+            for _, d in reserves
+        ]
+    )
+    for (job_id, _), result in zip(reserves, results, strict=True):
+        if not result.ok and result.reason != "job_finished":
+            log.info("commit_refused", job_id=job_id, reason=result.reason, detail=result.detail)
+            deps.wake.set()  # decide again on fresh state
     decisions.sort(key=lambda item: not isinstance(item[1], Reserve | Preempt))
     events: list[msgspec.Struct] = []
     for job_id, decision in decisions:
         job, request = records[job_id]
         match decision:
             case Reserve():
-                reservation = reservation_of(
-                    decision,
-                    deps.new_lease_id(),
-                    memory_total,
-                    config,
-                    deps.settings.reservation_hold_s,
-                )
-                result = await ledger.reserve(reservation)
-                if not result.ok and result.reason != "job_finished":
-                    log.info(
-                        "commit_refused", job_id=job_id, reason=result.reason, detail=result.detail
-                    )
-                    deps.wake.set()  # decide again on fresh state
+                pass  # committed above
             case Preempt(victims=victims, detail=detail):
                 for lease_id in victims:
                     # The EndLease command leaves through the outbox, atomically with the mark.
