@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from tests.conftest import eventually
 from xpupool.bus import Publisher, consume_stream, ensure_streams
 from xpupool.contracts import JobRejected, JobRequested, subjects
+from xpupool.devstack.readiness import pulling, wait_until_pulling
 from xpupool.devstack.servers import NatsServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -148,5 +149,26 @@ async def test_a_handler_that_keeps_failing_ends_in_give_up(nc: Client) -> None:
     await eventually(lambda: rejections, timeout_s=30)
     assert len(attempts) == 3
     assert msgspec.json.decode(rejections[0].data)["detail"] == "ledger down"
+    stop.set()
+    await task
+
+
+async def test_readiness_waits_for_a_pulling_consumer(nc: Client, nats_server: NatsServer) -> None:
+    """A durable nobody pulls is not ready (missing or idle); once a consumer loop runs it is."""
+    durable = subjects.SCHEDULER_JOBS
+    js = nc.jetstream()
+    assert await pulling(js, [durable]) == [durable]  # not even created
+    with pytest.raises(TimeoutError, match="scheduler-jobs"):
+        await wait_until_pulling(nats_server.url, [durable], timeout_s=0.3)
+
+    async def ignore(request: JobRequested) -> Sequence[msgspec.Struct]:
+        return []
+
+    stop = asyncio.Event()
+    publisher = Publisher(nc, js, source="/tests")
+    task = asyncio.create_task(
+        consume_stream(js, durable.channel, durable.name, ignore, publisher, stop)
+    )
+    await wait_until_pulling(nats_server.url, [durable], timeout_s=10)
     stop.set()
     await task

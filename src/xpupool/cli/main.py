@@ -157,6 +157,7 @@ async def _explain(args: argparse.Namespace) -> int:
 
 def _dev_up(args: argparse.Namespace) -> int:
     from xpupool.devstack.demo import DEFAULT_FLEET
+    from xpupool.devstack.readiness import wait_until_pulling
     from xpupool.devstack.stack import Stack
 
     stack = Stack(
@@ -174,6 +175,12 @@ def _dev_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         stack.start()
+        assert stack.nats_url
+        try:
+            asyncio.run(wait_until_pulling(stack.nats_url))
+        except TimeoutError as error:
+            print(f"the stack did not become ready ({error}); logs in {stack.workdir}")
+            return 1
         print(f"XPUPOOL_NATS_URL={stack.nats_url}")
         print(f"XPUPOOL_REDIS_URL={stack.redis_url}")
         print(f"logs in {stack.workdir}; Ctrl-C stops everything", flush=True)

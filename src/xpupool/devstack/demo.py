@@ -29,6 +29,7 @@ from xpupool.contracts import (
     Vendor,
     subjects,
 )
+from xpupool.devstack.readiness import wait_until_pulling
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.ledger import Ledger, audit
 
@@ -87,6 +88,8 @@ async def _drive(stack: Stack) -> int:
                 print("the fleet did not register in 30 s; see logs in", stack.workdir)
                 return 1
             await asyncio.sleep(0.1)
+        # Measure the pool, not the services' start-up: wait until they pull their streams.
+        await wait_until_pulling(stack.nats_url)
         print(f"fleet: {', '.join(f'{n.node_id}={n.profile}' for n in stack.nodes)}")
         async with connected(stack.nats_url) as client:
             return await _burst(client, ledger)

@@ -244,6 +244,32 @@ CHANNELS: Final[tuple[Channel, ...]] = (
 )
 
 
+@dataclass(frozen=True)
+class Durable:
+    """A durable JetStream consumer a service pulls one channel's stream with (replicas share it).
+
+    Its ``num_waiting`` pull requests are the readiness signal tools wait for: a service that is
+    pulling is ready to take the channel's messages.
+    """
+
+    name: str
+    channel: Channel
+    service: str
+
+    @property
+    def stream(self) -> Stream:
+        """The stream the consumer reads."""
+        assert self.channel.stream is not None, f"{self.channel.address} is not on a stream"
+        return self.channel.stream
+
+
+SCHEDULER_JOBS: Final = Durable("scheduler-jobs", JOB_REQUESTED, "scheduler")
+LEASE_MANAGER_GRANTS: Final = Durable("lease-manager-grants", JOB_RESERVED, "lease-manager")
+LEASE_MANAGER_ENDS: Final = Durable("lease-manager-ends", LEASE_END, "lease-manager")
+
+DURABLES: Final[tuple[Durable, ...]] = (SCHEDULER_JOBS, LEASE_MANAGER_GRANTS, LEASE_MANAGER_ENDS)
+
+
 def channel_of(event: object) -> Channel:
     """The channel a payload type is published on."""
     for channel in CHANNELS:

@@ -110,8 +110,8 @@ async def run(settings: SchedulerSettings) -> None:
             stop,
             consume_stream(
                 js,
-                subjects.JOB_REQUESTED,
-                "scheduler-jobs",
+                subjects.SCHEDULER_JOBS.channel,
+                subjects.SCHEDULER_JOBS.name,
                 functools.partial(handlers.admit_job, deps=deps),
                 publisher,
                 stop,
