@@ -85,11 +85,13 @@ def test_new_shapes_rebuild_at_once_and_known_ones_periodically() -> None:
 def test_after_seeing_the_workload_it_decides_as_the_offline_policy(
     small_nodes: list[NodeSpec], small_pods: list[TracePod]
 ) -> None:
-    """With no decay and the whole workload observed first, the learned target is exactly the
-    offline one, so every decision is the same."""
+    """With no decay, no coverage cut and the whole workload observed first, the learned target
+    is exactly the offline one, so every decision is the same."""
     original = [p.demand for p in small_pods]
     offline = XpupoolPolicy.from_context(PolicyContext(workload=original))
-    online = OnlineXpupoolPolicy(half_life=1e12, rebuild_every=10**9, learn_on_choose=False)
+    online = OnlineXpupoolPolicy(
+        half_life=1e12, rebuild_every=10**9, learn_on_choose=False, coverage=1.0
+    )
     for i, pod in enumerate(original):
         online.observe(pod, i)
     capacity = sum(n.num_gpu for n in small_nodes) * 1000
@@ -126,3 +128,19 @@ def test_a_rare_new_shape_waits_for_the_periodic_rebuild() -> None:
     for i in range(500, 1499):  # the period counts from the rebuild: 1 + 999 observations
         policy.observe(SHARE, i)
     assert policy.current() is not built
+
+
+def test_the_target_keeps_the_shapes_covering_most_of_the_weight() -> None:
+    """Rare shapes beyond the coverage are left out of the target (and renormalised away)."""
+    learner = ShapeLearner(half_life=1e12, coverage=0.99)
+    for i in range(200):
+        learner.observe(SHARE, i)
+    learner.observe(CPU, "rare")  # 1 of 301 units of weight: beyond 99 %
+    dist = learner.distribution()
+    assert dist is not None and dist.shapes == (Shape.of(SHARE),) and dist.probs == (1.0,)
+    full = ShapeLearner(half_life=1e12, coverage=1.0)
+    for i in range(200):
+        full.observe(SHARE, i)
+    full.observe(CPU, "rare")
+    both = full.distribution()
+    assert both is not None and len(both.shapes) == 2

@@ -34,6 +34,8 @@ __all__ = [
     "DEFAULT_HALF_LIFE",
     "DEFAULT_REBUILD_EVERY",
     "MATERIAL_SHARE",
+    "MAX_TARGET_SHAPES",
+    "TARGET_COVERAGE",
     "OnlineXpupoolPolicy",
     "ShapeLearner",
 ]
@@ -46,6 +48,10 @@ DEFAULT_REBUILD_EVERY = 256
 #: the first requests, always); a rarer one waits for the periodic rebuild, which bounds the
 #: cost of workloads with hundreds of rare shapes (GPU-model constraints).
 MATERIAL_SHARE = 0.01
+#: The learned target keeps the most weighted shapes covering this much of the weight...
+TARGET_COVERAGE = 0.999
+#: ... and never more shapes than this.
+MAX_TARGET_SHAPES = 1024
 #: Request keys remembered so that a request retried cycle after cycle is counted once.
 _SEEN_LIMIT = 200_000
 #: A shape whose share of the total weight falls below this is forgotten.
@@ -57,10 +63,15 @@ _SCALE_LIMIT = 1e150
 class ShapeLearner:
     """An exponentially decayed histogram of request shapes (see the module docstring)."""
 
-    def __init__(self, half_life: float = DEFAULT_HALF_LIFE) -> None:
+    def __init__(
+        self, half_life: float = DEFAULT_HALF_LIFE, coverage: float = TARGET_COVERAGE
+    ) -> None:
         if half_life <= 0:
             raise ValueError("half_life must be positive")
+        if not 0 < coverage <= 1:
+            raise ValueError("coverage must be in (0, 1]")
         self.half_life = half_life
+        self.coverage = coverage
         # Decay by making each new observation weigh more (2^(1/half_life) per request) instead
         # of shrinking every old weight: O(1) per observation, renormalised rarely.
         self._growth = 2.0 ** (1.0 / half_life)
@@ -109,13 +120,28 @@ class ShapeLearner:
         self._scale = 1.0
 
     def distribution(self) -> ShapeDistribution | None:
-        """The learned shape distribution (None before the first observation)."""
+        """The learned shape distribution (None before the first observation).
+
+        The most weighted shapes covering ``coverage`` of the weight, at most
+        ``MAX_TARGET_SHAPES`` of them: the rest change the fragmentation measure by next to
+        nothing, and a workload asking arbitrary CPU amounts must not make every decision cost
+        more. Shapes whose weight became negligible are forgotten here as well.
+        """
         if not self._weights:
             return None
+        floor = _NEGLIGIBLE * self._total
+        self._weights = {shape: w for shape, w in self._weights.items() if w >= floor}
+        self._total = sum(self._weights.values())
         items = sorted(self._weights.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
-        total = sum(w for _, w in items)
+        kept: list[tuple[Shape, float]] = []
+        covered = 0.0
+        for shape, weight in items[:MAX_TARGET_SHAPES]:
+            kept.append((shape, weight))
+            covered += weight
+            if covered >= self.coverage * self._total:
+                break
         return ShapeDistribution(
-            tuple(shape for shape, _ in items), tuple(w / total for _, w in items)
+            tuple(shape for shape, _ in kept), tuple(w / covered for _, w in kept)
         )
 
     def share(self, pod: PodDemand) -> float:
@@ -143,8 +169,9 @@ class OnlineXpupoolPolicy:
         rebuild_every: int = DEFAULT_REBUILD_EVERY,
         *,
         learn_on_choose: bool = True,
+        coverage: float = TARGET_COVERAGE,
     ) -> None:
-        self.learner = ShapeLearner(half_life)
+        self.learner = ShapeLearner(half_life, coverage)
         self.rebuild_every = max(1, rebuild_every)
         self.learn_on_choose = learn_on_choose
         self._inner: XpupoolPolicy | None = None
