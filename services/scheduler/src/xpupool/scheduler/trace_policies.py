@@ -46,6 +46,7 @@ from xpupool.scheduler.domain.matching import Demand
 from xpupool.scheduler.domain.model import DeviceState, NodeState, PoolSnapshot
 from xpupool.scheduler.domain.placement import (
     HOST_ONLY,
+    DelegatedJudgements,
     Placement,
     PlacementPolicy,
     XpupoolPolicy,
@@ -291,7 +292,7 @@ def pod_demand(
 
 
 @dataclass
-class TracePolicy:
+class TracePolicy(DelegatedJudgements):
     """A trace policy answering for the scheduler (see the module docstring).
 
     ``base`` serves the engine's per-class judgements (preemption planning, explanations).
@@ -303,22 +304,6 @@ class TracePolicy:
     base: PlacementPolicy = field(default_factory=XpupoolPolicy)
     _mirror: ClusterMirror | None = field(default=None, repr=False)
     _pool: WorkingPool | None = field(default=None, repr=False)
-
-    def rank_classes(self, pool: WorkingPool, demand: Demand, classes: Sequence[int]) -> list[int]:
-        """Delegated to ``base``."""
-        return self.base.rank_classes(pool, demand, classes)
-
-    def device_score(
-        self, pool: WorkingPool, i: int, memory_mib: int, compute_pct: int, whole: bool
-    ) -> float:
-        """Delegated to ``base``."""
-        return self.base.device_score(pool, i, memory_mib, compute_pct, whole)
-
-    def node_score(
-        self, pool: WorkingPool, ni: int, chosen: Sequence[int], demand: Demand, memory_mib: int
-    ) -> float:
-        """Delegated to ``base``."""
-        return self.base.node_score(pool, ni, chosen, demand, memory_mib)
 
     def mirror(self, pool: WorkingPool) -> ClusterMirror:
         """The ``ClusterState`` mirror of ``pool``, in step with it now."""

@@ -35,6 +35,7 @@ from xpupool.scheduler.domain.pool import DeviceClass, WorkingPool, domain_key
 __all__ = [
     "HOST_ONLY",
     "BinpackPolicy",
+    "DelegatedJudgements",
     "LearningPolicy",
     "NodeScorer",
     "Placement",
@@ -288,16 +289,13 @@ class XpupoolPolicy(_Base):
         return s
 
 
-@dataclass(frozen=True, slots=True)
-class ScoredPolicy:
-    """A policy whose node score comes from a plugged-in function (e.g. an FGD scorer).
+class DelegatedJudgements:
+    """The engine's three judgements taken from ``self.base``: for a policy that decides
+    elsewhere (a plugged-in node scorer, a pool-wide policy) and keeps another policy's per-class
+    judgements for the engine's work (preemption planning, explanations, gangs)."""
 
-    Class ranking and device choice are delegated to ``base``.
-    """
-
-    name: str
-    node_scorer: NodeScorer
-    base: PlacementPolicy = field(default_factory=XpupoolPolicy)
+    __slots__ = ()
+    base: PlacementPolicy
 
     def rank_classes(self, pool: WorkingPool, demand: Demand, classes: Sequence[int]) -> list[int]:
         """Delegated to ``base``."""
@@ -308,6 +306,24 @@ class ScoredPolicy:
     ) -> float:
         """Delegated to ``base``."""
         return self.base.device_score(pool, i, memory_mib, compute_pct, whole)
+
+    def node_score(
+        self, pool: WorkingPool, ni: int, chosen: Sequence[int], demand: Demand, memory_mib: int
+    ) -> float:
+        """Delegated to ``base``."""
+        return self.base.node_score(pool, ni, chosen, demand, memory_mib)
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredPolicy(DelegatedJudgements):
+    """A policy whose node score comes from a plugged-in function (e.g. an FGD scorer).
+
+    Class ranking and device choice are delegated to ``base``.
+    """
+
+    name: str
+    node_scorer: NodeScorer
+    base: PlacementPolicy = field(default_factory=XpupoolPolicy)
 
     def node_score(
         self, pool: WorkingPool, ni: int, chosen: Sequence[int], demand: Demand, memory_mib: int
