@@ -1,12 +1,13 @@
 """How the scheduler's own default placement does on the Alibaba trace, beside FGD on the very
 same arrivals.
 
-The scheduler side is the domain's ``decide`` with the registry the service builds: the learned
-default ``xpupool`` (``xpupool.scheduler.learned_policy``: intent tiers, then fragmentation
-against the request shapes it has seen; it is told nothing about the trace). Every pod of the
-FGD-protocol sequence, CPU-only ones included (host-only requests, ``count: 0``), is turned into
-a job request (``xpupool.placement.requests.job_request``) and decided against a working pool of
-the trace's 1,213 nodes, one decision per call as a cycle with one new request makes it.
+The scheduler side is ``xpupool.scheduler.trace_decisions.decide_arrivals``: the domain's
+``decide`` with the registry the service builds, the learned default ``xpupool``
+(``xpupool.scheduler.learned_policy``: intent tiers, then fragmentation against the request
+shapes it has seen; it is told nothing about the trace). Every pod of the FGD-protocol sequence,
+CPU-only ones included (host-only requests, ``count: 0``), is turned into a job request and
+decided against a working pool of the trace's 1,213 nodes, one decision per call as a cycle with
+one new request makes it.
 
 The decisions are then scored by the replay's own code (``replay_arrivals`` with the recorded
 outcomes), which re-validates every placement, so both columns are measured identically.
@@ -19,50 +20,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import numpy as np
 
-from xpupool.live_replay import Outcome, RecordedPolicy
-from xpupool.placement import NodeSpec, PodDemand, PolicyContext, ShapeDistribution, make_policy
-from xpupool.placement.replay import RunResult, build_fgd_workload, replay_arrivals
-from xpupool.placement.requests import job_request
+from xpupool.placement import PolicyContext, ShapeDistribution, make_policy
+from xpupool.placement.replay import RecordedPolicy, RunResult, build_fgd_workload, replay_arrivals
 from xpupool.placement.trace import find_trace_dir, load_nodes, load_pods
-from xpupool.scheduler.domain import (
-    Reserve,
-    WorkingPool,
-    decide,
-    default_config,
-    default_registry,
-)
-from xpupool.scheduler.learned_policy import LearnedPolicy
-from xpupool.scheduler.trace_policies import trace_snapshot
+from xpupool.scheduler.trace_decisions import decide_arrivals
 
 POINTS = (90, 95, 100, 110, 130)
-
-
-def scheduler_default(
-    nodes: list[NodeSpec], workload: list[PodDemand]
-) -> tuple[list[Outcome], list[float]]:
-    """The default policy's outcome for every pod, and each decision's time in seconds."""
-    config = default_config()
-    registry = LearnedPolicy.create(config.placement).install(default_registry(config.placement))
-    pool = WorkingPool(trace_snapshot(nodes), config)
-    row = {n.name: i for i, n in enumerate(nodes)}
-    outcomes: list[Outcome] = []
-    times = []
-    for i, pod in enumerate(workload):
-        started = time.perf_counter()
-        decision = decide(job_request(f"j{i}", pod), pool, config, policies=registry, apply=True)
-        times.append(time.perf_counter() - started)
-        if isinstance(decision, Reserve):
-            node = decision.host[0].node_id if decision.host else decision.slices[0].node_id
-            outcomes.append((row[node], tuple(sorted(s.index for s in decision.slices))))
-        else:
-            outcomes.append(None)
-    assert pool.violations() == []
-    return outcomes, times
 
 
 def _row(name: str, runs: list[RunResult]) -> str:
@@ -94,7 +61,7 @@ def main() -> None:
         workload = build_fgd_workload(original, seed, capacity)
         ctx = PolicyContext(rng=np.random.default_rng(seed), workload=original, typical=typical)
         reference = replay_arrivals(nodes, workload, make_policy("fgd", ctx), typical, seed=seed)
-        outcomes, times = scheduler_default(nodes, workload)
+        outcomes, times = decide_arrivals(nodes, workload)
         scored = replay_arrivals(
             nodes, workload, RecordedPolicy("xpupool", outcomes), typical, seed=seed
         )

@@ -61,10 +61,16 @@ from xpupool.contracts import subjects as s
 from xpupool.devices import load_catalog
 from xpupool.devstack.stack import ServiceProcess, Stack
 from xpupool.ledger import Ledger
-from xpupool.placement import ClusterState, Placement, PodDemand, PolicyContext, make_policy
+from xpupool.placement import PodDemand, PolicyContext, make_policy
 from xpupool.placement.frag import ShapeDistribution
-from xpupool.placement.policies import Policy
-from xpupool.placement.replay import RunResult, build_fgd_workload, replay_arrivals
+from xpupool.placement.replay import (
+    Outcome,
+    RecordedPolicy,
+    RecordingPolicy,
+    RunResult,
+    build_fgd_workload,
+    replay_arrivals,
+)
 from xpupool.placement.requests import job_request as pod_request
 from xpupool.placement.state import MILLI, NodeSpec
 from xpupool.placement.trace import TracePod, format_pods
@@ -78,9 +84,6 @@ LEASE_TTL_S = 7 * 24 * 3600.0
 TENANT = "replay"
 FLEET_MODULE = "xpupool.telemetry_collector.fleet"
 _PENDING_DECODER = decoder_for((JobPending,))
-
-#: Where a pod went: (node index, GPU slots), or None when it was dropped.
-Outcome = tuple[int, tuple[int, ...]] | None
 
 
 @dataclass
@@ -137,37 +140,6 @@ class LiveResult:
             "wall_s": self.wall_s,
             "notes": self.notes,
         }
-
-
-class RecordedPolicy:
-    """Replays recorded choices (one per ``choose`` call, in order) so the replay's metrics
-    code can score placements made elsewhere."""
-
-    def __init__(self, name: str, outcomes: Sequence[Outcome]) -> None:
-        self.name = name
-        self._outcomes = list(outcomes)
-        self._next = 0
-
-    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
-        """The next recorded outcome as a placement of ``pod``."""
-        got = self._outcomes[self._next]
-        self._next += 1
-        return None if got is None else Placement.for_pod(got[0], got[1], pod)
-
-
-class RecordingPolicy:
-    """Wraps a policy and records each outcome, to compare runs pod by pod."""
-
-    def __init__(self, inner: Policy) -> None:
-        self.name = inner.name
-        self.inner = inner
-        self.outcomes: list[Outcome] = []
-
-    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
-        """The inner policy's choice, recorded."""
-        pl = self.inner.choose(state, pod)
-        self.outcomes.append(None if pl is None else (pl.node, tuple(sorted(pl.gpus))))
-        return pl
 
 
 #: Memory given to catalog models that have none (the trace's anonymised G1-G3): a device

@@ -119,6 +119,41 @@ def _binned(arr_pct: IntArray, values: FloatArray) -> FloatArray:
     return out
 
 
+#: Where a pod went: (node index, GPU slots), or None when it was dropped.
+Outcome = tuple[int, tuple[int, ...]] | None
+
+
+class RecordedPolicy:
+    """Replays recorded choices (one per ``choose`` call, in order) so the replay's metrics
+    code can score placements made elsewhere (the live services, the scheduler's ``decide``)."""
+
+    def __init__(self, name: str, outcomes: Sequence[Outcome]) -> None:
+        self.name = name
+        self._outcomes = list(outcomes)
+        self._next = 0
+
+    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+        """The next recorded outcome as a placement of ``pod``."""
+        got = self._outcomes[self._next]
+        self._next += 1
+        return None if got is None else Placement.for_pod(got[0], got[1], pod)
+
+
+class RecordingPolicy:
+    """Wraps a policy and records each outcome, to compare runs pod by pod."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.name = inner.name
+        self.inner = inner
+        self.outcomes: list[Outcome] = []
+
+    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+        """The inner policy's choice, recorded."""
+        pl = self.inner.choose(state, pod)
+        self.outcomes.append(None if pl is None else (pl.node, tuple(sorted(pl.gpus))))
+        return pl
+
+
 def replay_arrivals(
     nodes: Sequence[NodeSpec],
     workload: Sequence[PodDemand],

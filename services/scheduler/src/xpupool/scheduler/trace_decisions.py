@@ -1,0 +1,58 @@
+"""The scheduler's own decisions on a trace's arrival sequence, for the replay's scoring.
+
+Each pod becomes a job request (``xpupool.placement.requests.job_request``) decided by the
+domain's ``decide`` against a working pool of the trace's nodes, with the registry the service
+builds (the learned default in place of the classic ``xpupool``), one call per pod as a cycle
+with one new request makes it. The outcomes feed ``RecordedPolicy`` so the replay scores them
+(and re-validates every placement) exactly as it scores its own policies.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from xpupool.placement import NodeSpec, PodDemand
+from xpupool.placement.replay import Outcome
+from xpupool.placement.requests import job_request
+from xpupool.scheduler.domain import (
+    PolicyRegistry,
+    Reserve,
+    WorkingPool,
+    decide,
+    default_config,
+    default_registry,
+)
+from xpupool.scheduler.learned_policy import LearnedPolicy
+from xpupool.scheduler.trace_policies import trace_snapshot
+
+__all__ = ["decide_arrivals"]
+
+
+def decide_arrivals(
+    nodes: Sequence[NodeSpec],
+    workload: Sequence[PodDemand],
+    registry: PolicyRegistry | None = None,
+) -> tuple[list[Outcome], list[float]]:
+    """Every pod's outcome (node row and GPU slots, or None) and each decision's seconds."""
+    config = default_config()
+    policies = registry or LearnedPolicy.create(config.placement).install(
+        default_registry(config.placement)
+    )
+    pool = WorkingPool(trace_snapshot(nodes), config)
+    row = {n.name: i for i, n in enumerate(nodes)}
+    outcomes: list[Outcome] = []
+    times: list[float] = []
+    for i, pod in enumerate(workload):
+        started = time.perf_counter()
+        decision = decide(job_request(f"j{i}", pod), pool, config, policies=policies, apply=True)
+        times.append(time.perf_counter() - started)
+        if isinstance(decision, Reserve):
+            node = decision.host[0].node_id if decision.host else decision.slices[0].node_id
+            outcomes.append((row[node], tuple(sorted(s.index for s in decision.slices))))
+        else:
+            outcomes.append(None)
+    violations = pool.violations()
+    if violations:
+        raise AssertionError(f"the working pool went over capacity: {violations[:3]}")
+    return outcomes, times
