@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from xpupool.contracts.payloads import GangSpec, JobRequested, Vendor
 from xpupool.scheduler.domain import (
     HostCharge,
     NodeState,
+    PendingRequest,
     PoolSnapshot,
     Preempt,
     QueueConfig,
@@ -28,10 +30,12 @@ from xpupool.scheduler.domain import (
     default_registry,
     never_fits,
 )
-from xpupool.scheduler.domain.config import with_queues
+from xpupool.scheduler.domain.config import StarvationConfig, with_queues
 from xpupool.scheduler.domain.matching import make_demand
 from xpupool.scheduler.domain.placement import HOST_ONLY, place_host_only
 from xpupool.scheduler.domain.quota import mark_over_quota
+
+NOW = 10_000.0
 
 
 def host_job(job_id: str = "h", cpu: int = 4000, mem: int = 8192, **kw: Any) -> JobRequested:
@@ -301,3 +305,24 @@ def test_host_only_batches_never_over_commit(
             assert d.detail
         apply_decision(replay, d)
         assert replay.violations() == []
+
+
+def test_a_starved_host_only_request_holds_the_node_closest_to_fitting() -> None:
+    """Waiting past starvation.after_s, a host-only request holds the node with the most CPU
+    free; later small requests in the batch must leave that node's CPU alone."""
+    cfg = replace(default_config(), starvation=StarvationConfig(after_s=60.0, max_holds=1))
+    busy = (
+        lease("x1", ["n1/0"], host=(HostCharge("n1", 6000, 0),), priority=1000),
+        lease("x2", ["n2/0"], host=(HostCharge("n2", 5000, 0),), priority=1000),
+    )
+    snap = snapshot(
+        node("n1", "A100", 1, cpu=8000), node("n2", "A100", 1, cpu=8000), leases=busy, now=NOW
+    )
+    starved = PendingRequest(host_job("big", cpu=4000, mem=0, priority="high"), NOW - 120)
+    smalls = [PendingRequest(host_job(f"s{i}", cpu=1000, mem=0), NOW - 1) for i in range(4)]
+    out = dict(decide_batch([starved, *smalls], snap, cfg))
+    assert isinstance(out["big"], Wait) and out["big"].reason is Reason.INSUFFICIENT_CAPACITY
+    placed = [reserved_node(d) for j, d in out.items() if isinstance(d, Reserve)]
+    assert placed and set(placed) == {"n1"}  # n2 (3,000 mCPU free) is held for "big"
+    held = [d for j, d in out.items() if j != "big" and isinstance(d, Wait)]
+    assert held and all(d.reason is Reason.CAPACITY_RESERVED for d in held)

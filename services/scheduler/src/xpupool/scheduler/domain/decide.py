@@ -467,6 +467,18 @@ def _why_not(
 
 def _hold_nodes(pool: WorkingPool, demand: Demand, classes: Sequence[int]) -> set[int]:
     """Nodes where a starved request is likeliest to fit first; later requests must leave them."""
+    if demand.host_only:
+        # The node closest to fitting: able to hold it at all, with the most CPU free now.
+        able = [
+            ni
+            for ni, node in enumerate(pool.nodes)
+            if pool.node_up[ni]
+            and node.cpu_milli_total >= demand.cpu_milli
+            and node.memory_mib_total >= demand.host_memory_mib
+        ]
+        if not able:
+            return set()
+        return {max(able, key=lambda n: (pool.node_cpu_free[n], pool.node_mem_free[n], -n))}
     k = demand.count
     for ci in classes:
         mem, comp = demand.share(pool.classes[ci])
