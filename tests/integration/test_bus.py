@@ -30,6 +30,11 @@ async def nc(nats_server: NatsServer) -> AsyncIterator[Client]:
     await client.drain()
 
 
+def _durable(name: str) -> subjects.Durable:
+    """A test's own durable on the job requests (so tests do not share one)."""
+    return subjects.Durable(name, subjects.JOB_REQUESTED, "tests")
+
+
 async def _received(nc: Client, subject: str) -> list[Msg]:
     seen: list[Msg] = []
 
@@ -63,9 +68,7 @@ async def test_handler_results_are_published_before_the_ack(nc: Client) -> None:
     with tracer.start_as_current_span("upstream"):
         await publisher.publish(JobRequested(job_id="b1", tenant="t"))
     task = asyncio.create_task(
-        consume_stream(
-            nc.jetstream(), subjects.JOB_REQUESTED, "test-jobs", handler, publisher, stop
-        )
+        consume_stream(nc.jetstream(), _durable("test-jobs"), handler, publisher, stop)
     )
     await eventually(lambda: rejections)
     headers = requests[0].headers or {}
@@ -102,8 +105,7 @@ async def test_bad_input_is_answered_and_acknowledged(nc: Client) -> None:
     task = asyncio.create_task(
         consume_stream(
             nc.jetstream(),
-            subjects.JOB_REQUESTED,
-            "test-bad",
+            _durable("test-bad"),
             handler,
             publisher,
             stop,
@@ -137,8 +139,7 @@ async def test_a_handler_that_keeps_failing_ends_in_give_up(nc: Client) -> None:
     task = asyncio.create_task(
         consume_stream(
             nc.jetstream(),
-            subjects.JOB_REQUESTED,
-            "test-fail",
+            _durable("test-fail"),
             handler,
             publisher,
             stop,
@@ -166,9 +167,7 @@ async def test_readiness_waits_for_a_pulling_consumer(nc: Client, nats_server: N
 
     stop = asyncio.Event()
     publisher = Publisher(nc, js, source="/tests")
-    task = asyncio.create_task(
-        consume_stream(js, durable.channel, durable.name, ignore, publisher, stop)
-    )
+    task = asyncio.create_task(consume_stream(js, durable, ignore, publisher, stop))
     await wait_until_pulling(nats_server.url, [durable], timeout_s=10)
     stop.set()
     await task

@@ -29,7 +29,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from xpupool.bus.envelope import read_envelope
 from xpupool.bus.publisher import Publisher
 from xpupool.contracts import decoder_for, describe_error
-from xpupool.contracts.subjects import Channel
+from xpupool.contracts.subjects import Channel, Durable
 from xpupool.obs import bind_message_context, get_logger
 
 Handler = Callable[[Any], Awaitable[Sequence[msgspec.Struct]]]
@@ -122,8 +122,7 @@ class _Dispatcher:
 
 async def consume_stream(
     js: JetStreamContext,
-    channel: Channel,
-    durable: str,
+    durable: Durable,
     handler: Handler,
     publisher: Publisher,
     stop: asyncio.Event,
@@ -135,18 +134,17 @@ async def consume_stream(
     ack_wait_s: float = 30.0,
     max_ack_pending: int = 1024,
 ) -> None:
-    """Pull messages of ``channel`` from its stream with a shared durable until ``stop`` is set.
+    """Pull the messages of ``durable``'s channel from its stream until ``stop`` is set.
 
     Several replicas passing the same ``durable`` share the work. The pull subscription is
     re-created after any error other than an idle fetch, since nats-py's pull subscriptions do not
     survive a server restart on their own (nats.py #504).
     """
-    if channel.stream is None:
-        raise ValueError(f"{channel.address} is not on a stream")
+    channel, stream = durable.channel, durable.stream
     dispatcher = _Dispatcher(channel, handler, publisher, on_invalid)
-    log = get_logger().bind(durable=durable, stream=channel.stream.name)
+    log = get_logger().bind(durable=durable.name, stream=stream.name)
     config = ConsumerConfig(
-        durable_name=durable,
+        durable_name=durable.name,
         ack_policy=AckPolicy.EXPLICIT,
         deliver_policy=DeliverPolicy.ALL,
         ack_wait=ack_wait_s,
@@ -161,8 +159,8 @@ async def consume_stream(
                 if subscription is None:
                     subscription = await js.pull_subscribe(
                         config.filter_subject or channel.address,
-                        durable=durable,
-                        stream=channel.stream.name,
+                        durable=durable.name,
+                        stream=stream.name,
                         config=config,
                     )
                 messages = await subscription.fetch(batch, timeout=0.5)

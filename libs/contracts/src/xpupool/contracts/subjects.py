@@ -256,11 +256,16 @@ class Durable:
     channel: Channel
     service: str
 
+    def __post_init__(self) -> None:
+        if self.channel.stream is None:
+            raise ValueError(f"{self.channel.address} is not on a stream")
+
     @property
     def stream(self) -> Stream:
         """The stream the consumer reads."""
-        assert self.channel.stream is not None, f"{self.channel.address} is not on a stream"
-        return self.channel.stream
+        stream = self.channel.stream
+        assert stream is not None  # checked at construction
+        return stream
 
 
 SCHEDULER_JOBS: Final = Durable("scheduler-jobs", JOB_REQUESTED, "scheduler")

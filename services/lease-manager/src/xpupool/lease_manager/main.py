@@ -83,16 +83,14 @@ async def run(settings: LeaseManagerSettings) -> None:
             stop,
             consume_stream(
                 js,
-                subjects.LEASE_MANAGER_GRANTS.channel,
-                subjects.LEASE_MANAGER_GRANTS.name,
+                subjects.LEASE_MANAGER_GRANTS,
                 functools.partial(handlers.grant_reservation, ledger=ledger),
                 publisher,
                 stop,
             ),
             consume_stream(
                 js,
-                subjects.LEASE_MANAGER_ENDS.channel,
-                subjects.LEASE_MANAGER_ENDS.name,
+                subjects.LEASE_MANAGER_ENDS,
                 functools.partial(handlers.end_lease, ledger=ledger),
                 publisher,
                 stop,

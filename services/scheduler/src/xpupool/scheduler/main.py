@@ -110,8 +110,7 @@ async def run(settings: SchedulerSettings) -> None:
             stop,
             consume_stream(
                 js,
-                subjects.SCHEDULER_JOBS.channel,
-                subjects.SCHEDULER_JOBS.name,
+                subjects.SCHEDULER_JOBS,
                 functools.partial(handlers.admit_job, deps=deps),
                 publisher,
                 stop,
