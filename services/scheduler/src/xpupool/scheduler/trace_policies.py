@@ -127,6 +127,8 @@ class ClusterMirror:
         self.row_devs = row_devs
         self.row_class: IntArray = np.array(row_class, dtype=np.int64)
         self._mapped = self.dev_row >= 0
+        self._ok: np.ndarray = np.zeros(0, dtype=np.bool_)
+        self._ok_of: WorkingPool | None = None
         self._leases: dict[str, tuple[int, int]] = {}
 
     @property
@@ -141,12 +143,14 @@ class ClusterMirror:
     def sync(self, pool: WorkingPool) -> None:
         """Copy the pool's free counters and lease classes in; bump changed rows' versions."""
         st = self.state
-        n = len(pool.devices)
-        comp = np.fromiter(pool.dev_compute_free, dtype=np.int64, count=n)
-        mem_free = np.fromiter(pool.dev_mem_free, dtype=np.int64, count=n)
-        usable = np.fromiter(pool.dev_ok, dtype=np.bool_, count=n) & ~np.fromiter(
-            pool.dev_exclusive, dtype=np.bool_, count=n
-        )
+        # The pool keeps numpy copies of its counters up to date incrementally; health is fixed
+        # for a pool's life, so it is converted once per pool.
+        arr = pool.arrays()
+        if self._ok_of is not pool:
+            self._ok = np.fromiter(pool.dev_ok, dtype=np.bool_, count=len(pool.devices))
+            self._ok_of = pool
+        comp, mem_free = arr.compute_free, arr.mem_free
+        usable = self._ok & ~arr.exclusive
         # The smaller of the compute and memory fractions left: with compute-only shares the
         # memory fraction is never the smaller one, so this is exactly 10 x compute_free_pct;
         # a memory share (or the ledger's whole-device flag) still counts.
@@ -158,8 +162,7 @@ class ClusterMirror:
         gpu = np.zeros_like(st.gpu_free)
         m = self._mapped
         gpu[self.dev_row[m], self.dev_slot[m]] = milli[m]
-        cpu = np.array(pool.node_cpu_free, dtype=np.int64)
-        mem = np.array(pool.node_mem_free, dtype=np.int64)
+        cpu, mem = arr.node_cpu_free, arr.node_mem_free
         changed = (gpu != st.gpu_free).any(axis=1) | (cpu != st.cpu_free) | (mem != st.mem_free)
         if changed.any():
             st.gpu_free[changed] = gpu[changed]
