@@ -56,6 +56,11 @@ bench-cycle: sync
 bench-collector: sync
     uv run --frozen python services/telemetry-collector/bench/bench_collector.py
 
+# The scheduler default's knobs (learning window, rebuild period) against its allocation
+[group("bench")]
+bench-online-sensitivity *ARGS: sync
+    uv run --frozen python bench/placement/bench_online_sensitivity.py {{ARGS}}
+
 # The scheduler's own default placement on the trace's GPU pods, beside FGD on the same arrivals
 [group("bench")]
 bench-scheduler-trace *ARGS: sync
