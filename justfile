@@ -61,7 +61,7 @@ bench-collector: sync
 bench-online-sensitivity *ARGS: sync
     uv run --frozen python bench/placement/bench_online_sensitivity.py {{ARGS}}
 
-# The scheduler's own default placement on the trace's GPU pods, beside FGD on the same arrivals
+# The scheduler's own default placement on the trace (every pod, CPU-only included), beside FGD on the same arrivals
 [group("bench")]
 bench-scheduler-trace *ARGS: sync
     uv run --frozen python bench/placement/bench_scheduler_default.py {{ARGS}}
