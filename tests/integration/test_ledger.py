@@ -9,6 +9,8 @@ import pytest
 from tests.integration.ledger_builders import device_spec, reservation
 from xpupool.contracts import Health
 from xpupool.ledger import (
+    AdmissionLimits,
+    Holder,
     HostClaim,
     Ledger,
     SliceClaim,
@@ -122,14 +124,71 @@ async def test_fencing_tokens_guard_renew_and_release(ledger: Ledger) -> None:
     await _two_gpus(ledger)
     await ledger.reserve(reservation("a", SliceClaim("n1/nvidia0", whole=True)))
     await ledger.reserve(reservation("b", SliceClaim("n1/nvidia1", whole=True)))
-    first, second = await ledger.grant("lease-a"), await ledger.grant("lease-b")
+    first, second = await ledger.grant("lease-a", "s3cret"), await ledger.grant("lease-b")
     assert second.token > first.token
-    assert (await ledger.grant("lease-a")).duplicate  # idempotent
-    assert (await ledger.renew("lease-a", first.token + 1)).reason == "stale_token"
-    assert (await ledger.end("lease-a", "released", first.token + 1)).reason == "stale_token"
-    assert (await ledger.renew("lease-a", first.token, 120_000)).ok
-    assert (await ledger.end("lease-a", "released", first.token)).ok
-    assert (await ledger.end("lease-a", "released", first.token)).outcome == "already_ended"
+    assert (await ledger.grant("lease-a", "other")).duplicate  # idempotent, first secret kept
+    holder = Holder("t", "s3cret", first.token)
+    stale = Holder("t", "s3cret", first.token + 1)
+    assert (await ledger.renew("lease-a", stale)).reason == "stale_token"
+    assert (await ledger.release("lease-a", stale)).reason == "stale_token"
+    assert (await ledger.renew("lease-a", holder, 120_000)).ok
+    assert (await ledger.release("lease-a", holder)).ok
+    assert (await ledger.release("lease-a", holder)).reason == "lease_ended"
+
+
+async def test_only_the_owner_with_the_secret_can_touch_a_lease(ledger: Ledger) -> None:
+    """Another tenant, a wrong secret, an ended lease and an unknown lease are each refused with
+    their own reason, and none of them changes the lease or the ledger."""
+    await _two_gpus(ledger)
+    await ledger.reserve(reservation("a", SliceClaim("n1/nvidia0", whole=True)))
+    assert (
+        await ledger.renew("lease-a", Holder("t", "", 0))
+    ).reason == "bad_secret"  # reserved, never granted: no secret yet
+    granted = await ledger.grant("lease-a", "right")
+    before = await ledger.get_lease("lease-a")
+    version = await ledger.version()
+    refusals = {
+        "not_owner": Holder("intruder", "right", granted.token),
+        "bad_secret": Holder("t", "wrong", granted.token),
+        "stale_token": Holder("t", "right", granted.token - 1),
+    }
+    for reason, holder in refusals.items():
+        assert (await ledger.renew("lease-a", holder, 1_000)).reason == reason
+        assert (await ledger.release("lease-a", holder)).reason == reason
+    assert (await ledger.renew("lease-b", Holder("t", "x", 1))).reason == "unknown_lease"
+    assert await ledger.get_lease("lease-a") == before
+    assert await ledger.version() == version
+    assert await audit(ledger) == []
+    await ledger.end("lease-a", "preempted")
+    owner = Holder("t", "right", granted.token)
+    assert (await ledger.release("lease-a", owner)).reason == "lease_ended"
+    assert (await ledger.renew("lease-a", owner)).reason == "lease_ended"
+    # Another tenant learns nothing about the state of a lease it does not own.
+    assert (await ledger.release("lease-a", Holder("x", "right", 0))).reason == "not_owner"
+
+
+async def test_admission_limits_per_tenant(ledger: Ledger) -> None:
+    """A tenant over its burst is rate limited and one at its pending maximum is refused, while
+    another tenant is admitted; a job leaving the queue gives its pending slot back."""
+    burst = AdmissionLimits(rate_per_s=1.0, burst=3, max_pending=-1)
+    results = [
+        await ledger.pend(f"r{i}", 1, b"{}", None, "queued", tenant="a", limits=burst)
+        for i in range(5)
+    ]
+    assert [r.ok for r in results] == [True, True, True, False, False]
+    assert results[3].reason == "rate_limited"
+    other = await ledger.pend("b0", 1, b"{}", None, "queued", tenant="b", limits=burst)
+    assert other.ok
+    capped = AdmissionLimits(max_pending=3)
+    refused = await ledger.pend("r9", 1, b"{}", None, "queued", tenant="a", limits=capped)
+    assert not refused.ok and refused.reason == "too_many_pending"
+    assert await ledger.pending_count("a") == 3
+    await ledger.drop_pending("r0", "invalid_request", "", "")
+    assert await ledger.pending_count("a") == 2
+    assert (await ledger.pend("r9", 1, b"{}", None, "queued", tenant="a", limits=capped)).ok
+    # A duplicate of a waiting job is not a new request: no slot, no token taken.
+    assert (await ledger.pend("r9", 1, b"{}", None, "queued", tenant="a", limits=capped)).duplicate
+    assert await ledger.pending_count("a") == 3
 
 
 async def test_expiry_uses_the_ledger_clock_and_ends_once(ledger: Ledger) -> None:

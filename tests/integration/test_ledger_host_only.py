@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.integration.ledger_builders import device_spec, reservation
-from xpupool.ledger import HostClaim, Ledger, Reservation, SliceClaim, UsageClaim, audit
+from xpupool.ledger import Holder, HostClaim, Ledger, Reservation, SliceClaim, UsageClaim, audit
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +48,13 @@ async def test_host_only_lease_reserves_grants_renews_and_releases(ledger: Ledge
     assert (await ledger.nodes())[0].devices[0].holders == 0
     assert await audit(ledger) == []
 
-    granted = await ledger.grant("lease-h")
+    granted = await ledger.grant("lease-h", "secret")
     assert granted.ok and granted.token > 0
-    assert (await ledger.renew("lease-h", granted.token, 120_000)).ok
+    holder = Holder("t", "secret", granted.token)
+    assert (await ledger.renew("lease-h", holder, 120_000)).ok
     assert await audit(ledger) == []
 
-    assert (await ledger.end("lease-h", "released", granted.token)).ok
+    assert (await ledger.release("lease-h", holder)).ok
     assert await _host_free(ledger) == (CPU, MEMORY)
     ended = await ledger.get_lease("lease-h")
     assert ended is not None and ended.end_reason == "released"

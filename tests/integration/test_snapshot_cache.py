@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from tests.integration.ledger_builders import device_spec
 from xpupool.contracts import DeviceSample, DeviceSpec, Health
 from xpupool.devstack.servers import RedisServer
-from xpupool.ledger import HostClaim, Ledger, Reservation, SliceClaim, UsageClaim
+from xpupool.ledger import Holder, HostClaim, Ledger, Reservation, SliceClaim, UsageClaim
 from xpupool.scheduler.domain import PoolSnapshot
 from xpupool.scheduler.snapshot import build_snapshot
 from xpupool.scheduler.snapshot_cache import SnapshotCache
@@ -132,7 +132,8 @@ class Workload:
         if not leases:
             return "renew: none"
         lease = self.rng.choice(leases)
-        result = await self.ledger.renew(lease.lease_id, lease.token)
+        holder = Holder(lease.tenant, lease.secret, lease.token)
+        result = await self.ledger.renew(lease.lease_id, holder)
         return f"renew {lease.lease_id}: {result.ok}"
 
     async def end(self) -> str:

@@ -2,8 +2,10 @@
 
 from xpupool.ledger.audit import audit
 from xpupool.ledger.ledger import (
+    AdmissionLimits,
     ChangeCursor,
     DeviceRecord,
+    Holder,
     HostClaim,
     JobRecord,
     LeaseRecord,
@@ -16,13 +18,17 @@ from xpupool.ledger.ledger import (
     SliceMeta,
     TakenSlice,
     UsageClaim,
+    new_lease_secret,
     open_ledger,
 )
 from xpupool.ledger.outbox import OutboxRelay
 
 __all__ = [
     "audit",
+    "new_lease_secret",
     "open_ledger",
+    "AdmissionLimits",
+    "Holder",
     "ChangeCursor",
     "DeviceRecord",
     "HostClaim",

@@ -7,6 +7,7 @@ arguments and decodes their answers. Time always comes from Redis ``TIME`` insid
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -51,6 +52,31 @@ def _decode_result(raw: bytes | str) -> ScriptResult:
         if data.get(name) == {}:
             data[name] = []
     return msgspec.convert(data, ScriptResult)
+
+
+def new_lease_secret() -> str:
+    """A lease's bearer secret: 192 bits from the OS's secure source, URL-safe text."""
+    return secrets.token_urlsafe(24)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who claims to hold a lease: the tenant whose subject the command came on (authenticated
+    by NATS), the secret from the grant, and the fencing token."""
+
+    tenant: str
+    secret: str
+    token: int
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    """A tenant's admission limits: a token bucket (``rate_per_s`` <= 0: unlimited) and the most
+    requests it may have pending at once (< 0: unlimited)."""
+
+    rate_per_s: float = 0.0
+    burst: int = 1
+    max_pending: int = -1
 
 
 class SliceMeta(msgspec.Struct, frozen=True):
@@ -184,6 +210,7 @@ class LeaseRecord:
     host: dict[str, HostClaim] = field(default_factory=dict)
     usage: list[UsageClaim] = field(default_factory=list)
     preempted_for: str = ""
+    secret: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -345,9 +372,14 @@ class Ledger:
         max_wait_ms: int | None,
         reason: str,
         detail: str = "",
+        *,
+        tenant: str = "",
+        limits: AdmissionLimits | None = None,
     ) -> ScriptResult:
         """Admit a request into the persistent pending queue (idempotent per job id); refused
-        with ``job_<state>`` when the job already went further (a duplicate)."""
+        with ``job_<state>`` when the job already went further (a duplicate), and a new request
+        with ``rate_limited`` / ``too_many_pending`` when its tenant is over ``limits``."""
+        limits = limits or AdmissionLimits()
         return await self._run(
             "pend",
             job_id,
@@ -356,7 +388,15 @@ class Ledger:
             "" if max_wait_ms is None else max_wait_ms,
             reason,
             detail,
+            tenant,
+            limits.rate_per_s,
+            limits.burst,
+            limits.max_pending,
         )
+
+    async def pending_count(self, tenant: str) -> int:
+        """How many of ``tenant``'s requests wait in the pending queue."""
+        return _int(await self._redis.hget(self.key("pending-count"), tenant))
 
     async def pending(self, limit: int = 1000) -> list[tuple[str, bytes | str]]:
         """The oldest-scored pending requests, as (job_id, request JSON)."""
@@ -427,19 +467,34 @@ class Ledger:
 
     # ---- leases ------------------------------------------------------------------------------
 
-    async def grant(self, lease_id: str) -> ScriptResult:
-        """Turn a reservation into a lease with a fencing token; idempotent."""
-        return await self._run("grant", lease_id)
+    async def grant(self, lease_id: str, secret: str | None = None) -> ScriptResult:
+        """Turn a reservation into a lease with a fencing token and a holder secret (192 random
+        bits unless given); idempotent: a duplicate keeps the first grant's token and secret."""
+        return await self._run("grant", lease_id, secret or new_lease_secret())
 
-    async def renew(self, lease_id: str, token: int, ttl_ms: int | None = None) -> ScriptResult:
-        """Extend a lease; fails on a stale token or a lapsed term."""
-        return await self._run("renew", lease_id, token, "" if ttl_ms is None else ttl_ms)
-
-    async def end(
-        self, lease_id: str, reason: str, token: int | None = None, detail: str = ""
+    async def renew(
+        self, lease_id: str, holder: Holder, ttl_ms: int | None = None
     ) -> ScriptResult:
-        """End a lease (release or preemption); idempotent."""
-        return await self._run("end", lease_id, reason, "" if token is None else token, detail)
+        """Extend a lease for its holder; refused (``not_owner``, ``bad_secret``,
+        ``lease_ended``, ``stale_token`` …) without touching it otherwise."""
+        return await self._run(
+            "renew",
+            lease_id,
+            holder.tenant,
+            holder.secret,
+            holder.token,
+            "" if ttl_ms is None else ttl_ms,
+        )
+
+    async def release(self, lease_id: str, holder: Holder) -> ScriptResult:
+        """End a lease on its holder's request, after the same checks as :meth:`renew`."""
+        return await self._run(
+            "end", lease_id, "released", holder.tenant, holder.secret, holder.token, ""
+        )
+
+    async def end(self, lease_id: str, reason: str, detail: str = "") -> ScriptResult:
+        """End a lease on the control plane's own authority (preemption); idempotent."""
+        return await self._run("end", lease_id, reason, "", "", "", detail)
 
     async def expire_due(self, limit: int = 256) -> ScriptResult:
         """End leases and reservations whose term has passed."""
@@ -668,4 +723,5 @@ def _lease(lease_id: str, row: dict[Any, Any]) -> LeaseRecord:
         host=_HOST_DECODER.decode(_json_map(r.get("host"))),
         usage=_USAGE_DECODER.decode(r.get("usage") or "[]") if r.get("usage") != "{}" else [],
         preempted_for=r.get("preempted_for", ""),
+        secret=r.get("secret", ""),
     )

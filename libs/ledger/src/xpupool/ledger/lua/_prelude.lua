@@ -41,6 +41,37 @@ local function touched(kind, id)
   redis.call('ZADD', k('changes'), change_seq, kind .. ':' .. id)
 end
 
+-- The holder check every lease command from a tenant passes before it touches anything: the
+-- lease must exist, belong to the tenant whose subject sent the command, match the grant's
+-- secret, still be active within its term, and the fencing token must be its current one.
+-- Returns nil when the holder is good, else the refusal to return.
+local function holder_refusal(lk, lease_id, tenant, secret, token, now)
+  local l = redis.call('HMGET', lk, 'state', 'tenant', 'secret', 'token', 'expires_ms')
+  if not l[1] then return fail('unknown_lease', lease_id) end
+  if l[2] ~= tenant then return fail('not_owner', lease_id) end
+  if not l[3] or l[3] == '' or l[3] ~= secret then return fail('bad_secret', lease_id) end
+  if l[1] == 'ended' then return fail('lease_ended', lease_id) end
+  if l[1] ~= 'active' then return fail('lease_not_granted', lease_id) end
+  if tonumber(l[4]) ~= tonumber(token) then return fail('stale_token', l[4]) end
+  if now >= tonumber(l[5]) then return fail('lease_ended', 'its term passed') end
+  return nil
+end
+
+-- Takes a job out of the pending queue (whatever took it: a reservation, a rejection, a timeout)
+-- and gives its tenant's pending count back. Returns the stored request, if any.
+local function unpend(job_id)
+  if redis.call('ZREM', k('pending'), job_id) == 1 then
+    local tenant = redis.call('HGET', k('job', job_id), 'tenant')
+    if tenant and redis.call('HINCRBY', k('pending-count'), tenant, -1) <= 0 then
+      redis.call('HDEL', k('pending-count'), tenant)
+    end
+  end
+  redis.call('ZREM', k('pending-deadline'), job_id)
+  local request = redis.call('GET', k('pending-req', job_id))
+  redis.call('DEL', k('pending-req', job_id))
+  return request
+end
+
 -- Ends one lease: gives every slice, host share and quota unit back, records why, and queues the
 -- terminal event in the lease-manager's outbox. Idempotent: an ended lease stays ended.
 local function end_lease(lease_id, reason, detail, now)

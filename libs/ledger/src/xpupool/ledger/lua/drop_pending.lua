@@ -4,10 +4,7 @@ local jk = k('job', ARGV[1])
 if redis.call('HGET', jk, 'state') ~= 'pending' then
   return fail('not_pending', ARGV[1])
 end
-redis.call('ZREM', k('pending'), ARGV[1])
-redis.call('ZREM', k('pending-deadline'), ARGV[1])
-local request = redis.call('GET', k('pending-req', ARGV[1]))
-redis.call('DEL', k('pending-req', ARGV[1]))
+local request = unpend(ARGV[1])
 redis.call('HSET', jk, 'state', 'rejected', 'reason', ARGV[2], 'detail', ARGV[4])
 redis.call('XADD', k('outbox', 'scheduler'), '*', 'kind', 'rejected', 'job_id', ARGV[1],
   'reason', ARGV[2], 'field', ARGV[3], 'detail', ARGV[4], 'request', request or '{}')

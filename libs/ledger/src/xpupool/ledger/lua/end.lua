@@ -1,10 +1,14 @@
--- End a lease on request (release, preemption). With a token, a stale holder cannot end a
--- lease that has moved on. ARGV: lease_id, reason, token ('' = no check, for the scheduler), detail
+-- End a lease. From a holder (a release: tenant, secret and token given) only after the holder
+-- check, so a stale or foreign holder cannot end a lease and learns that it lost it; from the
+-- scheduler (preemption: tenant '') unconditionally and idempotently.
+-- ARGV: lease_id, reason, tenant ('' = internal), lease secret, fencing token, detail
 local lk = k('lease', ARGV[1])
-local l = redis.call('HMGET', lk, 'state', 'token')
-if not l[1] then return fail('unknown_lease', ARGV[1]) end
-if ARGV[3] ~= '' and tonumber(l[2]) ~= tonumber(ARGV[3]) then
-  return fail('stale_token', l[2])
+local now = now_ms()
+if ARGV[3] ~= '' then
+  local refusal = holder_refusal(lk, ARGV[1], ARGV[3], ARGV[4], ARGV[5], now)
+  if refusal then return refusal end
+elseif redis.call('EXISTS', lk) == 0 then
+  return fail('unknown_lease', ARGV[1])
 end
-local outcome = end_lease(ARGV[1], ARGV[2], ARGV[4], now_ms())
+local outcome = end_lease(ARGV[1], ARGV[2], ARGV[6], now)
 return cjson.encode({ok = true, outcome = outcome})

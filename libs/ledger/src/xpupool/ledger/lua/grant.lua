@@ -1,5 +1,6 @@
 -- Turn a reservation into a lease: stamp a fencing token, start the term on the ledger's clock.
--- ARGV[1]: lease_id
+-- ARGV[1]: lease_id, ARGV[2]: the lease secret its holder must present (random, from the caller:
+-- Lua has no source of secure randomness); a duplicate grant keeps the first secret.
 local lk = k('lease', ARGV[1])
 local l = redis.call('HMGET', lk, 'state', 'ttl_ms', 'token', 'expires_ms', 'job_id')
 if not l[1] then return fail('unknown_lease', ARGV[1]) end
@@ -11,7 +12,8 @@ if l[1] ~= 'reserved' then return fail('lease_' .. l[1], ARGV[1]) end
 local now = now_ms()
 local token = redis.call('INCR', k('fence'))
 local expires = now + tonumber(l[2])
-redis.call('HSET', lk, 'state', 'active', 'token', token, 'granted_ms', now, 'expires_ms', expires)
+redis.call('HSET', lk, 'state', 'active', 'token', token, 'granted_ms', now, 'expires_ms', expires,
+  'secret', ARGV[2])
 redis.call('ZADD', k('expiry'), expires, ARGV[1])
 redis.call('HSET', k('job', l[5]), 'state', 'leased')
 redis.call('XADD', k('outbox', 'lease-manager'), '*', 'kind', 'granted', 'lease_id', ARGV[1])

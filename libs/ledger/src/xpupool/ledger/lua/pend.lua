@@ -1,6 +1,9 @@
 -- Park a request that cannot be placed now in the persistent pending queue (idempotent).
 -- ARGV: job_id, priority (higher goes first), request JSON, max_wait_ms ('' = none), reason,
--- detail. The score orders by priority, then arrival in seconds (both exact in a double).
+-- detail, tenant, rate_per_s (<= 0: unlimited), burst, max_pending (< 0: unlimited).
+-- The score orders by priority, then arrival in seconds (both exact in a double).
+-- A new request of a tenant over its rate (a token bucket kept as its theoretical arrival time,
+-- GCRA) or at its maximum of pending requests is refused before anything is written.
 local jk = k('job', ARGV[1])
 local state = redis.call('HGET', jk, 'state')
 if state and state ~= 'pending' then return cjson.encode({ok = false, reason = 'job_' .. state}) end
@@ -9,10 +12,27 @@ if state == 'pending' then
   return cjson.encode({ok = true, duplicate = true})
 end
 local now = now_ms()
+local tenant, rate, burst, max_pending = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9]),
+  tonumber(ARGV[10])
+local waiting = tonumber(redis.call('HGET', k('pending-count'), tenant) or '0')
+if max_pending >= 0 and waiting >= max_pending then
+  return fail('too_many_pending', waiting .. ' pending, limit ' .. max_pending)
+end
+if rate > 0 then
+  local interval = 1000 / rate
+  local rk = k('rate', tenant)
+  local tat = math.max(tonumber(redis.call('GET', rk) or '0'), now) + interval
+  if tat - now > interval * math.max(burst, 1) then
+    return fail('rate_limited', string.format('over %g requests/s (burst %d)', rate, burst))
+  end
+  redis.call('SET', rk, string.format('%d', math.ceil(tat)), 'PX', math.ceil(tat - now) + 1000)
+end
 local since = now
-redis.call('HSET', jk, 'state', 'pending', 'since_ms', since, 'reason', ARGV[5], 'detail', ARGV[6])
+redis.call('HSET', jk, 'state', 'pending', 'since_ms', since, 'reason', ARGV[5], 'detail', ARGV[6],
+  'tenant', tenant)
 redis.call('EXPIRE', jk, RETAIN_S)
 redis.call('ZADD', k('pending'), 'NX', -tonumber(ARGV[2]) * 1e10 + since / 1000, ARGV[1])
+redis.call('HINCRBY', k('pending-count'), tenant, 1)
 redis.call('SET', k('pending-req', ARGV[1]), ARGV[3])
 if ARGV[4] ~= '' then
   redis.call('ZADD', k('pending-deadline'), 'NX', since + tonumber(ARGV[4]), ARGV[1])

@@ -1,13 +1,10 @@
--- Extend an active lease from the ledger's clock. A stale fencing token or a lapsed term fails.
--- ARGV[1]: lease_id, ARGV[2]: fencing token, ARGV[3]: ttl_ms ('' = the lease's own term)
+-- Extend an active lease from the ledger's clock, for its holder only (see holder_refusal).
+-- ARGV: lease_id, tenant, lease secret, fencing token, ttl_ms ('' = the lease's own term)
 local lk = k('lease', ARGV[1])
-local l = redis.call('HMGET', lk, 'state', 'token', 'expires_ms', 'ttl_ms')
-if not l[1] then return fail('unknown_lease', ARGV[1]) end
-if l[1] ~= 'active' then return fail('lease_' .. l[1], ARGV[1]) end
-if tonumber(l[2]) ~= tonumber(ARGV[2]) then return fail('stale_token', l[2]) end
 local now = now_ms()
-if now >= tonumber(l[3]) then return fail('lease_expired', ARGV[1]) end
-local ttl = tonumber(ARGV[3] ~= '' and ARGV[3] or l[4])
+local refusal = holder_refusal(lk, ARGV[1], ARGV[2], ARGV[3], ARGV[4], now)
+if refusal then return refusal end
+local ttl = tonumber(ARGV[5] ~= '' and ARGV[5] or redis.call('HGET', lk, 'ttl_ms'))
 local expires = now + ttl
 redis.call('HSET', lk, 'expires_ms', expires)
 redis.call('ZADD', k('expiry'), expires, ARGV[1])

@@ -8,9 +8,7 @@ for _, job_id in ipairs(due) do
   redis.call('ZREM', k('pending-deadline'), job_id)
   local jk = k('job', job_id)
   if redis.call('HGET', jk, 'state') == 'pending' then
-    local request = redis.call('GET', k('pending-req', job_id))
-    redis.call('ZREM', k('pending'), job_id)
-    redis.call('DEL', k('pending-req', job_id))
+    local request = unpend(job_id)
     redis.call('HSET', jk, 'state', 'timed_out')
     local since = tonumber(redis.call('HGET', jk, 'since_ms'))
     redis.call('XADD', k('outbox', 'scheduler'), '*', 'kind', 'timed_out', 'job_id', job_id,
