@@ -45,8 +45,10 @@ EXAMPLES: list[msgspec.Struct] = [
         gang=p.GangSpec(same_domain=True),
         labels={"team": "nlp"},
     ),
-    p.JobRejected(job_id="j1", tenant="t", field_name="count", reason="invalid_request"),
-    p.JobPending(job_id="j1", tenant="t", reason="insufficient_capacity", since=NOW),
+    p.JobRejected(
+        job_id="j1", tenant="t", field_name="count", reason=p.JobReason.INVALID_REQUEST
+    ),
+    p.JobPending(job_id="j1", tenant="t", reason=p.JobReason.INSUFFICIENT_CAPACITY, since=NOW),
     p.JobTimedOut(job_id="j1", tenant="t", waited_s=3.5),
     p.JobReserved(
         job_id="j1",
@@ -70,6 +72,7 @@ EXAMPLES: list[msgspec.Struct] = [
         slices=[SLICE],
         env={"CUDA_VISIBLE_DEVICES": "GPU-1"},
         host=[p.HostShare(node_id="n1", cpu_milli=4000, memory_mib=8192)],
+        lease_secret="secret",
     ),
     p.LeaseRenewed(job_id="j1", lease_id="l1", fencing_token=7, expires_at=NOW),
     p.LeaseEnded(
@@ -80,9 +83,10 @@ EXAMPLES: list[msgspec.Struct] = [
         fencing_token=7,
         ended_at=NOW,
     ),
-    p.RenewLease(lease_id="l1", fencing_token=7, ttl_s=30),
-    p.ReleaseLease(lease_id="l1", fencing_token=7),
+    p.RenewLease(lease_id="l1", lease_secret="s", fencing_token=7, ttl_s=30),
+    p.ReleaseLease(lease_id="l1", lease_secret="s", fencing_token=7),
     p.LeaseReply(ok=True, lease_id="l1", expires_at=NOW),
+    p.LeaseReply(ok=False, lease_id="l1", error=p.LeaseError.NOT_OWNER),
     p.NodeRegistered(node_id="n1", devices=[SPEC], cpu_milli=1000),
     p.NodeHeartbeat(node_id="n1", at=NOW, device_count=1),
     p.NodeLost(node_id="n1", last_seen=NOW),
@@ -150,7 +154,11 @@ def test_stream_subjects_do_not_overlap_and_cover_stream_channels() -> None:
         return fnmatch.fnmatch(subject, pattern.replace(">", "*"))
 
     for channel in CHANNELS:
-        concrete = channel.address.replace("{reason}", "released").replace("{node_id}", "n1")
+        concrete = (
+            channel.address.replace("{reason}", "released")
+            .replace("{node_id}", "n1")
+            .replace("{tenant}", "acme")
+        )
         owners = [s.name for s in STREAMS if any(captured(concrete, x) for x in s.subjects)]
         expected = [channel.stream.name] if channel.stream else []
         assert owners == expected, channel.address
@@ -212,5 +220,82 @@ def test_rejections_without_a_job_id_are_not_deduplicated_together() -> None:
     """Two unrelated malformed requests (no job id) must not share a JetStream dedup id."""
     from xpupool.contracts.subjects import dedup_id
 
-    assert dedup_id(p.JobRejected(job_id="", reason="invalid_request")) is None
-    assert dedup_id(p.JobRejected(job_id="j1", reason="invalid_request")) == "j1:rejected"
+    invalid = p.JobReason.INVALID_REQUEST
+    assert dedup_id(p.JobRejected(job_id="", reason=invalid)) is None
+    first = dedup_id(p.JobRejected(job_id="j1", reason=invalid, field_name="count"))
+    assert first == dedup_id(p.JobRejected(job_id="j1", reason=invalid, field_name="count"))
+    # A second, different rejection of the same job id is a different event, not a duplicate.
+    second = dedup_id(p.JobRejected(job_id="j1", reason=invalid, field_name="priority"))
+    assert first and second and first != second and first.startswith("j1:rejected:")
+
+
+CLIENT_SENT = (p.JobRequested, p.RenewLease, p.ReleaseLease)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ('{"job_id":"a","device":{"compute_percent":30}}', "device.compute_percent"),
+        ('{"job_id":"a","colour":"red"}', "colour"),
+        ('{"job_id":"a","selector":{"vendors":"nvidia"}}', "selector.vendors"),
+        ('{"job_id":"a","priority":"urgent"}', "priority"),
+        ('{"job_id":"a","intent":"' + "x" * 100_000 + '"}', "intent"),
+        ('{"job_id":"a","selector":{"models":["' + "m" * 1000 + '"]}}', "selector.models[0]"),
+        ('{"job_id":"a","labels":{"k":"' + "v" * 5000 + '"}}', "labels"),
+        ('{"job_id":"a","max_wait_s":1e308}', "max_wait_s"),
+        ('{"job_id":"a","lease_ttl_s":5e-324}', "lease_ttl_s"),
+        ('{"job_id":"a","count":100000000000000000000000}', "count"),
+        ('{"job_id":"a","tenant":"a.b"}', "tenant"),
+    ],
+)
+def test_client_input_is_strict_and_bounded(body: str, field: str) -> None:
+    """Unknown fields, closed vocabularies, oversized strings and extreme numbers in what clients
+    send are refused naming the field, and the detail never echoes an oversized value."""
+    with pytest.raises(msgspec.ValidationError) as bad:
+        decoder_for((p.JobRequested,)).decode(body.encode())
+    named, detail = describe_error(bad.value)
+    assert named is not None and named.startswith(field.split("[")[0]), (named, detail)
+    assert len(detail) <= 512
+
+
+def test_client_sent_schemas_forbid_unknown_fields_and_service_messages_do_not() -> None:
+    """Strict where clients write (a typo is an error), lenient between services (rolling
+    upgrades): the published schemas say which is which."""
+    for t in CLIENT_SENT:
+        schema = json.loads((PROTO / "schemas" / f"{t.__name__}.json").read_text())
+        assert schema["additionalProperties"] is False, t.__name__
+    for t in (p.JobReserved, p.NodeRegistered, p.AllocationGranted):
+        schema = json.loads((PROTO / "schemas" / f"{t.__name__}.json").read_text())
+        assert schema.get("additionalProperties", True) is not False, t.__name__
+        decoder_for((t,)).decode(encode(EXAMPLES_BY_TYPE[t])[:-1] + b',"added_later":1}')
+
+
+EXAMPLES_BY_TYPE = {type(e): e for e in EXAMPLES}
+
+
+def test_operator_copies_never_carry_the_lease_secret() -> None:
+    """A grant goes to its owner's subject with the secret and to the operator subject without."""
+    from xpupool.contracts.subjects import deliveries
+
+    grant = EXAMPLES_BY_TYPE[p.AllocationGranted]
+    assert isinstance(grant, p.AllocationGranted) and grant.lease_secret
+    routed = {subject: event for _, subject, event in deliveries(grant)}
+    assert set(routed) == {"xpupool.alloc.v1.granted", "xpupool.tenant.v1.t.events.granted"}
+    assert routed["xpupool.tenant.v1.t.events.granted"].lease_secret == "secret"  # type: ignore[attr-defined]
+    assert routed["xpupool.alloc.v1.granted"].lease_secret is None  # type: ignore[attr-defined]
+
+
+def test_every_reason_and_error_code_is_an_enum_in_the_schema() -> None:
+    """Codes a client switches on are closed vocabularies in the published contract."""
+    for name, field in (
+        ("JobRejected", "reason"),
+        ("JobPending", "reason"),
+        ("LeaseReply", "error"),
+        ("LeaseEnded", "reason"),
+        ("JobRequested", "priority"),
+    ):
+        schema = json.loads((PROTO / "schemas" / f"{name}.json").read_text())
+        text = json.dumps(schema["properties"][field])
+        assert "$ref" in text and "enum" not in text or "enum" in text, (name, field)
+        ref = text.split("#/$defs/")[1].split('"')[0] if "$ref" in text else None
+        assert ref is None or "enum" in schema["$defs"][ref], (name, field)

@@ -11,8 +11,9 @@ from typing import Any
 import msgspec
 import yaml
 
+from xpupool.contracts import access
 from xpupool.contracts.codec import ce_type
-from xpupool.contracts.subjects import CHANNELS, STREAMS, Channel
+from xpupool.contracts.subjects import CHANNELS, STREAMS, TENANT_SPACE, Channel
 
 REF = "#/components/schemas/{name}"
 HEADERS_SCHEMA: dict[str, Any] = {
@@ -92,6 +93,8 @@ def asyncapi() -> dict[str, Any]:
             entry["parameters"] = {k: {"description": v} for k, v in channel.parameters.items()}
         if channel.stream is not None:
             entry["x-jetstream-stream"] = channel.stream.name
+        if channel.tenant_scoped:
+            entry["x-tenant-scoped"] = True
         channels[cid] = entry
         operation: dict[str, Any] = {
             "action": "receive" if channel.sender != "upstream" else "send",
@@ -123,12 +126,62 @@ def asyncapi() -> dict[str, Any]:
         },
         "defaultContentType": "application/json",
         "servers": {
-            "local": {"host": "127.0.0.1:4222", "protocol": "nats", "description": "dev stack"}
+            "secure": {
+                "host": "nats.example.internal:4222",
+                "protocol": "nats",
+                "description": (
+                    "Production: TLS with the operator's CA (plaintext refused) and one NKey "
+                    "user per tenant and per service. A tenant connects with its seed file, the "
+                    f"inbox prefix `{access.tenant_inbox('<tenant>')}`, and may use only "
+                    f"`{TENANT_SPACE}.<tenant>.…` (see x-xpupool-permissions)."
+                ),
+                "security": [
+                    {"$ref": "#/components/securitySchemes/nkey"},
+                    {"$ref": "#/components/securitySchemes/tls"},
+                ],
+            },
+            "local": {
+                "host": "127.0.0.1:4222",
+                "protocol": "nats",
+                "description": "INSECURE development stack (`just demo`): no authentication.",
+            },
         },
         "channels": channels,
         "operations": operations,
-        "components": {"messages": messages, "schemas": schemas()},
+        "components": {
+            "messages": messages,
+            "schemas": schemas(),
+            "securitySchemes": {
+                "nkey": {
+                    "type": "asymmetricEncryption",
+                    "description": (
+                        "NATS NKeys: the client signs the server's nonce with its Ed25519 seed "
+                        "(nats-py `nkeys_seed=`, Go `nats.NkeyOptionFromSeed`); the server only "
+                        "knows the public key. A NATS JWT `.creds` file is accepted where the "
+                        "operator runs decentralized auth."
+                    ),
+                },
+                "tls": {
+                    "type": "X509",
+                    "description": (
+                        "TLS verified against the operator's CA; client certificates optional."
+                    ),
+                },
+            },
+        },
+        "x-xpupool-permissions": _permissions(),
     }
+
+
+def _permissions() -> dict[str, Any]:
+    """The NATS permissions of every identity, as the secure configuration grants them."""
+    out: dict[str, Any] = {}
+    for role in access.SERVICE_ROLES:
+        perms = access.service_permissions(role)
+        out[role] = {"publish": list(perms.publish), "subscribe": list(perms.subscribe)}
+    tenant = access.tenant_permissions("TENANT")
+    out["tenant <TENANT>"] = {"publish": list(tenant.publish), "subscribe": list(tenant.subscribe)}
+    return out
 
 
 def render() -> dict[str, str]:

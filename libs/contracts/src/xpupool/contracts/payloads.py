@@ -4,6 +4,12 @@ Rules (see the style guide): Structs are frozen and keyword-only; fields are onl
 defaults; a breaking change mints a ``…V2`` type. Each event carries a ``type`` tag equal to its
 CloudEvents ``ce-type``, so a subject that carries several types decodes into a tagged union.
 Units live in field names (``_mib``, ``_pct``, ``_s``).
+
+What clients send (job requests, lease commands) is **strict**: unknown fields are refused, naming
+the field, so a typo never silently changes a job. Every string, list and map has a maximum
+length and every number a range, so no input can grow a record or an answer without bound.
+Messages between services stay lenient (unknown fields ignored), so services can be upgraded one
+at a time. Every reason and error code is an enum: add members, never rename them.
 """
 
 from __future__ import annotations
@@ -25,6 +31,31 @@ Identifier = Annotated[
     ),
 ]
 Percent = Annotated[int, Meta(ge=1, le=100)]
+Name = Annotated[str, Meta(max_length=128)]
+ModelName = Annotated[str, Meta(min_length=1, max_length=64)]
+Detail = Annotated[str, Meta(max_length=1024, description="Human-readable; at most 1,024 characters")]
+LabelKey = Annotated[str, Meta(min_length=1, max_length=63)]
+LabelValue = Annotated[str, Meta(max_length=256)]
+MAX_MIB = 64 * 1024 * 1024  # 64 TiB: beyond any device or host
+MAX_SECONDS = 365 * 24 * 3600.0
+TENANT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+TenantName = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=64,
+        pattern=TENANT_NAME_PATTERN,
+        description="A tenant: one subject token of letters, digits, _ and -",
+    ),
+]
+LeaseSecret = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=128,
+        description="The lease's bearer secret (192 random bits, URL-safe base64)",
+    ),
+]
 
 __all__ = [
     "AllocationGranted",
@@ -56,7 +87,13 @@ __all__ = [
     "NodeHeartbeat",
     "NodeLost",
     "NodeRegistered",
+    "JobReason",
+    "LeaseError",
     "Percent",
+    "Priority",
+    "TENANT_NAME_PATTERN",
+    "TenantName",
+    "LeaseSecret",
     "ReleaseLease",
     "RenewLease",
     "TelemetrySampled",
@@ -102,6 +139,86 @@ class Isolation(StrEnum):
     HARD = "hard"
 
 
+class Priority(StrEnum):
+    """Priority classes a job may ask for; the queue file gives each its numeric value."""
+
+    LOW = "low"
+    NORMAL = "normal"
+    HIGH = "high"
+    CRITICAL = "critical"
+
+
+class JobReason(StrEnum):
+    """Why a job waits, was rejected or timed out (``JobPending``, ``JobRejected``,
+    ``JobTimedOut``). Public API: add, never rename."""
+
+    # --- pending ------------------------------------------------------------------------
+    NO_MATCHING_DEVICE = "no_matching_device"
+    """No healthy device matches the selectors right now (or, when rejecting, none at all)."""
+    INSUFFICIENT_CAPACITY = "insufficient_capacity"
+    """Matching devices exist but not enough of them are free."""
+    QUOTA_EXHAUSTED = "quota_exhausted"
+    """It would fit, but the queue (or an ancestor) is at its limit, or at its guarantee with
+    borrowing disabled."""
+    WAITING_FOR_GANG = "waiting_for_gang"
+    """Some of the gang's devices could be placed now, but not all of them together."""
+    PREEMPTION_IN_PROGRESS = "preemption_in_progress"
+    """Leases were preempted for this job and are still ending."""
+    CAPACITY_INCOMING = "capacity_incoming"
+    """It will fit once leases that are already ending give their slices back."""
+    CAPACITY_RESERVED = "capacity_reserved"
+    """It fits only on nodes held for a job that has waited too long (anti-starvation)."""
+    QUEUED = "queued"
+    """Admitted; no scheduling cycle has considered it yet."""
+
+    # --- rejected, terminal -------------------------------------------------------------
+    INVALID_REQUEST = "invalid_request"
+    """The request does not match the schema; ``field_name`` names the offending field."""
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    """The message is larger than the service accepts."""
+    TENANT_MISMATCH = "tenant_mismatch"
+    """The payload names another tenant than the one whose subject (credentials) sent it."""
+    QUEUE_NOT_ALLOWED = "queue_not_allowed"
+    """The queue file does not let this tenant charge the named queue."""
+    RATE_LIMITED = "rate_limited"
+    """The tenant sends requests faster than its rate limit; resubmit later with a new job id."""
+    TOO_MANY_PENDING = "too_many_pending"
+    """The tenant already has its maximum number of pending requests."""
+    UNKNOWN_MODEL = "unknown_model"
+    UNKNOWN_DEVICE = "unknown_device"
+    UNKNOWN_QUEUE = "unknown_queue"
+    UNKNOWN_PRIORITY = "unknown_priority"
+    SHARE_TOO_LARGE = "share_too_large"
+    EXCEEDS_NODE_CAPACITY = "exceeds_node_capacity"
+    EXCEEDS_DOMAIN_CAPACITY = "exceeds_domain_capacity"
+    EXCEEDS_POOL_CAPACITY = "exceeds_pool_capacity"
+    EXCEEDS_QUOTA_LIMIT = "exceeds_quota_limit"
+    INTERNAL_ERROR = "internal_error"
+    """The service failed to handle the request repeatedly; the detail says how."""
+
+    # --- timed out, terminal ------------------------------------------------------------
+    MAX_WAIT_EXCEEDED = "max_wait_exceeded"
+
+
+class LeaseError(StrEnum):
+    """Why a renew or release was refused (``LeaseReply.error``). The lease is never touched."""
+
+    UNKNOWN_LEASE = "unknown_lease"
+    NOT_OWNER = "not_owner"
+    """The lease belongs to another tenant."""
+    BAD_SECRET = "bad_secret"
+    """The lease secret does not match."""
+    STALE_TOKEN = "stale_token"
+    """The fencing token is not the lease's current one."""
+    LEASE_ENDED = "lease_ended"
+    """The lease has ended (released, expired, preempted, lost): it is no longer yours."""
+    LEASE_NOT_GRANTED = "lease_not_granted"
+    """The lease is reserved but not granted yet."""
+    INVALID_REQUEST = "invalid_request"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    INTERNAL_ERROR = "internal_error"
+
+
 class EndReason(StrEnum):
     """Why a lease ended. Each reason is also the last token of its event's subject."""
 
@@ -116,14 +233,14 @@ class EndReason(StrEnum):
 # --------------------------------------------------------------------------------------------
 
 
-class DeviceDemand(Struct, frozen=True, kw_only=True):
+class DeviceDemand(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a job needs of each device. No share fields at all means a whole device.
 
     A share gives ``memory_mib`` or ``memory_pct`` (not both) and/or ``compute_pct``. A share with
     only ``compute_pct`` gets device memory in the same proportion.
     """
 
-    memory_mib: Annotated[int, Meta(ge=1)] | None = None
+    memory_mib: Annotated[int, Meta(ge=1, le=MAX_MIB)] | None = None
     memory_pct: Percent | None = None
     compute_pct: Percent | None = None
 
@@ -133,28 +250,30 @@ class DeviceDemand(Struct, frozen=True, kw_only=True):
         return self.memory_mib is None and self.memory_pct is None and self.compute_pct is None
 
 
-class DeviceSelector(Struct, frozen=True, kw_only=True):
+class DeviceSelector(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Constraints on which devices may serve a request."""
 
     vendor: Vendor | None = None
-    models: list[str] = field(default_factory=list)
-    avoid_models: list[str] = field(default_factory=list)
-    device_ids: list[str] = field(default_factory=list)
-    avoid_device_ids: list[str] = field(default_factory=list)
-    min_memory_mib: Annotated[int, Meta(ge=0)] = 0
-    min_capacity: Annotated[float, Meta(ge=0)] = 0.0
-    capabilities: list[str] = field(default_factory=list)
+    models: Annotated[list[ModelName], Meta(max_length=64)] = field(default_factory=list)
+    avoid_models: Annotated[list[ModelName], Meta(max_length=64)] = field(default_factory=list)
+    device_ids: Annotated[list[Identifier], Meta(max_length=1024)] = field(default_factory=list)
+    avoid_device_ids: Annotated[list[Identifier], Meta(max_length=1024)] = field(
+        default_factory=list
+    )
+    min_memory_mib: Annotated[int, Meta(ge=0, le=MAX_MIB)] = 0
+    min_capacity: Annotated[float, Meta(ge=0, le=1e6)] = 0.0
+    capabilities: Annotated[list[ModelName], Meta(max_length=32)] = field(default_factory=list)
     isolation: Isolation = Isolation.ANY
 
 
-class HostDemand(Struct, frozen=True, kw_only=True):
+class HostDemand(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Host resources a job needs on the node that carries its devices."""
 
-    cpu_milli: Annotated[int, Meta(ge=0)] = 0
-    memory_mib: Annotated[int, Meta(ge=0)] = 0
+    cpu_milli: Annotated[int, Meta(ge=0, le=1_000_000_000)] = 0
+    memory_mib: Annotated[int, Meta(ge=0, le=MAX_MIB)] = 0
 
 
-class GangSpec(Struct, frozen=True, kw_only=True):
+class GangSpec(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """All devices of the request are placed together or not at all."""
 
     same_node: bool = True
@@ -162,9 +281,17 @@ class GangSpec(Struct, frozen=True, kw_only=True):
 
 
 class JobRequested(
-    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.requested.v1"
+    Struct,
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+    tag_field="type",
+    tag="xpupool.job.requested.v1",
 ):
     """An upstream system asks for accelerators. ``job_id`` is the idempotency key.
+
+    The tenant is the one whose subject the request arrives on; ``tenant`` may be left out, and
+    a request that names another tenant is rejected (``tenant_mismatch``).
 
     ``count`` is the number of distinct devices, all or nothing. ``count: 0`` is a host-only job:
     it reserves ``host.cpu_milli`` and ``host.memory_mib`` on one node and no device, so it must
@@ -172,7 +299,7 @@ class JobRequested(
     """
 
     job_id: Identifier
-    tenant: Identifier
+    tenant: TenantName | None = None
     count: Annotated[
         int,
         Meta(
@@ -189,14 +316,16 @@ class JobRequested(
     selector: DeviceSelector = field(default_factory=DeviceSelector)
     host: HostDemand = field(default_factory=HostDemand)
     gang: GangSpec | None = None
-    lease_ttl_s: Annotated[float, Meta(gt=0, le=7 * 24 * 3600)] = 300.0
+    lease_ttl_s: Annotated[float, Meta(ge=1, le=7 * 24 * 3600)] = 300.0
     owner: Identifier | None = None
     queue: Identifier | None = None
-    priority: str = "normal"
-    max_wait_s: Annotated[float, Meta(gt=0)] | None = None
-    expected_duration_s: Annotated[float, Meta(gt=0)] | None = None
+    priority: Priority = Priority.NORMAL
+    max_wait_s: Annotated[float, Meta(gt=0, le=30 * 24 * 3600)] | None = None
+    expected_duration_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] | None = None
     intent: Intent = Intent.CHEAPEST
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: Annotated[dict[LabelKey, LabelValue], Meta(max_length=32)] = field(
+        default_factory=dict
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -224,20 +353,20 @@ class JobRejected(
     """A request that will never be placed: terminal. ``field_name`` names the offending input
     (a dotted path such as ``device.memory_mib``) when one input is to blame."""
 
-    job_id: str
-    tenant: str | None = None
-    field_name: str | None = None
-    reason: str
-    detail: str = ""
+    job_id: Name
+    tenant: Name | None = None
+    field_name: Name | None = None
+    reason: JobReason
+    detail: Detail = ""
 
 
 class JobPending(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.pending.v1"):
     """A request that cannot be placed now and waits; ``reason`` explains why."""
 
-    job_id: str
-    tenant: str
-    reason: str
-    detail: str = ""
+    job_id: Name
+    tenant: Name
+    reason: JobReason
+    detail: Detail = ""
     since: Timestamp
 
 
@@ -246,10 +375,10 @@ class JobTimedOut(
 ):
     """A pending request waited past its ``max_wait_s``: terminal."""
 
-    job_id: str
-    tenant: str
+    job_id: Name
+    tenant: Name
     waited_s: float
-    last_reason: str = ""
+    last_reason: JobReason | None = None
 
 
 class JobReserved(
@@ -276,7 +405,7 @@ class EndLease(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool
 
     lease_id: str
     reason: EndReason
-    detail: str = ""
+    detail: Detail = ""
     grace_s: Annotated[float, Meta(ge=0)] = 0.0
     requested_by: str = ""
 
@@ -302,7 +431,8 @@ class AllocationGranted(
     ``env`` is what the job must run with: the vendors' visible-device variables and limits
     (a host-only job, with no slices, gets every vendor's visible-device variable empty: no
     device). ``host`` is the host CPU and memory held per node; it is where a host-only job runs.
-    ``fencing_token`` must accompany every renew and release.
+    ``lease_secret`` and ``fencing_token`` must accompany every renew and release. The secret
+    is only in the owner's copy (the tenant space); operator copies carry ``null``.
     """
 
     job_id: str
@@ -315,6 +445,7 @@ class AllocationGranted(
     slices: list[DeviceSlice]
     env: dict[str, str]
     host: list[HostShare] = field(default_factory=list)
+    lease_secret: LeaseSecret | None = None
 
 
 class LeaseRenewed(
@@ -326,6 +457,7 @@ class LeaseRenewed(
     lease_id: str
     fencing_token: int
     expires_at: Timestamp
+    tenant: str = ""
 
 
 class LeaseEnded(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.alloc.ended.v1"):
@@ -337,7 +469,7 @@ class LeaseEnded(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupo
     reason: EndReason
     fencing_token: int
     ended_at: Timestamp
-    detail: str = ""
+    detail: Detail = ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -345,29 +477,51 @@ class LeaseEnded(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupo
 # --------------------------------------------------------------------------------------------
 
 
-class RenewLease(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.lease.renew.v1"):
-    """Extend a lease by ``ttl_s`` (default: its original term) from the ledger's clock."""
+FencingToken = Annotated[int, Meta(ge=0, le=2**53)]
 
-    lease_id: str
-    fencing_token: int
-    ttl_s: Annotated[float, Meta(gt=0, le=7 * 24 * 3600)] | None = None
+
+class RenewLease(
+    Struct,
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+    tag_field="type",
+    tag="xpupool.lease.renew.v1",
+):
+    """Extend a lease by ``ttl_s`` (default: its original term) from the ledger's clock.
+
+    Only the owning tenant, presenting the grant's ``lease_secret`` and current
+    ``fencing_token``, can renew; anything else is refused and leaves the lease as it was.
+    """
+
+    lease_id: Identifier
+    lease_secret: LeaseSecret
+    fencing_token: FencingToken
+    ttl_s: Annotated[float, Meta(ge=1, le=7 * 24 * 3600)] | None = None
 
 
 class ReleaseLease(
-    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.lease.release.v1"
+    Struct,
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+    tag_field="type",
+    tag="xpupool.lease.release.v1",
 ):
-    """Give a lease back before its term."""
+    """Give a lease back before its term (owner only, with its secret and current token)."""
 
-    lease_id: str
-    fencing_token: int
+    lease_id: Identifier
+    lease_secret: LeaseSecret
+    fencing_token: FencingToken
 
 
 class LeaseReply(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.lease.reply.v1"):
     """Answer to a renew or release request."""
 
     ok: bool
-    lease_id: str
-    error: str | None = None
+    lease_id: Name
+    error: LeaseError | None = None
+    detail: Detail = ""
     expires_at: Timestamp | None = None
 
 
@@ -454,7 +608,7 @@ class DeviceHealthChanged(
     device_id: str
     previous: Health
     current: Health
-    reason: str = ""
+    reason: Detail = ""
     at: Timestamp
 
 

@@ -2,12 +2,25 @@
 
 Services, tests and the AsyncAPI generator all read this module; no subject literal appears
 anywhere else. Subjects are lowercase dot tokens with a version: ``xpupool.<family>.v1.<event>``.
+
+Two spaces:
+
+- the **tenant space** ``xpupool.tenant.v1.<tenant>.…``: everything a tenant sends (job requests,
+  lease commands) and receives (its outcomes and lease events, grants with their lease secret).
+  The tenant token is the authenticated identity: NATS permissions pin each tenant to its own
+  token, so services take the tenant from the subject, never from the payload alone;
+- the **operator space** (every other family): internal commands between services, telemetry,
+  and an operator copy of every tenant event with its secrets removed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Final
+
+import msgspec
 
 from xpupool.contracts import payloads as p
 
@@ -42,14 +55,39 @@ class Channel:
         """The address with every ``{param}`` token a NATS wildcard, for subscribing to all."""
         return ".".join("*" if t.startswith("{") else t for t in self.address.split("."))
 
+    @property
+    def tenant_scoped(self) -> bool:
+        """Whether the subject carries the (authenticated) tenant token."""
+        return "{tenant}" in self.address.split(".")
+
+    def params_of(self, subject: str) -> dict[str, str] | None:
+        """The ``{param}`` values of a concrete subject of this channel, or None if it is not one
+        (wrong shape, or a tenant token that is not a valid tenant name)."""
+        template, tokens = self.address.split("."), subject.split(".")
+        if len(template) != len(tokens):
+            return None
+        params: dict[str, str] = {}
+        for expected, token in zip(template, tokens, strict=True):
+            if expected.startswith("{"):
+                params[expected[1:-1]] = token
+            elif expected != token:
+                return None
+        tenant = params.get("tenant")
+        if tenant is not None and not TENANT_NAME.fullmatch(tenant):
+            return None
+        return params
+
     def subject(self, **params: str) -> str:
         """The concrete subject, with ``{param}`` tokens filled in."""
         return self.address.format(**params) if params else self.address
 
 
+TENANT_NAME: Final = re.compile(p.TENANT_NAME_PATTERN)
+TENANT_SPACE: Final = "xpupool.tenant.v1"
+
 JOBS_STREAM: Final = Stream(
     name="XPUPOOL_JOBS",
-    subjects=("xpupool.jobs.v1.requested",),
+    subjects=(f"{TENANT_SPACE}.*.jobs.requested",),
     work_queue=True,
     description="Accepted job requests until a scheduler has handled them (work queue).",
 )
@@ -73,38 +111,52 @@ EVENTS_STREAM: Final = Stream(
     work_queue=False,
     description="Public outcome events, kept for a week for any number of subscribers.",
 )
-STREAMS: Final = (JOBS_STREAM, SCHED_STREAM, EVENTS_STREAM)
+TENANT_EVENTS_STREAM: Final = Stream(
+    name="XPUPOOL_TENANT_EVENTS",
+    subjects=(f"{TENANT_SPACE}.*.events.>",),
+    work_queue=False,
+    description=(
+        "Each tenant's own outcome and lease events (grants with their lease secret): readable "
+        "only by that tenant and the services, kept for a day."
+    ),
+    max_age_s=24 * 3600.0,
+)
+STREAMS: Final = (JOBS_STREAM, SCHED_STREAM, EVENTS_STREAM, TENANT_EVENTS_STREAM)
+
+TENANT_PARAM: Final = {"tenant": "the tenant's name, pinned to its credentials by the server"}
 
 JOB_REQUESTED: Final = Channel(
-    "xpupool.jobs.v1.requested",
+    TENANT_SPACE + ".{tenant}.jobs.requested",
     (p.JobRequested,),
-    "Submit a job request. Publish with header Nats-Msg-Id = job_id so retries deduplicate.",
+    "Submit a job request as {tenant}. Publish with header Nats-Msg-Id = job_id so retries "
+    "deduplicate; a payload `tenant` other than {tenant} is rejected.",
     sender="upstream",
     receivers=("scheduler",),
     stream=JOBS_STREAM,
+    parameters=TENANT_PARAM,
 )
 JOB_REJECTED: Final = Channel(
     "xpupool.jobs.v1.rejected",
     (p.JobRejected,),
-    "Terminal: the request is invalid or can never be placed.",
+    "Operator copy. Terminal: the request is invalid or can never be placed.",
     sender="scheduler",
-    receivers=("upstream",),
+    receivers=("operators",),
     stream=EVENTS_STREAM,
 )
 JOB_PENDING: Final = Channel(
     "xpupool.jobs.v1.pending",
     (p.JobPending,),
-    "The request waits for capacity; the reason says why.",
+    "Operator copy. The request waits for capacity; the reason says why.",
     sender="scheduler",
-    receivers=("upstream",),
+    receivers=("operators",),
     stream=EVENTS_STREAM,
 )
 JOB_TIMED_OUT: Final = Channel(
     "xpupool.jobs.v1.timed_out",
     (p.JobTimedOut,),
-    "Terminal: the request waited longer than its max_wait_s.",
+    "Operator copy. Terminal: the request waited longer than its max_wait_s.",
     sender="scheduler",
-    receivers=("upstream",),
+    receivers=("operators",),
     stream=EVENTS_STREAM,
 )
 JOB_RESERVED: Final = Channel(
@@ -126,43 +178,106 @@ LEASE_END: Final = Channel(
 ALLOC_GRANTED: Final = Channel(
     "xpupool.alloc.v1.granted",
     (p.AllocationGranted,),
-    "The job holds a lease; the payload carries the slices and the environment to run with.",
+    "Operator copy of a grant: the slices and environment, never the lease secret.",
     sender="lease-manager",
-    receivers=("upstream", "scheduler"),
+    receivers=("operators", "scheduler"),
     stream=EVENTS_STREAM,
 )
 ALLOC_RENEWED: Final = Channel(
     "xpupool.alloc.v1.renewed",
     (p.LeaseRenewed,),
-    "A lease's term was extended.",
+    "Operator copy. A lease's term was extended.",
     sender="lease-manager",
-    receivers=("upstream",),
+    receivers=("operators",),
     stream=EVENTS_STREAM,
 )
 ALLOC_ENDED: Final = Channel(
     "xpupool.alloc.v1.ended.{reason}",
     (p.LeaseEnded,),
-    "Terminal: a lease ended (released, expired, preempted or lost); its slices are free again.",
+    "Operator copy. Terminal: a lease ended (released, expired, preempted or lost); its slices "
+    "are free again.",
     sender="lease-manager",
-    receivers=("upstream", "scheduler"),
+    receivers=("operators", "scheduler"),
     stream=EVENTS_STREAM,
     parameters={"reason": "released | expired | preempted | lost"},
 )
 LEASE_RENEW: Final = Channel(
-    "xpupool.leases.v1.renew",
+    TENANT_SPACE + ".{tenant}.leases.renew",
     (p.RenewLease,),
-    "Renew a lease. Send as a request to get a LeaseReply, or publish to fire and forget.",
+    "Renew one of {tenant}'s leases (its lease_secret and fencing_token). Send as a request to "
+    "get a LeaseReply, or publish to fire and forget.",
     sender="upstream",
     receivers=("lease-manager",),
     reply=p.LeaseReply,
+    parameters=TENANT_PARAM,
 )
 LEASE_RELEASE: Final = Channel(
-    "xpupool.leases.v1.release",
+    TENANT_SPACE + ".{tenant}.leases.release",
     (p.ReleaseLease,),
-    "Release a lease. Send as a request to get a LeaseReply, or publish to fire and forget.",
+    "Release one of {tenant}'s leases (its lease_secret and fencing_token). Send as a request "
+    "to get a LeaseReply, or publish to fire and forget.",
     sender="upstream",
     receivers=("lease-manager",),
     reply=p.LeaseReply,
+    parameters=TENANT_PARAM,
+)
+
+# ---- what each tenant receives: its own events, in the tenant space ----------------------
+
+TENANT_JOB_REJECTED: Final = Channel(
+    TENANT_SPACE + ".{tenant}.events.rejected",
+    (p.JobRejected,),
+    "Terminal: the request is invalid, not allowed, or can never be placed; `reason` is a code.",
+    sender="scheduler",
+    receivers=("upstream",),
+    stream=TENANT_EVENTS_STREAM,
+    parameters=TENANT_PARAM,
+)
+TENANT_JOB_PENDING: Final = Channel(
+    TENANT_SPACE + ".{tenant}.events.pending",
+    (p.JobPending,),
+    "The request waits for capacity; the reason says why.",
+    sender="scheduler",
+    receivers=("upstream",),
+    stream=TENANT_EVENTS_STREAM,
+    parameters=TENANT_PARAM,
+)
+TENANT_JOB_TIMED_OUT: Final = Channel(
+    TENANT_SPACE + ".{tenant}.events.timed_out",
+    (p.JobTimedOut,),
+    "Terminal: the request waited longer than its max_wait_s.",
+    sender="scheduler",
+    receivers=("upstream",),
+    stream=TENANT_EVENTS_STREAM,
+    parameters=TENANT_PARAM,
+)
+TENANT_ALLOC_GRANTED: Final = Channel(
+    TENANT_SPACE + ".{tenant}.events.granted",
+    (p.AllocationGranted,),
+    "The job holds a lease: slices, environment, fencing token and the lease secret that "
+    "renew and release must present. Delivered to the owning tenant only.",
+    sender="lease-manager",
+    receivers=("upstream",),
+    stream=TENANT_EVENTS_STREAM,
+    parameters=TENANT_PARAM,
+)
+TENANT_ALLOC_RENEWED: Final = Channel(
+    TENANT_SPACE + ".{tenant}.events.renewed",
+    (p.LeaseRenewed,),
+    "A lease's term was extended.",
+    sender="lease-manager",
+    receivers=("upstream",),
+    stream=TENANT_EVENTS_STREAM,
+    parameters=TENANT_PARAM,
+)
+TENANT_ALLOC_ENDED: Final = Channel(
+    TENANT_SPACE + ".{tenant}.events.ended.{reason}",
+    (p.LeaseEnded,),
+    "Terminal: a lease ended; its slices are free again.",
+    sender="lease-manager",
+    receivers=("upstream",),
+    stream=TENANT_EVENTS_STREAM,
+    parameters={**TENANT_PARAM, "reason": "released | expired | preempted | lost"},
 )
 NODE_REGISTERED: Final = Channel(
     "xpupool.nodes.v1.registered",
@@ -222,6 +337,16 @@ SIM_FAULT: Final = Channel(
     parameters={"node_id": "the node's id"},
 )
 
+# Operator channel -> the tenant channel that carries the owner's copy of the same event.
+TENANT_COPIES: Final[dict[str, Channel]] = {
+    JOB_REJECTED.address: TENANT_JOB_REJECTED,
+    JOB_PENDING.address: TENANT_JOB_PENDING,
+    JOB_TIMED_OUT.address: TENANT_JOB_TIMED_OUT,
+    ALLOC_GRANTED.address: TENANT_ALLOC_GRANTED,
+    ALLOC_RENEWED.address: TENANT_ALLOC_RENEWED,
+    ALLOC_ENDED.address: TENANT_ALLOC_ENDED,
+}
+
 CHANNELS: Final[tuple[Channel, ...]] = (
     JOB_REQUESTED,
     JOB_REJECTED,
@@ -241,6 +366,12 @@ CHANNELS: Final[tuple[Channel, ...]] = (
     DEVICE_HEALTH,
     LEASE_OVERUSED,
     SIM_FAULT,
+    TENANT_JOB_REJECTED,
+    TENANT_JOB_PENDING,
+    TENANT_JOB_TIMED_OUT,
+    TENANT_ALLOC_GRANTED,
+    TENANT_ALLOC_RENEWED,
+    TENANT_ALLOC_ENDED,
 )
 
 
@@ -276,21 +407,51 @@ DURABLES: Final[tuple[Durable, ...]] = (SCHEDULER_JOBS, LEASE_MANAGER_GRANTS, LE
 
 
 def channel_of(event: object) -> Channel:
-    """The channel a payload type is published on."""
+    """The channel a payload type is published on (the operator copy for tenant events; the
+    tenant's own command channel for job requests and lease commands)."""
     for channel in CHANNELS:
         if type(event) in channel.payloads:
             return channel
     raise KeyError(f"no channel carries {type(event).__name__}")
 
 
+def _subject_on(channel: Channel, event: object) -> str:
+    params: dict[str, str] = {}
+    if channel.tenant_scoped:
+        params["tenant"] = str(getattr(event, "tenant", "") or "")
+    if isinstance(event, p.LeaseEnded):
+        params["reason"] = event.reason.value
+    if isinstance(event, p.NodeHeartbeat | p.TelemetrySampled | p.InjectFault):
+        params["node_id"] = event.node_id
+    return channel.subject(**params)
+
+
 def subject_of(event: object) -> str:
     """The concrete subject an event is published on, parameters taken from the event."""
+    return _subject_on(channel_of(event), event)
+
+
+def redacted(event: msgspec.Struct) -> msgspec.Struct:
+    """The event without anything only its owner may see (the lease secret)."""
+    if isinstance(event, p.AllocationGranted) and event.lease_secret is not None:
+        return msgspec.structs.replace(event, lease_secret=None)
+    return event
+
+
+def deliveries(event: msgspec.Struct) -> list[tuple[Channel, str, msgspec.Struct]]:
+    """Where one event goes, and in what form: its channel (operator copies with secrets
+    removed) and, for an event of a known tenant, that tenant's own copy in the tenant space."""
     channel = channel_of(event)
-    if isinstance(event, p.LeaseEnded):
-        return channel.subject(reason=event.reason.value)
-    if isinstance(event, p.NodeHeartbeat | p.TelemetrySampled | p.InjectFault):
-        return channel.subject(node_id=event.node_id)
-    return channel.subject()
+    tenant_channel = TENANT_COPIES.get(channel.address)
+    tenant = getattr(event, "tenant", None)
+    if tenant_channel is None:
+        return [(channel, _subject_on(channel, event), event)]
+    out: list[tuple[Channel, str, msgspec.Struct]] = [
+        (channel, _subject_on(channel, event), redacted(event))
+    ]
+    if tenant and TENANT_NAME.fullmatch(tenant):
+        out.append((tenant_channel, _subject_on(tenant_channel, event), event))
+    return out
 
 
 def dedup_id(event: object) -> str | None:
@@ -300,7 +461,10 @@ def dedup_id(event: object) -> str | None:
         case p.JobRequested(job_id=job_id):
             return job_id
         case p.JobRejected(job_id=job_id) if job_id:
-            return f"{job_id}:rejected"
+            # Two different rejections of one job id (a corrected resubmission refused again for
+            # another reason) are two events; the same rejection redelivered is one.
+            what = f"{event.reason}|{event.field_name}|{event.detail}".encode()
+            return f"{job_id}:rejected:{hashlib.sha256(what).hexdigest()[:16]}"
         case p.JobTimedOut(job_id=job_id):
             return f"{job_id}:timed_out"
         case p.JobReserved(job_id=job_id):
