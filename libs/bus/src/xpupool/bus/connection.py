@@ -1,8 +1,19 @@
-"""Connecting to NATS with explicit, bounded retry settings, and declaring the streams."""
+"""Connecting to NATS with explicit, bounded retry settings, and declaring the streams.
+
+A connection may be secured (``xpupool.devstack.secure`` generates everything for it): TLS
+(``tls://`` URL, the operator's CA, optionally a client certificate for mutual TLS) and an
+identity, given as a credentials file: an NKey seed file (``SU…``) or a NATS JWT ``.creds``
+file (decentralized set-ups). Each identity uses its own inbox prefix (``xpupool.contracts.
+access``), because its permissions allow replies only there.
+"""
 
 from __future__ import annotations
 
+import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import nats
 from nats.aio.client import Client
@@ -10,8 +21,12 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
+from xpupool.contracts import access, subjects
 from xpupool.contracts.subjects import Stream
 from xpupool.obs import get_logger
+
+JWT_CREDS_HEADER = "-----BEGIN NATS USER JWT-----"
+ErrorCallback = Callable[[Exception], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -27,6 +42,98 @@ class BusSettings:
     max_reconnect_attempts: int = -1
     # How long a clean shutdown waits for in-flight messages before closing anyway.
     drain_timeout_s: float = 5.0
+    # The identity: an NKey seed file or a NATS JWT .creds file ("": none, an open server).
+    creds: str = ""
+    # The CA that signed the server's certificate ("": the system's CAs, for a tls:// URL).
+    tls_ca: str = ""
+    # A client certificate and key, for a server that verifies clients (mutual TLS).
+    tls_cert: str = ""
+    tls_key: str = ""
+    # Where replies to this connection's requests arrive ("": nats-py's default _INBOX).
+    inbox_prefix: str = ""
+    # Whether this identity creates and updates the streams (it needs the JetStream API).
+    declare_streams: bool = True
+
+
+def bus_settings(role: str, name: str, settings: object) -> BusSettings:
+    """How the service ``role`` (an ``access`` role) reaches NATS, from its settings object
+    (its ``nats_url``, ``nats_creds``, ``nats_tls_ca``, ``nats_tls_cert`` and ``nats_tls_key``
+    fields; missing ones are unset): its own inbox prefix, and stream declaration only for a
+    role with the JetStream API."""
+    permissions = access.service_permissions(role)
+    return BusSettings(
+        url=str(getattr(settings, "nats_url", BusSettings.url)),
+        name=name,
+        creds=str(getattr(settings, "nats_creds", "") or ""),
+        tls_ca=str(getattr(settings, "nats_tls_ca", "") or ""),
+        tls_cert=str(getattr(settings, "nats_tls_cert", "") or ""),
+        tls_key=str(getattr(settings, "nats_tls_key", "") or ""),
+        inbox_prefix=access.service_inbox(role),
+        declare_streams=any(p in ("$JS.API.>", ">") for p in permissions.publish),
+    )
+
+
+def tls_context(
+    tls_ca: str | None = None, tls_cert: str | None = None, tls_key: str | None = None
+) -> ssl.SSLContext:
+    """A client TLS context that verifies the server with ``tls_ca`` (default: the system's
+    CAs) and presents ``tls_cert``/``tls_key`` if given."""
+    context = ssl.create_default_context(cafile=tls_ca or None)
+    if tls_cert:
+        context.load_cert_chain(tls_cert, tls_key or None)
+    return context
+
+
+def security_options(
+    url: str,
+    creds: str | None = None,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    inbox_prefix: str | None = None,
+) -> dict[str, Any]:
+    """The nats-py ``connect`` keywords for a credentials file, TLS and an inbox prefix."""
+    options: dict[str, Any] = {}
+    if creds:
+        head = Path(creds).read_text(errors="replace").lstrip()[: len(JWT_CREDS_HEADER)]
+        if head == JWT_CREDS_HEADER:
+            options["user_credentials"] = creds
+        else:
+            # nats-py reads the seed file at each (re)connect, so a rotated seed is picked up.
+            options["nkeys_seed"] = creds
+    if tls_ca or tls_cert or url.startswith("tls://"):
+        options["tls"] = tls_context(tls_ca, tls_cert, tls_key)
+    if inbox_prefix:
+        options["inbox_prefix"] = inbox_prefix
+    return options
+
+
+async def connect_client(
+    url: str,
+    creds: str | None = None,
+    tls_ca: str | None = None,
+    inbox_prefix: str | None = None,
+    name: str = "xpupool-client",
+    *,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    error_cb: ErrorCallback | None = None,
+    connect_timeout_s: float = 2.0,
+    max_reconnect_attempts: int = 5,
+) -> Client:
+    """A client connection (CLI, Python client, tests): bounded reconnects, the identity in
+    ``creds`` (seed or JWT .creds file), TLS verified with ``tls_ca``, replies under
+    ``inbox_prefix`` (a tenant or operator must use its own: ``access.tenant_inbox``)."""
+    options = security_options(url, creds, tls_ca, tls_cert, tls_key, inbox_prefix)
+    if error_cb is not None:
+        options["error_cb"] = error_cb
+    return await nats.connect(
+        url,
+        name=name,
+        connect_timeout=connect_timeout_s,
+        max_reconnect_attempts=max_reconnect_attempts,
+        **options,
+    )
 
 
 async def connect(settings: BusSettings) -> Client:
@@ -53,7 +160,23 @@ async def connect(settings: BusSettings) -> Client:
         error_cb=on_error,
         disconnected_cb=on_disconnected,
         reconnected_cb=on_reconnected,
+        **security_options(
+            settings.url,
+            settings.creds,
+            settings.tls_ca,
+            settings.tls_cert,
+            settings.tls_key,
+            settings.inbox_prefix,
+        ),
     )
+
+
+async def declare_streams(js: JetStreamContext, settings: BusSettings) -> None:
+    """Create or update every stream of the registry, if this identity may (``settings.
+    declare_streams``); an identity without the JetStream API relies on the others (or the
+    operator) to have declared them."""
+    if settings.declare_streams:
+        await ensure_streams(js, subjects.STREAMS)
 
 
 async def ensure_streams(js: JetStreamContext, streams: tuple[Stream, ...]) -> None:
