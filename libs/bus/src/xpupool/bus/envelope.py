@@ -15,6 +15,9 @@ from xpupool.contracts import ce_type
 
 SPEC_VERSION = "1.0"
 MSG_ID_HEADER = "Nats-Msg-Id"
+# A received message's headers are the sender's text: what is read back (and bound into every
+# log line of the message) is cut to this many characters.
+ATTRIBUTE_LIMIT = 256
 
 
 @dataclass(frozen=True)
@@ -42,12 +45,21 @@ def ce_headers(payload_type: type, source: str, event_id: str | None = None) -> 
 
 
 def read_envelope(headers: dict[str, str] | None) -> Envelope | None:
-    """The envelope of a received message, or None when the sender set no CloudEvents headers."""
+    """The envelope of a received message, or None when the sender set no CloudEvents headers.
+
+    Each attribute is cut to ``ATTRIBUTE_LIMIT`` characters (a sender may put a megabyte in a
+    header; it must not reach the logs or any answer).
+    """
     if not headers or "ce-id" not in headers:
         return None
+    time = headers.get("ce-time")
     return Envelope(
-        id=unquote(headers["ce-id"]),
-        source=unquote(headers.get("ce-source", "")),
-        type=headers.get("ce-type", ""),
-        time=headers.get("ce-time"),
+        id=_bounded(unquote(headers["ce-id"][: 3 * ATTRIBUTE_LIMIT])),
+        source=_bounded(unquote(headers.get("ce-source", "")[: 3 * ATTRIBUTE_LIMIT])),
+        type=_bounded(headers.get("ce-type", "")),
+        time=None if time is None else _bounded(time),
     )
+
+
+def _bounded(value: str) -> str:
+    return value[:ATTRIBUTE_LIMIT]

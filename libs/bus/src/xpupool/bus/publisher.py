@@ -1,8 +1,14 @@
-"""Publishing events: subject from the registry, CloudEvents headers, trace context, dedup id."""
+"""Publishing events: subject from the registry, CloudEvents headers, trace context, dedup id.
+
+Nothing larger than the server's ``max_payload`` is ever handed to the connection: the server
+answers such a message with ``-ERR 'Maximum Payload Violation'`` and closes the connection, and
+nats-py does not reconnect after that (it checks only the payload against the limit, never the
+headers). ``MessageTooLarge`` is raised instead, before anything is sent.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import msgspec
 from nats.aio.client import Client
@@ -12,9 +18,43 @@ from opentelemetry.trace import SpanKind
 
 from xpupool.bus.envelope import ce_headers
 from xpupool.contracts import encode
-from xpupool.contracts.subjects import channel_of, dedup_id, subject_of
+from xpupool.contracts.subjects import Channel, channel_of, dedup_id, subject_of
+from xpupool.obs import get_logger
 
 PUBLISH_TIMEOUT_S = 5.0
+
+# How nats-py frames a header block: "NATS/1.0\r\n", one "key: value\r\n" per header, "\r\n".
+_HEADER_FRAME = len(b"NATS/1.0\r\n\r\n")
+_HEADER_LINE_OVERHEAD = len(b": \r\n")
+
+
+class MessageTooLarge(ValueError):
+    """A message (payload plus headers) larger than the server's ``max_payload``; not sent."""
+
+    def __init__(self, subject: str, size: int, limit: int) -> None:
+        super().__init__(f"message to {subject!r} is {size} bytes, server max_payload {limit}")
+        self.subject = subject
+        self.size = size
+        self.limit = limit
+
+
+def encoded_size(data: bytes, headers: Mapping[str, str] | None) -> int:
+    """The bytes the server counts against ``max_payload``: payload plus header block."""
+    if not headers:
+        return len(data)
+    size = len(data) + _HEADER_FRAME
+    for key, value in headers.items():
+        name = key.strip()
+        if name:
+            size += len(name.encode()) + len(value.strip().encode()) + _HEADER_LINE_OVERHEAD
+    return size
+
+
+def check_size(nc: Client, subject: str, data: bytes, headers: Mapping[str, str] | None) -> None:
+    """Raise ``MessageTooLarge`` if the server would refuse (and disconnect over) this message."""
+    size = encoded_size(data, headers)
+    if size > nc.max_payload:
+        raise MessageTooLarge(subject, size, nc.max_payload)
 
 
 class Publisher:
@@ -29,11 +69,34 @@ class Publisher:
         self._js = js
         self._source = source
         self._tracer = trace.get_tracer("xpupool.bus")
+        self._log = get_logger()
+
+    @property
+    def nc(self) -> Client:
+        """The connection events (and replies) go out on."""
+        return self._nc
+
+    @property
+    def source(self) -> str:
+        """The CloudEvents ``source`` of everything this publisher sends."""
+        return self._source
 
     async def publish(self, event: msgspec.Struct, event_id: str | None = None) -> None:
-        """Publish one event; returns once JetStream has stored it (or core NATS has it queued)."""
-        channel = channel_of(event)
-        subject = subject_of(event)
+        """Publish one event; returns once JetStream has stored it (or core NATS has it queued).
+
+        Raises ``MessageTooLarge`` (and sends nothing) if it would exceed ``max_payload``.
+        """
+        await self.publish_to(channel_of(event), subject_of(event), event, event_id)
+
+    async def publish_to(
+        self,
+        channel: Channel,
+        subject: str,
+        event: msgspec.Struct,
+        event_id: str | None = None,
+    ) -> None:
+        """Publish ``event`` on a concrete ``subject`` of ``channel`` (``publish`` looks both up
+        in the registry)."""
         headers = ce_headers(type(event), self._source, event_id or dedup_id(event))
         with self._tracer.start_as_current_span(
             f"send {channel.address}",
@@ -48,6 +111,17 @@ class Publisher:
         ):
             propagate.inject(headers)
             data = encode(event)
+            try:
+                check_size(self._nc, subject, data, headers)
+            except MessageTooLarge as error:
+                self._log.error(
+                    "event_too_large",
+                    subject=subject,
+                    event_type=type(event).__name__,
+                    size=error.size,
+                    limit=error.limit,
+                )
+                raise
             if channel.stream is not None:
                 await self._js.publish(subject, data, headers=headers, timeout=PUBLISH_TIMEOUT_S)
             else:
