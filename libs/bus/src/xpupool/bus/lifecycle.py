@@ -1,21 +1,39 @@
-"""Process lifecycle: open the bus, stop on SIGINT/SIGTERM, run a service's loops until then."""
+"""Process lifecycle: open the bus, stop on SIGINT/SIGTERM, run a service's loops until then.
+
+A service never lives on deaf. nats-py reconnects after a lost connection, but a connection the
+server closed with an error (``-ERR 'Maximum Payload Violation'``, say) is closed for good, and
+every later call fails with ``ConnectionClosedError``. ``watch_bus`` turns that state into a
+``BusClosed`` error that ends ``run_until_stopped``; ``supervise`` then runs the service again,
+in-process, on a fresh connection.
+
+Shutdown is bounded whatever the connections do: loops get ``SHUTDOWN_TIMEOUT_S`` to finish once
+cancelled, and the bus is drained only while connected, within its drain timeout, then closed.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from xpupool.bus.connection import BusSettings, connect, ensure_streams
+from xpupool.bus.connection import BusSettings, connect, declare_streams
 from xpupool.bus.publisher import Publisher
-from xpupool.contracts import subjects
 from xpupool.obs import get_logger
+
+SHUTDOWN_TIMEOUT_S = 5.0
+WATCH_INTERVAL_S = 0.5
+
+
+class BusClosed(ConnectionError):
+    """The NATS connection was closed for good while the service was meant to be running."""
 
 
 def stop_on_signals() -> asyncio.Event:
@@ -27,25 +45,109 @@ def stop_on_signals() -> asyncio.Event:
     return stop
 
 
-async def run_until_stopped(stop: asyncio.Event, *loops: Coroutine[Any, Any, None]) -> None:
-    """Run the service's loops; when ``stop`` is set, or any loop dies, stop them all.
+async def watch_bus(
+    nc: Client, stop: asyncio.Event, *, interval_s: float = WATCH_INTERVAL_S
+) -> None:
+    """Return when ``stop`` is set; raise ``BusClosed`` if ``nc`` closes before that.
 
-    A loop that raises is a bug, not a transient fault (those are retried inside each loop), so
-    the process exits non-zero and its supervisor restarts it.
+    Run it as one of the service's loops (``run_until_stopped``): a closed connection then ends
+    the service instead of leaving its loops failing forever.
+    """
+    while not stop.is_set():
+        if nc.is_closed:
+            raise BusClosed(f"NATS connection closed ({nc.last_error!r})")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
+
+
+async def run_until_stopped(
+    stop: asyncio.Event,
+    *loops: Coroutine[Any, Any, None],
+    shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S,
+) -> None:
+    """Run the service's loops; when ``stop`` is set, or any loop ends, stop them all.
+
+    A loop that raises is a bug or a lost bus (``BusClosed`` from ``watch_bus``), not a transient
+    fault (those are retried inside each loop): the error is raised again here, for
+    ``supervise`` to restart the service or the process to exit non-zero. Loops get
+    ``shutdown_timeout_s`` to finish once cancelled; one that does not is logged and left.
     """
     log = get_logger()
     tasks = [asyncio.create_task(loop) for loop in loops]
     stopper = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
-    stop.set()
-    failed = [t for t in done if t is not stopper and t.exception() is not None]
-    for task in tasks:
-        if not task.done():
-            task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    log.info("service_stopped")
+    try:
+        done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.set()
+        stopper.cancel()
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=shutdown_timeout_s)
+            if stuck:
+                log.error("loops_not_stopping", loops=len(stuck))
+    failed = [
+        t for t in done if t is not stopper and not t.cancelled() and t.exception() is not None
+    ]
+    log.info("service_stopped", error=repr(failed[0].exception()) if failed else None)
     if failed:
         raise failed[0].exception()  # type: ignore[misc]
+
+
+RESTART_ON: tuple[type[BaseException], ...] = (BusClosed, nats.errors.ConnectionClosedError)
+# A re-run may find the server still away; its connect failing is retried too (not the first
+# run's: a service that cannot reach its bus at start-up exits, as before).
+RESTART_ON_RECONNECT: tuple[type[BaseException], ...] = (
+    *RESTART_ON,
+    nats.errors.NoServersError,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+async def supervise(
+    run_once: Callable[[asyncio.Event], Awaitable[None]],
+    stop: asyncio.Event,
+    *,
+    backoff_s: float = 1.0,
+    max_backoff_s: float = 30.0,
+) -> None:
+    """Run ``run_once`` until ``stop`` is set, again whenever it ends because the bus closed.
+
+    ``run_once(run_stop)`` opens its own bus (and everything else it needs, in its own
+    ``AsyncExitStack``) and runs its loops with ``run_stop``: an event set when ``stop`` is,
+    and set by ``run_until_stopped`` when one of the run's loops ends, so that ending one run
+    never stops the next. It is restarted after ``BusClosed`` or ``ConnectionClosedError``
+    (logged as ``service_restarting``; waits ``backoff_s``, doubling up to ``max_backoff_s``
+    while runs keep failing); any other error propagates, and a run that returns while ``stop``
+    is unset ends the supervision too.
+    """
+    log = get_logger()
+    restarts = 0
+    while not stop.is_set():
+        run_stop = asyncio.Event()
+        mirror = asyncio.create_task(_set_when(stop, run_stop))
+        try:
+            await run_once(run_stop)
+            return
+        except Exception as error:
+            if not isinstance(error, RESTART_ON_RECONNECT if restarts else RESTART_ON):
+                raise
+            if stop.is_set():
+                return
+            delay = min(backoff_s * 2 ** min(restarts, 16), max_backoff_s)
+            restarts += 1
+            log.warning("service_restarting", error=repr(error), restarts=restarts, backoff_s=delay)
+        finally:
+            mirror.cancel()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=delay)
+
+
+async def _set_when(source: asyncio.Event, target: asyncio.Event) -> None:
+    await source.wait()
+    target.set()
 
 
 @dataclass(frozen=True)
@@ -57,10 +159,43 @@ class Bus:
     publisher: Publisher
 
 
-async def open_bus(stack: AsyncExitStack, url: str, name: str, source: str) -> Bus:
-    """Connect (drained when ``stack`` closes), declare the streams, build the publisher."""
-    nc = await connect(BusSettings(url=url, name=name))
-    stack.push_async_callback(nc.drain)
+async def close_bus(nc: Client, timeout_s: float | None = None) -> None:
+    """Drain ``nc`` if it is connected, within ``timeout_s`` (default: its drain timeout plus a
+    second), then make sure it is closed. Never raises, never waits on a server that is away:
+    nats-py's ``drain`` refuses a reconnecting connection, and its final flush would wait."""
+    log = get_logger()
+    if nc.is_closed:
+        return
+    if timeout_s is None:
+        timeout_s = float(nc.options.get("drain_timeout") or SHUTDOWN_TIMEOUT_S) + 1.0
+    try:
+        if nc.is_connected:
+            await asyncio.wait_for(nc.drain(), timeout=timeout_s)
+    except Exception as error:  # noqa: BLE001  (a drain that fails still ends in a close)
+        log.warning("nats_drain_failed", error=repr(error))
+    finally:
+        if not nc.is_closed:
+            try:
+                await asyncio.wait_for(nc.close(), timeout=timeout_s)
+            except Exception as error:  # noqa: BLE001
+                log.warning("nats_close_failed", error=repr(error))
+
+
+async def open_bus(
+    stack: AsyncExitStack, settings: BusSettings | str, name: str = "xpupool", source: str = ""
+) -> Bus:
+    """Connect (drained, or closed, when ``stack`` closes), declare the streams where this
+    identity may, build the publisher.
+
+    ``settings``: the service's ``BusSettings`` (``bus_settings(role, name, settings)``: TLS,
+    credentials, inbox prefix), or only a URL (an open server), then named ``name``.
+    ``source`` is the CloudEvents source of what the service publishes (default
+    ``/services/<name>``).
+    """
+    if isinstance(settings, str):
+        settings = BusSettings(url=settings, name=name)
+    nc = await connect(settings)
+    stack.push_async_callback(close_bus, nc, settings.drain_timeout_s + 1.0)
     js = nc.jetstream()
-    await ensure_streams(js, subjects.STREAMS)
-    return Bus(nc, js, Publisher(nc, js, source=source))
+    await declare_streams(js, settings)
+    return Bus(nc, js, Publisher(nc, js, source=source or f"/services/{settings.name}"))
