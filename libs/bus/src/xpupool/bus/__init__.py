@@ -1,19 +1,43 @@
 """A thin, typed adapter over nats-py: connect, declare streams, publish events, run handlers."""
 
 from xpupool.bus.connection import BusSettings, connect, ensure_streams
-from xpupool.bus.consumer import Handler, InvalidHandler, consume_stream, serve_subject
+from xpupool.bus.consumer import (
+    INVALID_REQUEST,
+    MAX_MESSAGE_BYTES,
+    PAYLOAD_TOO_LARGE,
+    DispatchStats,
+    GiveUpHandler,
+    Handler,
+    InvalidHandler,
+    InvalidMessage,
+    TooLargeReply,
+    consume_stream,
+    serve_subject,
+)
 from xpupool.bus.envelope import Envelope, ce_headers
-from xpupool.bus.publisher import Publisher
+from xpupool.bus.lifecycle import BusClosed, supervise, watch_bus
+from xpupool.bus.publisher import MessageTooLarge, Publisher
 
 __all__ = [
+    "INVALID_REQUEST",
+    "MAX_MESSAGE_BYTES",
+    "PAYLOAD_TOO_LARGE",
+    "BusClosed",
     "BusSettings",
+    "DispatchStats",
     "Envelope",
+    "GiveUpHandler",
     "Handler",
     "InvalidHandler",
+    "InvalidMessage",
+    "MessageTooLarge",
     "Publisher",
+    "TooLargeReply",
     "ce_headers",
     "connect",
     "consume_stream",
     "ensure_streams",
     "serve_subject",
+    "supervise",
+    "watch_bus",
 ]

@@ -4,43 +4,127 @@ One adapter does what every handler would otherwise repeat: decode into the chan
 type, open a ``process`` span under the sender's trace, bind log context, call the handler,
 publish what it returns, and only then acknowledge. Handlers never see NATS.
 
-Bad input is answered, never dropped: a payload that does not decode goes to the channel's
-``on_invalid`` function, whose events (a rejection naming the field) are published before the
-message is acknowledged. A handler that keeps failing gets ``on_give_up`` on its last delivery.
+Bad input is answered, never dropped and never retried: a message over the size limit, one on a
+tenant channel whose subject names no valid tenant, or a payload that does not decode (including
+one nested too deep for the decoder) goes to the channel's ``on_invalid`` function as an
+``InvalidMessage``, whose events (a rejection naming the field) are published before the message
+is acknowledged. A handler that keeps failing gets ``on_give_up`` on its last delivery.
+
+Nothing a sender writes can make a service send more than the server accepts (which would close
+its connection for good): replies carry the service's own headers, never the request's, and an
+event or reply over ``max_payload`` is not sent (``MessageTooLarge``; a reply is replaced by a
+short error, see ``serve_subject``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 import msgspec
-import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from xpupool.bus.envelope import read_envelope
-from xpupool.bus.publisher import Publisher
-from xpupool.contracts import decoder_for, describe_error
+from xpupool.bus.envelope import Envelope, ce_headers, read_envelope
+from xpupool.bus.lifecycle import BusClosed
+from xpupool.bus.publisher import MessageTooLarge, Publisher, encoded_size
+from xpupool.contracts import decoder_for, describe_error, encode
+from xpupool.contracts.codec import DETAIL_LIMIT, clip
 from xpupool.contracts.subjects import Channel, Durable
 from xpupool.obs import bind_message_context, get_logger
 
-Handler = Callable[[Any], Awaitable[Sequence[msgspec.Struct]]]
-InvalidHandler = Callable[[bytes, str | None, str], Sequence[msgspec.Struct]]
-GiveUpHandler = Callable[[Any, BaseException], Sequence[msgspec.Struct]]
+INVALID_REQUEST: Final = "invalid_request"
+PAYLOAD_TOO_LARGE: Final = "payload_too_large"
+MAX_MESSAGE_BYTES: Final = 65536
+"""Default size limit of a received payload; a bigger one is answered, never decoded."""
+
+ACK_PREFIX: Final = "$JS.ACK."
+SERVICE_ERROR: Final = "Nats-Service-Error"
+SERVICE_ERROR_CODE: Final = "Nats-Service-Error-Code"
+PULL_EXPIRES_S: Final = 1.0
+# How long past a pull request's expiry its 408 may take to arrive before the request is taken
+# for lost (a reconnect in between loses it on the server).
+PULL_GRACE_S: Final = 1.0
+# How often a waiting consumer looks at its stop event.
+STOP_POLL_S: Final = 0.25
+RESTART_DELAY_S: Final = 0.5
 
 CONTEXT_FIELDS = ("job_id", "lease_id", "device_id", "node_id", "tenant")
 
 
+@dataclass(frozen=True)
+class InvalidMessage:
+    """A message that was not handed to its handler, and why; ``on_invalid`` answers it.
+
+    ``data`` is the payload, cut to the dispatcher's size limit when it was over it. ``code`` is
+    ``invalid_request`` or ``payload_too_large``. ``detail`` is at most 512 characters and never
+    quotes a long value back. ``params`` are the channel's ``{param}`` values taken from the
+    subject (empty where the subject does not parse).
+    """
+
+    subject: str
+    data: bytes
+    field: str | None
+    code: str
+    detail: str
+    params: dict[str, str]
+
+
+Handler = Callable[..., Awaitable[Sequence[msgspec.Struct]]]
+"""``handler(event)``, or ``handler(event, tenant=...)`` on a tenant-scoped channel."""
+InvalidHandler = Callable[[InvalidMessage], Sequence[msgspec.Struct]]
+GiveUpHandler = Callable[[Any, BaseException], Sequence[msgspec.Struct]]
+TooLargeReply = Callable[[msgspec.Struct], msgspec.Struct | None]
+"""Given a reply too large to send, a short one to send instead (None: the header-only error)."""
+
+
+@dataclass
+class DispatchStats:
+    """What a dispatcher did with its messages; a plain object, read by whoever holds it.
+
+    Pass one to ``consume_stream``/``serve_subject`` (several may share one), or read
+    ``dispatcher.stats``.
+    """
+
+    handled: int = 0
+    failed: int = 0
+    invalid: dict[str, int] = field(default_factory=dict)
+    too_large: int = 0
+    """Results (events or replies) that were not sent because they exceeded ``max_payload``."""
+
+    @property
+    def invalid_total(self) -> int:
+        """Invalid messages of every code."""
+        return sum(self.invalid.values())
+
+    def count_invalid(self, code: str) -> None:
+        """One more invalid message of ``code``."""
+        self.invalid[code] = self.invalid.get(code, 0) + 1
+
+
 def _context_of(event: Any) -> dict[str, Any]:
     return {name: getattr(event, name, None) for name in CONTEXT_FIELDS}
+
+
+def is_stream_message(msg: Msg) -> bool:
+    """Whether a message on a pull inbox is a stream message (it carries its ack subject); the
+    rest are the server's status messages, whatever their headers look like."""
+    return bool(msg.reply) and msg.reply.startswith(ACK_PREFIX)
+
+
+def _service_error(description: str, code: str) -> dict[str, str]:
+    return {SERVICE_ERROR: description, SERVICE_ERROR_CODE: code}
 
 
 class _Dispatcher:
@@ -52,12 +136,24 @@ class _Dispatcher:
         handler: Handler,
         publisher: Publisher,
         on_invalid: InvalidHandler | None,
+        *,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        stats: DispatchStats | None = None,
+        reply_nc: Client | None = None,
+        too_large_reply: TooLargeReply | None = None,
     ) -> None:
         self.channel = channel
         self.handler = handler
         self.publisher = publisher
         self.on_invalid = on_invalid
+        self.max_message_bytes = max_message_bytes
+        self.stats = stats if stats is not None else DispatchStats()
+        # Replies go out only where there is a requester (core NATS); a stream message's reply
+        # subject is its ack subject.
+        self.reply_nc = reply_nc
+        self.too_large_reply = too_large_reply
         self.decoder = decoder_for(channel.payloads)
+        self.tenant_scoped = channel.tenant_scoped
         self.tracer = trace.get_tracer("xpupool.bus")
         self.log = get_logger()
 
@@ -76,31 +172,74 @@ class _Dispatcher:
             },
         )
 
-    async def dispatch(self, msg: Msg, attempt: int) -> Sequence[msgspec.Struct] | None:
-        """Run the handler on one message and publish its results.
-
-        Returns the results, or None when the payload was invalid (already answered).
-        Exceptions from the handler propagate to the caller, which decides on redelivery.
-        """
-        envelope = read_envelope(msg.headers)
+    def decode(self, msg: Msg) -> tuple[Any, dict[str, str]] | InvalidMessage:
+        """The message's event and subject parameters, or why it is invalid."""
+        params = self.channel.params_of(msg.subject)
+        size = len(msg.data)
+        if size > self.max_message_bytes:
+            return InvalidMessage(
+                subject=msg.subject,
+                data=msg.data[: self.max_message_bytes],
+                field=None,
+                code=PAYLOAD_TOO_LARGE,
+                detail=f"{size} bytes, limit {self.max_message_bytes}",
+                params=params or {},
+            )
+        if params is None and self.tenant_scoped:
+            return self._invalid(msg, "tenant", "the subject names no valid tenant", {})
         try:
             event = self.decoder.decode(msg.data)
         except (msgspec.ValidationError, msgspec.DecodeError) as error:
-            field, reason = describe_error(error)
-            bind_message_context(subject=msg.subject, event_id=envelope.id if envelope else None)
-            self.log.warning("message_invalid", field=field, reason=reason, attempt=attempt)
-            rejection = self.on_invalid(msg.data, field, reason) if self.on_invalid else []
-            await self._publish_or_reply(msg, rejection)
+            field_name, detail = describe_error(error)
+        except RecursionError:
+            field_name, detail = None, "nesting too deep"
+        except Exception as error:  # noqa: BLE001  (whatever the decoder raises, the input is bad)
+            field_name, detail = None, f"undecodable ({type(error).__name__})"
+        else:
+            return event, params or {}
+        return self._invalid(msg, field_name, detail, params or {})
+
+    @staticmethod
+    def _invalid(
+        msg: Msg, field_name: str | None, detail: str, params: dict[str, str]
+    ) -> InvalidMessage:
+        return InvalidMessage(
+            subject=msg.subject,
+            data=msg.data,
+            field=field_name,
+            code=INVALID_REQUEST,
+            detail=clip(detail, DETAIL_LIMIT),
+            params=params,
+        )
+
+    async def dispatch(self, msg: Msg, attempt: int) -> Sequence[msgspec.Struct] | None:
+        """Run the handler on one message and publish its results.
+
+        Returns the results, or None when the message was invalid (already answered).
+        Exceptions from the handler propagate to the caller, which decides on redelivery.
+        """
+        envelope = read_envelope(msg.headers)
+        decoded = self.decode(msg)
+        if isinstance(decoded, InvalidMessage):
+            await self._answer_invalid(msg, decoded, envelope, attempt)
             return None
+        event, params = decoded
+        context = _context_of(event)
+        if self.tenant_scoped:
+            context["tenant"] = params["tenant"]
         bind_message_context(
             subject=msg.subject,
             event_type=type(event).__name__,
             event_id=envelope.id if envelope else None,
-            **_context_of(event),
+            **context,
         )
         started = time.perf_counter()
-        results = await self.handler(event)
-        await self._publish_or_reply(msg, results)
+        if self.tenant_scoped:
+            results = await self.handler(event, tenant=params["tenant"])
+        else:
+            results = await self.handler(event)
+        await self._send(msg, results)
+        self.stats.handled += 1
         self.log.info(
             "message_handled",
             outcome="ok",
@@ -110,14 +249,162 @@ class _Dispatcher:
         )
         return results
 
-    async def _publish_or_reply(self, msg: Msg, results: Sequence[msgspec.Struct]) -> None:
+    async def _answer_invalid(
+        self, msg: Msg, invalid: InvalidMessage, envelope: Envelope | None, attempt: int
+    ) -> None:
+        self.stats.count_invalid(invalid.code)
+        bind_message_context(
+            subject=msg.subject,
+            event_id=envelope.id if envelope else None,
+            tenant=invalid.params.get("tenant"),
+        )
+        self.log.warning(
+            "message_invalid",
+            code=invalid.code,
+            field=invalid.field,
+            reason=invalid.detail,
+            size=len(msg.data),
+            attempt=attempt,
+            invalid_total=self.stats.invalid_total,
+        )
+        answer = self.on_invalid(invalid) if self.on_invalid else []
+        try:
+            await self._send(msg, answer)
+        except MessageTooLarge as error:
+            # The input stays invalid however often it is delivered: log it, never retry it.
+            self.log.error("invalid_answer_not_sent", error=str(error))
+
+    async def _send(self, msg: Msg, results: Sequence[msgspec.Struct]) -> None:
         reply_type = self.channel.reply
         for result in results:
             if reply_type is not None and isinstance(result, reply_type):
-                if msg.reply:
-                    await msg.respond(msgspec.json.encode(result))
-            else:
+                if self.reply_nc is not None and msg.reply:
+                    await self._reply(self.reply_nc, msg.reply, result)
+                continue
+            try:
                 await self.publisher.publish(result)
+            except MessageTooLarge:
+                self.stats.too_large += 1
+                raise
+
+    def _reply_headers(self, reply: msgspec.Struct) -> dict[str, str]:
+        try:
+            headers = ce_headers(type(reply), self.publisher.source)
+        except (TypeError, AttributeError):  # a reply type without a CloudEvents type tag
+            headers = {"content-type": "application/json"}
+        propagate.inject(headers)
+        return headers
+
+    async def _reply(self, nc: Client, inbox: str, reply: msgspec.Struct) -> None:
+        """Answer a request with the service's own headers (never the request's: nats-py's
+        ``Msg.respond`` copies those back), and never more than the server accepts."""
+        data, headers = encode(reply), self._reply_headers(reply)
+        size = encoded_size(data, headers)
+        if size <= nc.max_payload:
+            await nc.publish(inbox, data, headers=headers)
+            return
+        self.stats.too_large += 1
+        self.log.error(
+            "reply_too_large",
+            reply_type=type(reply).__name__,
+            size=size,
+            limit=nc.max_payload,
+        )
+        short = self.too_large_reply(reply) if self.too_large_reply else None
+        if short is not None:
+            data, headers = encode(short), self._reply_headers(short)
+            if encoded_size(data, headers) <= nc.max_payload:
+                await nc.publish(inbox, data, headers=headers)
+                return
+        await nc.publish(inbox, b"", headers=_service_error("response too large", "500"))
+
+
+# ---- JetStream: a durable pull consumer ------------------------------------------------------
+
+
+class PullStatusError(Exception):
+    """The server ended a pull request with a status other than "no messages" or "expired"
+    (409 consumer deleted or leadership change, 503 no responders, ...)."""
+
+    def __init__(self, status: str | None, description: str | None) -> None:
+        super().__init__(f"pull request ended with status {status} {description or ''}".strip())
+        self.status = status
+
+
+class _PullConsumer:
+    """One durable's pull requests, answered on an inbox of its own.
+
+    nats-py's ``fetch`` takes any message whose headers carry a status line for a server status,
+    and a client may publish a message with exactly such headers into a stream; it would never
+    be handled. Here a message is a stream message iff its reply subject is an ack subject
+    (``$JS.ACK.…``), which the server sets on every stream message and on no status message.
+    """
+
+    def __init__(self, js: JetStreamContext, durable: Durable, config: ConsumerConfig) -> None:
+        self.js = js
+        self.nc: Client = js._nc
+        self.durable = durable
+        self.config = config
+        prefix = getattr(js, "_prefix", None) or "$JS.API"
+        self.next_subject = f"{prefix}.CONSUMER.MSG.NEXT.{durable.stream.name}.{durable.name}"
+        self.sub: Subscription | None = None
+
+    async def open(self) -> Subscription:
+        """Create the durable if it is missing (as before: an existing one is left as is), and
+        subscribe to a fresh inbox."""
+        if self.sub is None:
+            stream = self.durable.stream.name
+            try:
+                await self.js.consumer_info(stream, self.durable.name)
+            except NotFoundError:
+                await self.js.add_consumer(stream, config=self.config)
+            self.sub = await self.nc.subscribe(self.nc.new_inbox())
+        return self.sub
+
+    async def close(self) -> None:
+        """Drop the inbox (a pull subscription left open keeps ``nc.drain()`` waiting)."""
+        sub, self.sub = self.sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(sub.unsubscribe(), timeout=1.0)
+
+    async def pull(
+        self,
+        batch: int,
+        expires_s: float,
+        stop: asyncio.Event,
+        process: Callable[[Msg], Awaitable[None]],
+    ) -> None:
+        """One pull request for up to ``batch`` messages; each is processed as it arrives.
+
+        Ends when the batch is complete, when the server says there is nothing more (404) or the
+        request expired (408), when ``stop`` is set, or when the request is presumed lost.
+        """
+        sub = await self.open()
+        request = {"batch": batch, "expires": int(expires_s * 1_000_000_000)}
+        await self.nc.publish(self.next_subject, json.dumps(request).encode(), reply=sub.subject)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + expires_s + PULL_GRACE_S
+        received = 0
+        while received < batch and not stop.is_set():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return  # no answer at all: lost in a reconnect; the next request replaces it
+            try:
+                msg = await sub.next_msg(timeout=min(remaining, STOP_POLL_S))
+            except TimeoutError:
+                continue
+            if is_stream_message(msg):
+                received += 1
+                await process(msg)
+                continue
+            headers = msg.headers or {}
+            status = headers.get("Status")
+            if status == "100":
+                continue  # an idle heartbeat
+            if status in ("404", "408"):
+                return  # nothing (more) to deliver, or the request expired
+            raise PullStatusError(status, headers.get("Description"))
 
 
 async def consume_stream(
@@ -133,18 +420,31 @@ async def consume_stream(
     max_deliver: int = 5,
     ack_wait_s: float = 30.0,
     max_ack_pending: int = 1024,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    stats: DispatchStats | None = None,
+    pull_expires_s: float = PULL_EXPIRES_S,
 ) -> None:
     """Pull the messages of ``durable``'s channel from its stream until ``stop`` is set.
 
-    Several replicas passing the same ``durable`` share the work. The pull subscription is
-    re-created after any error other than an idle fetch, since nats-py's pull subscriptions do not
-    survive a server restart on their own (nats.py #504).
+    Several replicas passing the same ``durable`` share the work. Each message is handled as it
+    arrives; a pull request stays waiting on the server (its ``num_waiting`` is the readiness
+    signal). After any transport error the inbox is dropped, the durable looked up (re-created
+    if a server restart lost it) and pulling resumes. A connection closed for good raises
+    ``BusClosed``: retrying on it would leave the service alive but deaf.
     """
-    channel, stream = durable.channel, durable.stream
-    dispatcher = _Dispatcher(channel, handler, publisher, on_invalid)
-    log = get_logger().bind(durable=durable.name, stream=stream.name)
+    channel = durable.channel
+    dispatcher = _Dispatcher(
+        channel,
+        handler,
+        publisher,
+        on_invalid,
+        max_message_bytes=max_message_bytes,
+        stats=stats,
+    )
+    log = get_logger().bind(durable=durable.name, stream=durable.stream.name)
     config = ConsumerConfig(
         durable_name=durable.name,
+        name=durable.name,
         ack_policy=AckPolicy.EXPLICIT,
         deliver_policy=DeliverPolicy.ALL,
         ack_wait=ack_wait_s,
@@ -152,32 +452,37 @@ async def consume_stream(
         max_ack_pending=max_ack_pending,
         filter_subject=channel.pattern,
     )
-    subscription: Any = None
+    consumer = _PullConsumer(js, durable, config)
+    this_task = asyncio.current_task()
+
+    async def process(msg: Msg) -> None:
+        await _process_stream_message(msg, dispatcher, max_deliver, on_give_up, log)
+
     try:
         while not stop.is_set():
+            if consumer.nc.is_closed:
+                raise BusClosed(f"consumer {durable.name}: the NATS connection is closed")
             try:
-                if subscription is None:
-                    subscription = await js.pull_subscribe(
-                        config.filter_subject or channel.address,
-                        durable=durable.name,
-                        stream=stream.name,
-                        config=config,
-                    )
-                messages = await subscription.fetch(batch, timeout=0.5)
-            except (nats.errors.TimeoutError, TimeoutError):
-                continue  # an idle fetch, not a fault
+                await consumer.pull(batch, pull_expires_s, stop, process)
             except Exception as error:  # noqa: BLE001  (any transport failure: rebuild and retry)
+                # nats-py turns a cancelled wait into ConnectionClosedError once the connection
+                # is closed; a cancelled consumer must still end.
+                if this_task is not None and this_task.cancelling():
+                    raise asyncio.CancelledError from error
+                if consumer.nc.is_closed:
+                    raise BusClosed(f"consumer {durable.name}: {error!r}") from error
                 log.warning("consumer_restarting", error=repr(error))
-                subscription = None
-                await asyncio.sleep(0.5)
-                continue
-            for msg in messages:
-                await _process_stream_message(msg, dispatcher, max_deliver, on_give_up, log)
+                await consumer.close()
+                await asyncio.sleep(RESTART_DELAY_S)
     finally:
-        # A pull subscription left open keeps nc.drain() waiting for its full timeout.
-        if subscription is not None:
-            with contextlib.suppress(Exception):
-                await subscription.unsubscribe()
+        await consumer.close()
+
+
+def _attempt_of(msg: Msg) -> int:
+    try:
+        return int(msg.metadata.num_delivered)
+    except Exception:  # noqa: BLE001  (an ack subject that does not parse: count it as a first)
+        return 1
 
 
 async def _process_stream_message(
@@ -187,13 +492,14 @@ async def _process_stream_message(
     on_give_up: GiveUpHandler | None,
     log: Any,
 ) -> None:
-    attempt = msg.metadata.num_delivered if msg.metadata else 1
+    attempt = _attempt_of(msg)
     with dispatcher.span(msg) as span:
         try:
             await dispatcher.dispatch(msg, attempt)
             await msg.ack_sync()
         except Exception as error:  # noqa: BLE001  (the handler's failure is data, not a crash)
-            span.set_status(Status(StatusCode.ERROR, repr(error)))
+            dispatcher.stats.failed += 1
+            span.set_status(Status(StatusCode.ERROR, repr(error)[:500]))
             span.set_attribute("error.type", type(error).__name__)
             if attempt >= max_deliver:
                 await _give_up(msg, dispatcher, on_give_up, error, log, attempt)
@@ -214,15 +520,18 @@ async def _give_up(
     attempt: int,
 ) -> None:
     log.error("message_failed", error=repr(error), attempt=attempt, will_retry=False)
-    if on_give_up is None:
-        await msg.term()
-        return
+    decoded = dispatcher.decode(msg)
     try:
-        event = dispatcher.decoder.decode(msg.data)
-        await dispatcher.publisher.publish_all(on_give_up(event, error))
+        if on_give_up is None or isinstance(decoded, InvalidMessage):
+            await msg.term()
+            return
+        await dispatcher.publisher.publish_all(on_give_up(decoded[0], error))
         await msg.ack_sync()
     except Exception as final_error:  # noqa: BLE001  (leave it to JetStream's redelivery)
         log.error("give_up_failed", error=repr(final_error))
+
+
+# ---- core NATS: a subject served in a queue group --------------------------------------------
 
 
 async def serve_subject(
@@ -233,10 +542,29 @@ async def serve_subject(
     queue: str,
     *,
     on_invalid: InvalidHandler | None = None,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    stats: DispatchStats | None = None,
+    too_large_reply: TooLargeReply | None = None,
 ) -> Any:
     """Serve a core-NATS subject in a queue group; results of the channel's reply type go back to
-    the requester, everything else is published. Returns the subscription."""
-    dispatcher = _Dispatcher(channel, handler, publisher, on_invalid)
+    the requester, everything else is published. Returns the subscription.
+
+    A reply carries the service's CloudEvents headers, never the request's. A reply that would
+    exceed the server's ``max_payload`` is replaced by ``too_large_reply(reply)`` when given (and
+    small enough), else by an empty body with ``Nats-Service-Error: response too large`` and
+    ``Nats-Service-Error-Code: 500``; a handler that fails is answered the same way with code
+    500 and the error. Either way the service keeps serving.
+    """
+    dispatcher = _Dispatcher(
+        channel,
+        handler,
+        publisher,
+        on_invalid,
+        max_message_bytes=max_message_bytes,
+        stats=stats,
+        reply_nc=nc,
+        too_large_reply=too_large_reply,
+    )
     log = get_logger().bind(subject=channel.address, queue=queue)
 
     async def on_message(msg: Msg) -> None:
@@ -244,16 +572,30 @@ async def serve_subject(
             try:
                 await dispatcher.dispatch(msg, attempt=1)
             except Exception as error:  # noqa: BLE001  (answer the caller, keep serving)
-                span.set_status(Status(StatusCode.ERROR, repr(error)))
-                log.error("request_failed", error=repr(error))
+                dispatcher.stats.failed += 1
+                span.set_status(Status(StatusCode.ERROR, repr(error)[:500]))
+                log.error("request_failed", error=repr(error)[:DETAIL_LIMIT])
                 if msg.reply:
-                    await nc.publish(
-                        msg.reply,
-                        b"",
-                        headers={
-                            "Nats-Service-Error": repr(error)[:200],
-                            "Nats-Service-Error-Code": "500",
-                        },
-                    )
+                    with contextlib.suppress(Exception):
+                        await nc.publish(
+                            msg.reply, b"", headers=_service_error(repr(error)[:200], "500")
+                        )
 
     return await nc.subscribe(channel.pattern, queue=queue, cb=on_message)
+
+
+__all__ = [
+    "INVALID_REQUEST",
+    "MAX_MESSAGE_BYTES",
+    "PAYLOAD_TOO_LARGE",
+    "DispatchStats",
+    "GiveUpHandler",
+    "Handler",
+    "InvalidHandler",
+    "InvalidMessage",
+    "PullStatusError",
+    "TooLargeReply",
+    "consume_stream",
+    "is_stream_message",
+    "serve_subject",
+]
