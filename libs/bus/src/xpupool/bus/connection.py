@@ -58,18 +58,20 @@ class BusSettings:
 def bus_settings(role: str, name: str, settings: object) -> BusSettings:
     """How the service ``role`` (an ``access`` role) reaches NATS, from its settings object
     (its ``nats_url``, ``nats_creds``, ``nats_tls_ca``, ``nats_tls_cert`` and ``nats_tls_key``
-    fields; missing ones are unset): its own inbox prefix, and stream declaration only for a
-    role with the JetStream API."""
+    fields; missing ones are unset): its own inbox prefix, and stream declaration unless it
+    connects with an identity whose role has no JetStream API (on an open server every service
+    declares the streams, as before)."""
     permissions = access.service_permissions(role)
+    creds = str(getattr(settings, "nats_creds", "") or "")
     return BusSettings(
         url=str(getattr(settings, "nats_url", BusSettings.url)),
         name=name,
-        creds=str(getattr(settings, "nats_creds", "") or ""),
+        creds=creds,
         tls_ca=str(getattr(settings, "nats_tls_ca", "") or ""),
         tls_cert=str(getattr(settings, "nats_tls_cert", "") or ""),
         tls_key=str(getattr(settings, "nats_tls_key", "") or ""),
         inbox_prefix=access.service_inbox(role),
-        declare_streams=any(p in ("$JS.API.>", ">") for p in permissions.publish),
+        declare_streams=not creds or any(p in ("$JS.API.>", ">") for p in permissions.publish),
     )
 
 
@@ -131,6 +133,8 @@ async def connect_client(
         url,
         name=name,
         connect_timeout=connect_timeout_s,
+        # nats-py reads max_reconnect_attempts=0 as "no limit": 0 here means one attempt.
+        allow_reconnect=max_reconnect_attempts != 0,
         max_reconnect_attempts=max_reconnect_attempts,
         **options,
     )

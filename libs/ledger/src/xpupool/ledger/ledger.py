@@ -650,9 +650,13 @@ class Ledger:
         return {_str(a): float(_str(b)) for a, b in row.items()}
 
 
-async def open_ledger(stack: AsyncExitStack, url: str, namespace: str) -> Ledger:
-    """A ledger on its own Redis client, closed when ``stack`` closes."""
-    redis = Redis.from_url(url)
+async def open_ledger(
+    stack: AsyncExitStack, url: str, namespace: str, *, tls_ca: str = ""
+) -> Ledger:
+    """A ledger on its own Redis client, closed when ``stack`` closes. A ``rediss://`` URL
+    (TLS; credentials as ``rediss://user:password@host:port/0``) verifies the server with
+    ``tls_ca`` (default: the system's CAs)."""
+    redis = Redis.from_url(url, ssl_ca_certs=tls_ca) if tls_ca else Redis.from_url(url)
     stack.push_async_callback(redis.aclose)
     return Ledger(redis, namespace)
 

@@ -10,6 +10,14 @@ class LeaseManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     nats_url: str = "nats://127.0.0.1:4222"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # Secured deployments (``xpupool.devstack.secure``): the NATS identity (an NKey seed file or
+    # a NATS JWT .creds file), the CA that signed the servers' certificates, a client
+    # certificate and key for mutual TLS, and the CA for a rediss:// ledger URL.
+    nats_creds: str = ""
+    nats_tls_ca: str = ""
+    nats_tls_cert: str = ""
+    nats_tls_key: str = ""
+    redis_tls_ca: str = ""
     namespace: str = "xpupool"
     log_level: str = "info"
     expiry_interval_s: float = 0.25
