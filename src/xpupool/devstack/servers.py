@@ -2,6 +2,10 @@
 
 They can be killed and restarted on the same port and data directory, which is what the fault
 tests need; that is why the project spawns binaries instead of relying on shared instances.
+
+Either server can run secured (``xpupool.devstack.secure`` generates the files): NATS with a
+configuration file (TLS, users, permissions), Redis with TLS only (no plaintext port) and an ACL
+file. Their ``url`` is then ``tls://`` / ``rediss://``, without credentials.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -43,20 +48,51 @@ def find_binary(name: str, env_var: str) -> str:
     )
 
 
-def _wait_for_port(port: int, process: subprocess.Popen[bytes], greeting: bytes | None) -> None:
+@dataclass(frozen=True)
+class TlsFiles:
+    """A server's certificate and key, and the CA that signed it (clients verify with it)."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+
+# What a server that answers says to an unauthenticated PING: PONG, or (ACL with the default
+# user off) that it wants a login first. Either way it is up.
+_PING_ANSWERS = (b"+PONG", b"-NOAUTH")
+
+
+def _answers(sock: socket.socket, greeting: bytes | None) -> bool:
+    if greeting is None:
+        sock.sendall(b"PING\r\n")
+        return sock.recv(64).startswith(_PING_ANSWERS)
+    return sock.recv(len(greeting)).startswith(greeting)
+
+
+def _wait_for_port(
+    port: int,
+    process: subprocess.Popen[bytes],
+    greeting: bytes | None,
+    tls_ca: Path | None = None,
+) -> None:
+    """Wait until the server greets (NATS sends INFO in plaintext even when it requires TLS:
+    the TLS upgrade comes after it) or answers a PING, over TLS verified with ``tls_ca`` if
+    given."""
+    context = ssl.create_default_context(cafile=str(tls_ca)) if tls_ca else None
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise ServerUnavailable(f"server exited with code {process.returncode}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-                if greeting is None:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(64).startswith(b"+PONG"):
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as raw:
+                if context is None:
+                    if _answers(raw, greeting):
                         return
-                elif sock.recv(len(greeting)).startswith(greeting):
-                    return
-        except OSError:
+                else:
+                    with context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+                        if _answers(sock, greeting):
+                            return
+        except OSError:  # ssl.SSLError included
             pass
         time.sleep(0.05)
     raise ServerUnavailable(f"server on port {port} not ready after {READY_TIMEOUT_S}s")
@@ -76,6 +112,10 @@ class _Server(ABC):
     def greeting(self) -> bytes | None:
         """What the server sends first on a new connection (None: answer a PING instead)."""
 
+    def probe_ca(self) -> Path | None:
+        """The CA to verify the readiness probe's TLS with (None: the probe is plaintext)."""
+        return None
+
     def start(self) -> None:
         """Start the server (again) on its port and data directory; returns once it answers."""
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +128,7 @@ class _Server(ABC):
             start_new_session=True,
         )
         log.close()
-        _wait_for_port(self.port, self.process, self.greeting())
+        _wait_for_port(self.port, self.process, self.greeting(), self.probe_ca())
 
     def kill(self) -> None:
         """SIGKILL: a crash, no chance to flush anything."""
@@ -113,25 +153,38 @@ class _Server(ABC):
 
 @dataclass
 class NatsServer(_Server):
-    """``nats-server -js`` with its store in ``workdir``."""
+    """``nats-server -js`` with its store in ``workdir``; with ``config``, that configuration
+    file too (TLS, authorization, and its ``jetstream`` block, which must name the store:
+    nats-server refuses a store given twice). Address and port come from here. ``tls``: the
+    configuration requires TLS (clients use ``tls://``)."""
+
+    config: Path | None = None
+    tls: bool = False
 
     @property
     def url(self) -> str:
         """Client URL."""
-        return f"nats://127.0.0.1:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        """The command line."""
+        """The command line (flags override the configuration file)."""
+        store = (
+            ["-c", str(self.config)] if self.config else ["-js", "-sd", str(self.workdir / "js")]
+        )
         return [
             find_binary("nats-server", "XPUPOOL_NATS_SERVER_BIN"),
+            *store,
             "-a",
             "127.0.0.1",
             "-p",
             str(self.port),
-            "-js",
-            "-sd",
-            str(self.workdir / "js"),
         ]
+
+    def reload(self) -> None:
+        """Make the server re-read its configuration file (SIGHUP, as ``nats-server --signal
+        reload`` does): rotated keys and changed permissions take effect."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGHUP)
 
     def greeting(self) -> bytes | None:
         """NATS servers greet with INFO."""
@@ -140,21 +193,50 @@ class NatsServer(_Server):
 
 @dataclass
 class RedisServer(_Server):
-    """``redis-server`` with AOF on (``appendfsync always``), as the ledger host should run."""
+    """``redis-server`` with AOF on (``appendfsync always``), as the ledger host should run.
+
+    With ``tls`` it listens for TLS only on ``port`` (no plaintext port; clients are not asked
+    for certificates); with ``acl_file`` its users come from that file (``ACL LOAD`` re-reads
+    it)."""
+
+    tls: TlsFiles | None = None
+    acl_file: Path | None = None
 
     @property
     def url(self) -> str:
-        """Client URL."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        """Client URL (no credentials)."""
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
+
+    def probe_ca(self) -> Path | None:
+        """The readiness probe speaks TLS to a TLS server."""
+        return self.tls.ca if self.tls else None
 
     def command(self) -> list[str]:
         """The command line."""
+        if self.tls:
+            listen = [
+                "--port",
+                "0",
+                "--tls-port",
+                str(self.port),
+                "--tls-cert-file",
+                str(self.tls.cert),
+                "--tls-key-file",
+                str(self.tls.key),
+                "--tls-ca-cert-file",
+                str(self.tls.ca),
+                "--tls-auth-clients",
+                "no",
+            ]
+        else:
+            listen = ["--port", str(self.port)]
+        acl = ["--aclfile", str(self.acl_file)] if self.acl_file else []
         return [
             find_binary("redis-server", "XPUPOOL_REDIS_SERVER_BIN"),
             "--bind",
             "127.0.0.1",
-            "--port",
-            str(self.port),
+            *listen,
+            *acl,
             "--dir",
             str(self.workdir),
             "--save",

@@ -1,0 +1,443 @@
+"""The secured configuration on real servers: TLS only, NKey identities with the permissions of
+``xpupool.contracts.access``, and Redis ACL users confined to their service's commands and keys.
+
+Every test here fails if its protection is removed: each refusal is checked against an observer
+(the operator) that would have seen the forbidden message, or against the state it would have
+changed, not only against the error a client reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import nkeys  # type: ignore[import-untyped]
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from redis.asyncio import Redis
+from redis.exceptions import NoPermissionError, ResponseError
+
+from tests.conftest import eventually
+from tests.integration.ledger_builders import device_spec, reservation
+from xpupool.bus.connection import connect_client
+from xpupool.contracts import Health, access
+from xpupool.contracts import subjects as s
+from xpupool.devstack.secure import LEDGER_SCRIPTS, SecureMaterial, ledger_scripts
+from xpupool.devstack.stack import Stack
+from xpupool.ledger import Holder, Ledger, OutboxRelay, SliceClaim, audit
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+A, B = "team-a", "team-b"
+QUIET_S = 0.5  # how long an observer waits for a message that must not come
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    """Secured nats-server and redis-server (no services), streams declared by the operator."""
+    secured = Stack(nodes=[], secure=True, tenants=[A, B], workdir=tmp_path / "stack")
+    secured.start_servers()
+    yield secured
+    secured.stop()
+
+
+def _material(stack: Stack) -> SecureMaterial:
+    assert stack.material is not None
+    return stack.material
+
+
+class Errors:
+    """What a connection's ``error_cb`` (``record``) reported."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def record(self, error: Exception) -> None:
+        """The error callback."""
+        self.seen.append(str(error))
+
+    def violations(self, what: str, subject: str) -> bool:
+        """Whether the server refused ``what`` ("publish"/"subscription") to ``subject``
+        (nats-py reports the server's message in lowercase)."""
+        wanted = f"permissions violation for {what} to {json.dumps(subject)}".lower()
+        return any(wanted in e.lower() for e in self.seen)
+
+
+@pytest.fixture
+async def connections(stack: Stack) -> AsyncIterator[Callable[..., Awaitable[Client]]]:
+    """``await connect(tenant or None, errors)``: a tenant's (or the operator's) connection."""
+    opened: list[Client] = []
+
+    async def connect(tenant: str | None, errors: Errors | None = None) -> Client:
+        options = {"error_cb": errors.record} if errors else {}
+        if tenant is None:
+            nc = await stack.connect_operator(**options)
+        else:
+            nc = await stack.connect_tenant(tenant, **options)
+        opened.append(nc)
+        return nc
+
+    yield connect
+    for nc in opened:
+        if not nc.is_closed:
+            await nc.close()
+
+
+async def _recorder(nc: Client, subject: str) -> list[Msg]:
+    seen: list[Msg] = []
+
+    async def keep(msg: Msg) -> None:
+        seen.append(msg)
+
+    await nc.subscribe(subject, cb=keep)
+    await nc.flush()
+    return seen
+
+
+def _redis(stack: Stack, role: str) -> Redis:
+    material = _material(stack)
+    return Redis.from_url(material.redis_url(role), ssl_ca_certs=str(material.ca_path))
+
+
+@pytest.fixture
+async def redis_as(stack: Stack) -> AsyncIterator[Callable[[str], Redis]]:
+    """``redis_as(role)``: a Redis client logged in as that role's ACL user."""
+    clients: list[Redis] = []
+
+    def login(role: str) -> Redis:
+        client = _redis(stack, role)
+        clients.append(client)
+        return client
+
+    yield login
+    for client in clients:
+        await client.aclose()
+
+
+# ---- transport -------------------------------------------------------------------------------
+
+
+def test_plaintext_nats_client_is_refused(stack: Stack) -> None:
+    """A plaintext client with a valid NKey signature is cut off before it can do anything."""
+    assert stack.nats is not None
+    seed = bytearray(stack.operator_creds().read_bytes().strip())
+    with socket.create_connection(("127.0.0.1", stack.nats.port), timeout=5) as sock:
+        info = json.loads(sock.recv(4096).split(b" ", 1)[1])
+        assert info["tls_required"] is True
+        key = nkeys.from_seed(seed)
+        sig = base64.urlsafe_b64encode(key.sign(info["nonce"].encode())).rstrip(b"=").decode()
+        connect = {"verbose": False, "nkey": key.public_key.decode(), "sig": sig, "protocol": 1}
+        sock.sendall(f"CONNECT {json.dumps(connect)}\r\nPING\r\n".encode())
+        try:
+            reply = sock.recv(4096)
+        except ConnectionResetError:
+            reply = b""
+    assert b"PONG" not in reply
+
+
+def test_plaintext_redis_client_is_refused(stack: Stack) -> None:
+    """Right credentials over plaintext get no answer from the TLS-only Redis."""
+    assert stack.redis is not None
+    password = _material(stack).redis_passwords[access.OPERATOR]
+    with socket.create_connection(("127.0.0.1", stack.redis.port), timeout=5) as sock:
+        sock.sendall(f"AUTH {access.OPERATOR} {password}\r\nPING\r\n".encode())
+        try:
+            reply = sock.recv(4096)
+        except ConnectionResetError:
+            reply = b""
+    assert b"+OK" not in reply and b"PONG" not in reply
+
+
+async def test_unknown_or_missing_nkey_is_refused(stack: Stack, tmp_path: Path) -> None:
+    """Over valid TLS, a key the server does not know and no key at all are both refused."""
+    stranger = tmp_path / "stranger.seed"
+    stranger.write_bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
+    ca = str(_material(stack).ca_path)
+    assert stack.nats_url
+    for creds in (str(stranger), None):
+        with pytest.raises(Exception, match="(?i)authorization"):
+            nc = await connect_client(
+                stack.nats_url, creds=creds, tls_ca=ca, max_reconnect_attempts=0
+            )
+            await nc.close()
+    # The same TLS set-up with a known key connects: the refusals above were the key's.
+    nc = await connect_client(stack.nats_url, creds=str(stack.tenant_creds(A)), tls_ca=ca)
+    await nc.close()
+
+
+# ---- NATS permissions --------------------------------------------------------------------------
+
+
+async def test_tenant_cannot_publish_on_internal_or_other_tenants_subjects(
+    stack: Stack, connections: Callable[..., Awaitable[Client]]
+) -> None:
+    """Tenant A's publishes to internal subjects, the JetStream API and B's commands are
+    refused and reach no one; the stream A tried to delete is still there."""
+    operator = await connections(None)
+    errors = Errors()
+    tenant = await connections(A, errors)
+    forbidden = [
+        s.JOB_RESERVED.address,
+        s.SIM_FAULT.subject(node_id="x"),
+        s.ALLOC_GRANTED.address,
+        f"$JS.API.STREAM.DELETE.{s.JOBS_STREAM.name}",
+        s.JOB_REQUESTED.subject(tenant=B),
+        s.LEASE_RELEASE.subject(tenant=B),
+    ]
+    observed = {subject: await _recorder(operator, subject) for subject in forbidden}
+    for subject in forbidden:
+        await tenant.publish(subject, b"{}")
+    await tenant.flush()
+    await eventually(lambda: all(errors.violations("publish", x) for x in forbidden))
+    await asyncio.sleep(QUIET_S)
+    assert {x: len(m) for x, m in observed.items()} == dict.fromkeys(forbidden, 0)
+    info = await operator.jetstream().stream_info(s.JOBS_STREAM.name)
+    assert info.state.messages == 0  # B's job request did not land either
+
+
+async def test_tenant_cannot_subscribe_to_other_tenants_or_internal_subjects(
+    stack: Stack, connections: Callable[..., Awaitable[Client]]
+) -> None:
+    """Tenant A may not subscribe to B's events, every inbox or the operator copies, and gets
+    nothing the operator publishes there, while its own events reach it."""
+    operator = await connections(None)
+    errors = Errors()
+    tenant = await connections(A, errors)
+    b_events = s.TENANT_ALLOC_GRANTED.subject(tenant=B)
+    forbidden = {
+        f"{s.TENANT_SPACE}.{B}.events.>": b_events,
+        "_INBOX.>": f"{access.tenant_inbox(B)}.reply",
+        "xpupool.alloc.v1.>": s.ALLOC_GRANTED.address,
+    }
+    received = {pattern: await _recorder(tenant, pattern) for pattern in forbidden}
+    own = await _recorder(tenant, f"{s.TENANT_SPACE}.{A}.events.>")
+    await eventually(lambda: all(errors.violations("subscription", p) for p in forbidden))
+    for subject in forbidden.values():
+        await operator.publish(subject, b"{}")
+    await operator.publish(s.TENANT_ALLOC_GRANTED.subject(tenant=A), b"{}")
+    await operator.flush()
+    await eventually(lambda: own)
+    await asyncio.sleep(QUIET_S)
+    assert {p: len(m) for p, m in received.items()} == dict.fromkeys(forbidden, 0)
+
+
+async def test_tenant_publishes_its_own_job_request_into_the_jobs_stream(
+    stack: Stack, connections: Callable[..., Awaitable[Client]]
+) -> None:
+    """Tenant A's job request on its own subject is stored by JetStream and acknowledged."""
+    tenant = await connections(A)
+    ack = await tenant.jetstream().publish(
+        s.JOB_REQUESTED.subject(tenant=A), b"{}", headers={"Nats-Msg-Id": "a-1"}, timeout=5
+    )
+    assert ack.stream == s.JOBS_STREAM.name and not ack.duplicate
+    operator = await connections(None)
+    info = await operator.jetstream().stream_info(s.JOBS_STREAM.name)
+    assert info.state.messages == 1
+
+
+async def test_rotated_nkey_replaces_the_old_one(
+    stack: Stack, connections: Callable[..., Awaitable[Client]], tmp_path: Path
+) -> None:
+    """After a seed rotation and a server reload the old seed is refused and the new one
+    works."""
+    assert stack.nats is not None and stack.nats_url
+    material = _material(stack)
+    old = tmp_path / "old.seed"
+    old.write_bytes(stack.tenant_creds(A).read_bytes())
+    material.rotate_seed("tenant", A)
+    stack.nats.reload()
+    ca = str(material.ca_path)
+
+    async def old_refused() -> bool:
+        try:
+            nc = await connect_client(
+                stack.nats_url or "", creds=str(old), tls_ca=ca, max_reconnect_attempts=0
+            )
+        except Exception:  # noqa: BLE001  (refused: what we wait for)
+            return True
+        await nc.close()
+        return False
+
+    await eventually(old_refused, timeout_s=10)
+    nc = await connections(A)
+    ack = await nc.jetstream().publish(s.JOB_REQUESTED.subject(tenant=A), b"{}", timeout=5)
+    assert ack.stream == s.JOBS_STREAM.name
+
+
+# ---- Redis ACL ----------------------------------------------------------------------------------
+
+
+def test_every_ledger_script_belongs_to_one_role() -> None:
+    """Each Lua script is in exactly one role's ACL list, so a new script cannot be forgotten."""
+    assigned = [name for names in LEDGER_SCRIPTS.values() for name in names]
+    assert sorted(assigned) == sorted(ledger_scripts())
+
+
+async def _refused(call: Awaitable[object]) -> str:
+    """The refusal of a Redis call (NOPERM, or a script's ACL error)."""
+    with pytest.raises(ResponseError) as refusal:
+        await call
+    text = str(refusal.value)
+    assert isinstance(refusal.value, NoPermissionError) or "can't access" in text, text
+    return text
+
+
+async def test_collector_runs_its_ledger_flows_and_nothing_else(
+    stack: Stack, redis_as: Callable[[str], Redis]
+) -> None:
+    """The collector user registers, heartbeats, sets health, records load, reads its holders
+    and ends leases of a vanished device; lease writes, admin commands and key scans fail."""
+    ns = stack.namespace
+    collector = Ledger(redis_as(access.TELEMETRY_COLLECTOR), ns)
+    scheduler = Ledger(redis_as(access.SCHEDULER), ns)
+    lease_manager = Ledger(redis_as(access.LEASE_MANAGER), ns)
+    operator = Ledger(redis_as(access.OPERATOR), ns)
+    devices = [device_spec("n1", 0), device_spec("n1", 1)]
+    assert (await collector.register_node("n1", devices, 64_000, 256_000)).ok
+    assert (await collector.heartbeat("n1")).ok
+    assert (await collector.set_health("n1/nvidia0", Health.UNHEALTHY, "ecc")).ok
+    assert (await collector.set_health("n1/nvidia0", Health.HEALTHY)).previous == "unhealthy"
+    await collector.record_load([])
+    assert len(await collector.node_devices("n1")) == 2
+    assert (await scheduler.reserve(reservation("gone", SliceClaim("n1/nvidia1", whole=True)))).ok
+    granted = await lease_manager.grant("lease-gone")
+    assert granted.ok
+    assert [lease and lease.job_id for lease in await collector.get_leases(["lease-gone"])] == [
+        "gone"
+    ]
+    # A restarted collector without nvidia1: its lease ends as lost, by the collector's user.
+    result = await collector.register_node("n1", devices[:1], 64_000, 256_000)
+    assert result.ok and result.lost == ["lease-gone"], result
+    assert await audit(operator) == []
+
+    assert (await scheduler.reserve(reservation("held", SliceClaim("n1/nvidia0", 1024, 10)))).ok
+    before = await operator.get_lease("lease-held")
+    redis = collector.redis
+    await _refused(collector.grant("lease-held"))  # a lease-manager script
+    await _refused(redis.set(collector.key("lease", "x"), "1"))
+    await _refused(redis.zadd(collector.key("expiry"), {"lease-held": 1}))
+    await _refused(redis.xadd(collector.key("outbox", "scheduler"), {"kind": "x"}))
+    await _refused(redis.flushall())
+    await _refused(redis.config_set("appendonly", "no"))
+    await _refused(redis.keys("*"))
+    assert await operator.get_lease("lease-held") == before
+    assert not await operator.redis.exists(collector.key("lease", "x"))
+
+
+async def test_scheduler_runs_its_ledger_flows_and_nothing_else(
+    stack: Stack, redis_as: Callable[[str], Redis]
+) -> None:
+    """The scheduler user admits, reserves, reads and relays its outbox; admin commands
+    fail."""
+    ns = stack.namespace
+    await Ledger(redis_as(access.TELEMETRY_COLLECTOR), ns).register_node(
+        "n1", [device_spec("n1", 0), device_spec("n1", 1)], 64_000, 256_000
+    )
+    scheduler = Ledger(redis_as(access.SCHEDULER), ns)
+    assert (await scheduler.pend("p1", 500, b"{}", 60_000, "queued", tenant=A)).ok
+    assert [j.job_id for _, j in await scheduler.pending_jobs()] == ["p1"]
+    await scheduler.note_pending("p1", "no_capacity", "full", nominated=True)
+    assert await scheduler.pending_count(A) == 1
+    results = await scheduler.reserve_many(
+        [reservation("p1", SliceClaim("n1/nvidia0", whole=True))]
+    )
+    assert results[0].ok, results
+    assert (await scheduler.request_preemption("lease-p1", "urgent")).ok
+    assert (await scheduler.pend("p2", 500, b"{}", 1, "queued", tenant=A)).ok
+    await asyncio.sleep(0.05)
+    assert (await scheduler.time_out_pending()).ok
+    assert (await scheduler.pend("p3", 500, b"{}", None, "queued", tenant=A)).ok
+    assert (await scheduler.drop_pending("p3", "invalid_request", "count", "")).ok
+    assert await scheduler.acquire("cycle", "me", 1_000)
+    await scheduler.release_lock("cycle", "me")
+    changes = await scheduler.changes_since(None)
+    assert (await scheduler.changes_since(changes.cursor)).complete
+    assert len(await scheduler.nodes()) == 1 and len(await scheduler.leases()) == 1
+    assert await scheduler.get_nodes(["n1"]) and await scheduler.live_leases(["lease-p1"])
+    assert await scheduler.get_job("p1") is not None and await scheduler.now_ms() > 0
+    await _drain_outbox(scheduler, "scheduler", redis_as(access.OPERATOR))
+
+    redis = scheduler.redis
+    await _refused(redis.flushall())
+    await _refused(redis.config_get("*"))
+    await _refused(redis.keys("*"))
+    await _refused(redis.acl_list())
+
+
+async def test_lease_manager_runs_its_ledger_flows_and_nothing_else(
+    stack: Stack, redis_as: Callable[[str], Redis]
+) -> None:
+    """The lease-manager user grants, renews, releases, ends, expires, reaps and relays;
+    admin commands fail."""
+    ns = stack.namespace
+    await Ledger(redis_as(access.TELEMETRY_COLLECTOR), ns).register_node(
+        "n1", [device_spec("n1", 0), device_spec("n1", 1)], 64_000, 256_000
+    )
+    scheduler = Ledger(redis_as(access.SCHEDULER), ns)
+    manager = Ledger(redis_as(access.LEASE_MANAGER), ns)
+    for job, device in (("a", "n1/nvidia0"), ("b", "n1/nvidia1")):
+        await scheduler.reserve(reservation(job, SliceClaim(device, 1024, 10), tenant=A))
+    granted = await manager.grant("lease-a", "secret")
+    holder = Holder(A, "secret", granted.token)
+    assert (await manager.renew("lease-a", holder, 60_000)).ok
+    assert (await manager.release("lease-a", holder)).ok
+    await manager.grant("lease-b")
+    assert (await manager.end("lease-b", "preempted")).ok
+    assert (await manager.expire_due()).ok
+    assert (await manager.reap_nodes(60_000)).ok
+    lease = await manager.get_lease("lease-a")
+    assert lease is not None and lease.end_reason == "released"
+    await _drain_outbox(manager, "lease-manager", redis_as(access.OPERATOR))
+
+    redis = manager.redis
+    await _refused(redis.flushall())
+    await _refused(redis.config_set("appendonly", "no"))
+    await _refused(redis.keys("*"))
+    await _refused(redis.script_flush())
+
+
+async def test_redis_users_are_confined_to_the_ledger_prefix(
+    stack: Stack, redis_as: Callable[[str], Redis]
+) -> None:
+    """No service user reads or writes a key outside its namespace, by command or script."""
+    other = Ledger(redis_as(access.OPERATOR), "other")
+    await other.register_node("n9", [device_spec("n9", 0)])
+    for role in (access.SCHEDULER, access.LEASE_MANAGER, access.TELEMETRY_COLLECTOR):
+        redis = redis_as(role)
+        await _refused(redis.hgetall(other.key("node", "n9")))
+        await _refused(redis.get("plain-key"))
+        await _refused(Ledger(redis, "other").heartbeat("n9"))
+        await _refused(Ledger(redis, "other").nodes())
+    assert await other.redis.exists(other.key("node", "n9"))
+
+
+async def _drain_outbox(ledger: Ledger, service: str, observer: Redis) -> None:
+    """Run the service's outbox relay (consumer group, read, claim, ack, delete) until its
+    outbox is empty."""
+    published: list[object] = []
+
+    async def build(fields: dict[str, str]) -> list[object]:
+        return [fields]
+
+    async def publish(event: object) -> None:
+        published.append(event)
+
+    stop = asyncio.Event()
+    relay = OutboxRelay(ledger, service, build, publish)  # type: ignore[arg-type]
+    task = asyncio.create_task(relay.run(stop))
+    outbox = ledger.key("outbox", service)
+
+    async def drained() -> bool:
+        return bool(published) and await observer.xlen(outbox) == 0
+
+    try:
+        await eventually(drained, timeout_s=10)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
