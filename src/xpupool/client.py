@@ -7,22 +7,24 @@ NATS client could not.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
-import nats
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
 
+from xpupool.bus.connection import connect_client
 from xpupool.bus.envelope import ce_headers
 from xpupool.contracts import (
     AllocationGranted,
+    JobPending,
     JobRejected,
     JobRequested,
     JobTimedOut,
     LeaseEnded,
+    LeaseRenewed,
     LeaseReply,
     ReleaseLease,
     RenewLease,
@@ -30,52 +32,84 @@ from xpupool.contracts import (
     encode,
 )
 from xpupool.contracts import subjects as s
+from xpupool.contracts.access import tenant_inbox
 
 JobOutcome = AllocationGranted | JobRejected | JobTimedOut
-_OUTCOME_DECODER = decoder_for((AllocationGranted, JobRejected, JobTimedOut))
+TenantEvent = JobOutcome | JobPending | LeaseRenewed | LeaseEnded
+_EVENT_DECODER = decoder_for(
+    (AllocationGranted, JobRejected, JobTimedOut, JobPending, LeaseRenewed, LeaseEnded)
+)
 _ENDED_DECODER = decoder_for((LeaseEnded,))
 _REPLY_DECODER = decoder_for((LeaseReply,))
 
 
 class XpupoolClient:
-    """Submit jobs, wait for their outcome, renew and release leases."""
+    """Submit jobs as a tenant, wait for their outcome, renew and release leases.
 
-    def __init__(self, nc: Nats, source: str = "/clients/python") -> None:
+    A client of one ``tenant`` uses only that tenant's subjects (what its credentials allow). A
+    client without a tenant (insecure development stacks, tests, operator tools) listens to
+    every tenant's events and submits each request on the subject of the tenant it names.
+    """
+
+    def __init__(
+        self, nc: Nats, tenant: str | None = None, source: str = "/clients/python"
+    ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
+        self.tenant = tenant
         self.source = source
         self._waiters: dict[str, asyncio.Future[JobOutcome]] = {}
+        self._grants: dict[str, AllocationGranted] = {}
+        self._listeners: list[Callable[[TenantEvent], None]] = []
         self._subscriptions: list[Any] = []
 
-    async def start(self) -> None:
-        """Listen for job outcomes (call before submitting, so no outcome is missed)."""
-        for channel in (s.ALLOC_GRANTED, s.JOB_REJECTED, s.JOB_TIMED_OUT):
-            self._subscriptions.append(
-                await self.nc.subscribe(channel.address, cb=self._on_outcome)
-            )
+    def _space(self, tenant: str | None) -> str:
+        name = tenant or self.tenant
+        if not name:
+            raise ValueError("no tenant: give the client one, or name it in the request")
+        return name
 
-    async def _on_outcome(self, msg: Msg) -> None:
+    async def start(self) -> None:
+        """Listen for the tenant's events (call before submitting, so no outcome is missed)."""
+        events = f"{s.TENANT_SPACE}.{self.tenant or '*'}.events.>"
+        self._subscriptions.append(await self.nc.subscribe(events, cb=self._on_event))
+
+    def listen(self, listener: Callable[[TenantEvent], None]) -> None:
+        """Call ``listener`` with every tenant event this client receives."""
+        self._listeners.append(listener)
+
+    async def _on_event(self, msg: Msg) -> None:
         try:
-            outcome = _OUTCOME_DECODER.decode(msg.data)
+            event = _EVENT_DECODER.decode(msg.data)
         except msgspec.ValidationError:
             return
-        waiter = self._waiters.get(outcome.job_id)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(outcome)
+        if isinstance(event, AllocationGranted):
+            self._grants[event.lease_id] = event
+        for listener in self._listeners:
+            listener(event)
+        if isinstance(event, AllocationGranted | JobRejected | JobTimedOut):
+            waiter = self._waiters.get(event.job_id)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(event)
 
     def expect(self, job_id: str) -> asyncio.Future[JobOutcome]:
         """A future that resolves with the job's first outcome (granted, rejected, timed out)."""
         return self._waiters.setdefault(job_id, asyncio.get_running_loop().create_future())
 
     async def submit(self, request: JobRequested) -> None:
-        """Publish a job request; ``Nats-Msg-Id = job_id`` makes a retried submit a no-op."""
+        """Publish a job request on its tenant's subject; ``Nats-Msg-Id = job_id`` makes a
+        retried submit a no-op."""
+        subject = s.JOB_REQUESTED.subject(tenant=self._space(request.tenant))
         headers = ce_headers(JobRequested, self.source, event_id=request.job_id)
-        await self.js.publish(s.JOB_REQUESTED.address, encode(request), headers=headers, timeout=5)
+        await self.js.publish(subject, encode(request), headers=headers, timeout=5)
 
-    async def submit_raw(self, payload: bytes, msg_id: str | None = None) -> None:
+    async def submit_raw(
+        self, payload: bytes, msg_id: str | None = None, tenant: str | None = None
+    ) -> None:
         """Publish arbitrary bytes as a job request (for tests of bad input)."""
         headers = {"Nats-Msg-Id": msg_id} if msg_id else None
-        await self.js.publish(s.JOB_REQUESTED.address, payload, headers=headers, timeout=5)
+        subject = s.JOB_REQUESTED.subject(tenant=self._space(tenant))
+        await self.js.publish(subject, payload, headers=headers, timeout=5)
 
     async def submit_and_wait(self, request: JobRequested, timeout_s: float = 30.0) -> JobOutcome:
         """Submit and wait for the first outcome."""
@@ -83,25 +117,42 @@ class XpupoolClient:
         await self.submit(request)
         return await asyncio.wait_for(future, timeout_s)
 
-    async def renew(self, lease_id: str, token: int, ttl_s: float | None = None) -> LeaseReply:
-        """Renew a lease by request/reply."""
-        reply = await self.nc.request(
-            s.LEASE_RENEW.address,
-            encode(RenewLease(lease_id=lease_id, fencing_token=token, ttl_s=ttl_s)),
-            timeout=5,
-        )
+    def _holder(self, lease_id: str, secret: str | None, tenant: str | None) -> tuple[str, str]:
+        grant = self._grants.get(lease_id)
+        secret = secret or (grant.lease_secret if grant else None)
+        if not secret:
+            raise ValueError(f"no lease secret known for {lease_id}: pass the grant's secret")
+        return secret, self._space(tenant or (grant.tenant if grant else None))
+
+    async def _lease_request(self, subject: str, command: msgspec.Struct) -> LeaseReply:
+        reply = await self.nc.request(subject, encode(command), timeout=5)
         result: LeaseReply = _REPLY_DECODER.decode(reply.data)
         return result
 
-    async def release(self, lease_id: str, token: int) -> LeaseReply:
-        """Release a lease by request/reply."""
-        reply = await self.nc.request(
-            s.LEASE_RELEASE.address,
-            encode(ReleaseLease(lease_id=lease_id, fencing_token=token)),
-            timeout=5,
+    async def renew(
+        self,
+        lease_id: str,
+        token: int,
+        ttl_s: float | None = None,
+        *,
+        secret: str | None = None,
+        tenant: str | None = None,
+    ) -> LeaseReply:
+        """Renew a lease by request/reply (the secret of a grant this client saw is used
+        unless one is given)."""
+        secret, owner = self._holder(lease_id, secret, tenant)
+        command = RenewLease(
+            lease_id=lease_id, lease_secret=secret, fencing_token=token, ttl_s=ttl_s
         )
-        result: LeaseReply = _REPLY_DECODER.decode(reply.data)
-        return result
+        return await self._lease_request(s.LEASE_RENEW.subject(tenant=owner), command)
+
+    async def release(
+        self, lease_id: str, token: int, *, secret: str | None = None, tenant: str | None = None
+    ) -> LeaseReply:
+        """Release a lease by request/reply."""
+        secret, owner = self._holder(lease_id, secret, tenant)
+        command = ReleaseLease(lease_id=lease_id, lease_secret=secret, fencing_token=token)
+        return await self._lease_request(s.LEASE_RELEASE.subject(tenant=owner), command)
 
     async def close(self) -> None:
         """Stop listening."""
@@ -110,10 +161,23 @@ class XpupoolClient:
 
 
 @asynccontextmanager
-async def connected(url: str) -> AsyncIterator[XpupoolClient]:
-    """A started client on its own connection, drained on exit."""
-    nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=5)
-    client = XpupoolClient(nc)
+async def connected(
+    url: str,
+    tenant: str | None = None,
+    *,
+    creds: str | None = None,
+    tls_ca: str | None = None,
+) -> AsyncIterator[XpupoolClient]:
+    """A started client on its own connection (as ``tenant``, with its credentials), drained on
+    exit."""
+    nc = await connect_client(
+        url,
+        name=f"xpupool-client-{tenant or 'any'}",
+        creds=creds,
+        tls_ca=tls_ca,
+        inbox_prefix=tenant_inbox(tenant) if tenant else None,
+    )
+    client = XpupoolClient(nc, tenant)
     await client.start()
     try:
         yield client

@@ -13,8 +13,8 @@ from nats.aio.msg import Msg
 from opentelemetry.sdk.trace import TracerProvider
 
 from tests.conftest import eventually
-from xpupool.bus import Publisher, consume_stream, ensure_streams
-from xpupool.contracts import JobRejected, JobRequested, subjects
+from xpupool.bus import InvalidMessage, Publisher, consume_stream, ensure_streams
+from xpupool.contracts import JobReason, JobRejected, JobRequested, subjects
 from xpupool.devstack.readiness import pulling, wait_until_pulling
 from xpupool.devstack.servers import NatsServer
 
@@ -57,13 +57,14 @@ async def test_handler_results_are_published_before_the_ack(nc: Client) -> None:
     tracer = provider.get_tracer("test")
     publisher = Publisher(nc, nc.jetstream(), source="/tests")
     rejections = await _received(nc, subjects.JOB_REJECTED.address)
-    requests = await _received(nc, subjects.JOB_REQUESTED.address)
+    tenant_rejections = await _received(nc, subjects.TENANT_JOB_REJECTED.pattern)
+    requests = await _received(nc, subjects.JOB_REQUESTED.pattern)
     stop = asyncio.Event()
-    handled: list[JobRequested] = []
+    handled: list[tuple[JobRequested, str]] = []
 
-    async def handler(request: JobRequested) -> Sequence[msgspec.Struct]:
-        handled.append(request)
-        return [JobRejected(job_id=request.job_id, reason="test")]
+    async def handler(request: JobRequested, *, tenant: str) -> Sequence[msgspec.Struct]:
+        handled.append((request, tenant))
+        return [JobRejected(job_id=request.job_id, tenant=tenant, reason="invalid_request")]
 
     with tracer.start_as_current_span("upstream"):
         await publisher.publish(JobRequested(job_id="b1", tenant="t"))
@@ -74,8 +75,14 @@ async def test_handler_results_are_published_before_the_ack(nc: Client) -> None:
     headers = requests[0].headers or {}
     assert headers["ce-type"] == "xpupool.job.requested.v1" and headers["ce-id"] == "b1"
     assert headers["Nats-Msg-Id"] == "b1" and headers["traceparent"].startswith("00-")
-    assert (rejections[0].headers or {})["ce-id"] == "b1:rejected"
-    assert [r.job_id for r in handled] == ["b1"]
+    assert requests[0].subject == "xpupool.tenant.v1.t.jobs.requested"
+    assert (rejections[0].headers or {})["ce-id"].startswith("b1:rejected:")
+    assert [(r.job_id, t) for r, t in handled] == [("b1", "t")]
+    # The owner's copy goes to the tenant's own events, with the same event id.
+    await eventually(lambda: tenant_rejections)
+    assert tenant_rejections[0].subject == "xpupool.tenant.v1.t.events.rejected"
+    tenant_headers, headers = tenant_rejections[0].headers or {}, rejections[0].headers or {}
+    assert tenant_headers["ce-id"] == headers["ce-id"]
 
     async def acknowledged() -> bool:
         return await _pending_in_jobs_stream(nc) == 0
@@ -97,11 +104,19 @@ async def test_bad_input_is_answered_and_acknowledged(nc: Client) -> None:
         calls.append(request)
         return []
 
-    def on_invalid(data: bytes, field: str | None, reason: str) -> Sequence[msgspec.Struct]:
-        return [JobRejected(job_id="?", field_name=field, reason="invalid_request", detail=reason)]
+    def on_invalid(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:
+        return [
+            JobRejected(
+                job_id="?",
+                field_name=invalid.field,
+                reason=JobReason.INVALID_REQUEST,
+                detail=invalid.detail,
+            )
+        ]
 
-    await nc.jetstream().publish(subjects.JOB_REQUESTED.address, b'{"job_id": 5, "tenant": "t"}')
-    await nc.jetstream().publish(subjects.JOB_REQUESTED.address, b"not json at all")
+    subject = subjects.JOB_REQUESTED.subject(tenant="t")
+    await nc.jetstream().publish(subject, b'{"job_id": 5, "tenant": "t"}')
+    await nc.jetstream().publish(subject, b"not json at all")
     task = asyncio.create_task(
         consume_stream(
             nc.jetstream(),
@@ -128,12 +143,14 @@ async def test_a_handler_that_keeps_failing_ends_in_give_up(nc: Client) -> None:
     stop = asyncio.Event()
     attempts: list[int] = []
 
-    async def handler(request: JobRequested) -> Sequence[msgspec.Struct]:
+    async def handler(request: JobRequested, *, tenant: str) -> Sequence[msgspec.Struct]:
         attempts.append(1)
         raise RuntimeError("ledger down")
 
     def give_up(request: JobRequested, error: BaseException) -> Sequence[msgspec.Struct]:
-        return [JobRejected(job_id=request.job_id, reason="internal_error", detail=str(error))]
+        return [
+            JobRejected(job_id=request.job_id, reason=JobReason.INTERNAL_ERROR, detail=str(error))
+        ]
 
     await publisher.publish(JobRequested(job_id="doomed", tenant="t"))
     task = asyncio.create_task(
@@ -162,7 +179,7 @@ async def test_readiness_waits_for_a_pulling_consumer(nc: Client, nats_server: N
     with pytest.raises(TimeoutError, match="scheduler-jobs"):
         await wait_until_pulling(nats_server.url, [durable], timeout_s=0.3)
 
-    async def ignore(request: JobRequested) -> Sequence[msgspec.Struct]:
+    async def ignore(request: JobRequested, *, tenant: str) -> Sequence[msgspec.Struct]:
         return []
 
     stop = asyncio.Event()

@@ -36,7 +36,7 @@ from nats.js.errors import NotFoundError
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from xpupool.bus.envelope import Envelope, ce_headers, read_envelope
+from xpupool.bus.envelope import MSG_ID_HEADER, Envelope, ce_headers, read_envelope
 from xpupool.bus.lifecycle import BusClosed
 from xpupool.bus.publisher import MessageTooLarge, Publisher, encoded_size
 from xpupool.contracts import decoder_for, describe_error, encode
@@ -70,7 +70,9 @@ class InvalidMessage:
     ``data`` is the payload, cut to the dispatcher's size limit when it was over it. ``code`` is
     ``invalid_request`` or ``payload_too_large``. ``detail`` is at most 512 characters and never
     quotes a long value back. ``params`` are the channel's ``{param}`` values taken from the
-    subject (empty where the subject does not parse).
+    subject (empty where the subject does not parse). ``msg_id`` is the sender's
+    ``Nats-Msg-Id`` header (clipped), which clients set to the job id: the one way to tell a
+    sender which request was refused when the payload is not even JSON.
     """
 
     subject: str
@@ -79,6 +81,11 @@ class InvalidMessage:
     code: str
     detail: str
     params: dict[str, str]
+    msg_id: str = ""
+
+
+def _msg_id(msg: Msg) -> str:
+    return clip((msg.headers or {}).get(MSG_ID_HEADER, ""), 128)
 
 
 Handler = Callable[..., Awaitable[Sequence[msgspec.Struct]]]
@@ -184,6 +191,7 @@ class _Dispatcher:
                 code=PAYLOAD_TOO_LARGE,
                 detail=f"{size} bytes, limit {self.max_message_bytes}",
                 params=params or {},
+                msg_id=_msg_id(msg),
             )
         if params is None and self.tenant_scoped:
             return self._invalid(msg, "tenant", "the subject names no valid tenant", {})
@@ -210,6 +218,7 @@ class _Dispatcher:
             code=INVALID_REQUEST,
             detail=clip(detail, DETAIL_LIMIT),
             params=params,
+            msg_id=_msg_id(msg),
         )
 
     async def dispatch(self, msg: Msg, attempt: int) -> Sequence[msgspec.Struct] | None:

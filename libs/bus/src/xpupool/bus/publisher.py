@@ -18,7 +18,7 @@ from opentelemetry.trace import SpanKind
 
 from xpupool.bus.envelope import ce_headers
 from xpupool.contracts import encode
-from xpupool.contracts.subjects import Channel, channel_of, dedup_id, subject_of
+from xpupool.contracts.subjects import Channel, dedup_id, deliveries
 from xpupool.obs import get_logger
 
 PUBLISH_TIMEOUT_S = 5.0
@@ -82,11 +82,14 @@ class Publisher:
         return self._source
 
     async def publish(self, event: msgspec.Struct, event_id: str | None = None) -> None:
-        """Publish one event; returns once JetStream has stored it (or core NATS has it queued).
+        """Publish one event everywhere it goes (``subjects.deliveries``): its channel and, for a
+        tenant's event, the tenant's own copy (the operator copy without secrets); returns once
+        JetStream has stored them (or core NATS has them queued).
 
-        Raises ``MessageTooLarge`` (and sends nothing) if it would exceed ``max_payload``.
+        Raises ``MessageTooLarge`` (and sends nothing more) if one would exceed ``max_payload``.
         """
-        await self.publish_to(channel_of(event), subject_of(event), event, event_id)
+        for channel, subject, copy in deliveries(event):
+            await self.publish_to(channel, subject, copy, event_id)
 
     async def publish_to(
         self,

@@ -21,19 +21,22 @@ from typing import Annotated, Literal
 from msgspec import Meta, Struct, field
 
 Timestamp = Annotated[datetime, Meta(tz=True, description="RFC 3339 timestamp with a time zone")]
+IDENTIFIER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$"
 Identifier = Annotated[
     str,
     Meta(
         min_length=1,
         max_length=128,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$",
+        pattern=IDENTIFIER_PATTERN,
         description="Letters, digits and . _ : @ / - ; starts with a letter or digit",
     ),
 ]
 Percent = Annotated[int, Meta(ge=1, le=100)]
 Name = Annotated[str, Meta(max_length=128)]
 ModelName = Annotated[str, Meta(min_length=1, max_length=64)]
-Detail = Annotated[str, Meta(max_length=1024, description="Human-readable; at most 1,024 characters")]
+Detail = Annotated[
+    str, Meta(max_length=1024, description="Human-readable; at most 1,024 characters")
+]
 LabelKey = Annotated[str, Meta(min_length=1, max_length=63)]
 LabelValue = Annotated[str, Meta(max_length=256)]
 MAX_MIB = 64 * 1024 * 1024  # 64 TiB: beyond any device or host
@@ -72,6 +75,7 @@ __all__ = [
     "HostDemand",
     "HostShare",
     "InjectFault",
+    "IDENTIFIER_PATTERN",
     "Identifier",
     "Intent",
     "Isolation",
@@ -323,9 +327,7 @@ class JobRequested(
     max_wait_s: Annotated[float, Meta(gt=0, le=30 * 24 * 3600)] | None = None
     expected_duration_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] | None = None
     intent: Intent = Intent.CHEAPEST
-    labels: Annotated[dict[LabelKey, LabelValue], Meta(max_length=32)] = field(
-        default_factory=dict
-    )
+    labels: Annotated[dict[LabelKey, LabelValue], Meta(max_length=32)] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
+from xpupool.bus import InvalidMessage
 from xpupool.contracts import (
     AllocationGranted,
     EndLease,
@@ -18,6 +19,7 @@ from xpupool.contracts import (
     HostShare,
     JobReserved,
     LeaseEnded,
+    LeaseError,
     LeaseRenewed,
     LeaseReply,
     NodeLost,
@@ -25,8 +27,10 @@ from xpupool.contracts import (
     RenewLease,
 )
 from xpupool.lease_manager.env import job_environment
-from xpupool.ledger import LeaseRecord, Ledger
+from xpupool.ledger import Holder, LeaseRecord, Ledger, ScriptResult
 from xpupool.obs import get_logger
+
+_LEASE_ERRORS = {e.value: e for e in LeaseError}
 
 
 def _time(ms: int) -> datetime:
@@ -44,29 +48,59 @@ async def grant_reservation(event: JobReserved, ledger: Ledger) -> Sequence[msgs
 
 async def end_lease(command: EndLease, ledger: Ledger) -> Sequence[msgspec.Struct]:
     """End a lease on the scheduler's request (preemption); idempotent."""
-    await ledger.end(command.lease_id, command.reason.value, None, command.detail)
+    await ledger.end(command.lease_id, command.reason.value, command.detail)
     return []
 
 
-async def renew_lease(command: RenewLease, ledger: Ledger) -> Sequence[msgspec.Struct]:
-    """Extend a lease if the holder's fencing token is current."""
+def _refusal(lease_id: str, tenant: str, result: ScriptResult) -> LeaseReply:
+    error = _LEASE_ERRORS.get(result.reason, LeaseError.INTERNAL_ERROR)
+    get_logger().warning("lease_command_refused", lease_id=lease_id, tenant=tenant, error=error)
+    # A foreign tenant learns nothing beyond the refusal itself.
+    detail = "" if error in (LeaseError.NOT_OWNER, LeaseError.BAD_SECRET) else result.detail
+    return LeaseReply(ok=False, lease_id=lease_id, error=error, detail=detail[:200])
+
+
+async def renew_lease(
+    command: RenewLease, ledger: Ledger, *, tenant: str
+) -> Sequence[msgspec.Struct]:
+    """Extend a lease for its holder: the tenant whose subject sent the command, with the grant's
+    secret and current fencing token; anything else is refused and changes nothing."""
     ttl_ms = None if command.ttl_s is None else int(command.ttl_s * 1000)
-    result = await ledger.renew(command.lease_id, command.fencing_token, ttl_ms)
+    holder = Holder(tenant, command.lease_secret, command.fencing_token)
+    result = await ledger.renew(command.lease_id, holder, ttl_ms)
     if not result.ok:
-        return [LeaseReply(ok=False, lease_id=command.lease_id, error=result.reason)]
+        return [_refusal(command.lease_id, tenant, result)]
     return [LeaseReply(ok=True, lease_id=command.lease_id, expires_at=_time(result.expires_ms))]
 
 
-async def release_lease(command: ReleaseLease, ledger: Ledger) -> Sequence[msgspec.Struct]:
-    """Give a lease back; a stale token cannot release a lease it no longer holds."""
-    result = await ledger.end(command.lease_id, EndReason.RELEASED.value, command.fencing_token)
-    return [LeaseReply(ok=result.ok, lease_id=command.lease_id, error=result.reason or None)]
+async def release_lease(
+    command: ReleaseLease, ledger: Ledger, *, tenant: str
+) -> Sequence[msgspec.Struct]:
+    """Give a lease back, on the same checks as a renewal: a stale, replayed or foreign release
+    is refused (``lease_ended``, ``stale_token``, ``not_owner``, ``bad_secret``), never ``ok``."""
+    holder = Holder(tenant, command.lease_secret, command.fencing_token)
+    result = await ledger.release(command.lease_id, holder)
+    if not result.ok:
+        return [_refusal(command.lease_id, tenant, result)]
+    return [LeaseReply(ok=True, lease_id=command.lease_id)]
 
 
-def reject_invalid_command(data: bytes, field: str | None, reason: str) -> Sequence[msgspec.Struct]:
+def reject_invalid_command(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:
     """A renew/release that does not decode gets an error reply naming the field."""
-    where = f"{field}: " if field else ""
-    return [LeaseReply(ok=False, lease_id="", error=f"invalid request: {where}{reason}")]
+    error = (
+        LeaseError.PAYLOAD_TOO_LARGE
+        if invalid.code == "payload_too_large"
+        else LeaseError.INVALID_REQUEST
+    )
+    where = f"{invalid.field}: " if invalid.field else ""
+    return [LeaseReply(ok=False, lease_id="", error=error, detail=f"{where}{invalid.detail}")]
+
+
+def reply_too_large(reply: msgspec.Struct) -> LeaseReply:
+    """What a requester gets instead of a reply that would not fit its server's max_payload."""
+    return LeaseReply(
+        ok=False, lease_id="", error=LeaseError.INTERNAL_ERROR, detail="reply too large"
+    )
 
 
 def granted_event(lease: LeaseRecord) -> AllocationGranted:
@@ -86,6 +120,8 @@ def granted_event(lease: LeaseRecord) -> AllocationGranted:
             HostShare(node_id=node_id, cpu_milli=h.cpu_milli, memory_mib=h.memory_mib)
             for node_id, h in sorted(lease.host.items())
         ],
+        # The publisher strips it from the operator copy; only the owner's copy carries it.
+        lease_secret=lease.secret or None,
     )
 
 
@@ -109,6 +145,7 @@ async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgsp
             LeaseRenewed(
                 job_id=lease.job_id,
                 lease_id=lease.lease_id,
+                tenant=lease.tenant,
                 fencing_token=lease.token,
                 expires_at=_time(expires_ms),
             )

@@ -6,12 +6,16 @@ import asyncio
 import functools
 from contextlib import AsyncExitStack
 
-from xpupool.bus import (
-    consume_stream,
-    serve_subject,
+from xpupool.bus import DispatchStats, consume_stream, serve_subject
+from xpupool.bus.connection import bus_settings
+from xpupool.bus.lifecycle import (
+    open_bus,
+    run_until_stopped,
+    stop_on_signals,
+    supervise,
+    watch_bus,
 )
-from xpupool.bus.lifecycle import open_bus, run_until_stopped, stop_on_signals
-from xpupool.contracts import subjects
+from xpupool.contracts import access, subjects
 from xpupool.lease_manager import handlers
 from xpupool.lease_manager.settings import LeaseManagerSettings
 from xpupool.ledger import Ledger, OutboxRelay, open_ledger
@@ -53,52 +57,64 @@ async def run(settings: LeaseManagerSettings) -> None:
     provider = configure_tracing(SERVICE)
     stop = stop_on_signals()
     async with AsyncExitStack() as stack:
-        bus = await open_bus(stack, settings.nats_url, SERVICE, f"/services/{SERVICE}")
-        nc, js, publisher = bus.nc, bus.js, bus.publisher
-        ledger = await open_ledger(stack, settings.redis_url, settings.namespace)
+        ledger = await open_ledger(
+            stack, settings.redis_url, settings.namespace, tls_ca=settings.redis_tls_ca
+        )
+        stats = DispatchStats()
 
-        await serve_subject(
-            nc,
-            subjects.LEASE_RENEW,
-            functools.partial(handlers.renew_lease, ledger=ledger),
-            publisher,
-            queue=SERVICE,
-            on_invalid=handlers.reject_invalid_command,
-        )
-        await serve_subject(
-            nc,
-            subjects.LEASE_RELEASE,
-            functools.partial(handlers.release_lease, ledger=ledger),
-            publisher,
-            queue=SERVICE,
-            on_invalid=handlers.reject_invalid_command,
-        )
-        relay = OutboxRelay(
-            ledger,
-            SERVICE,
-            functools.partial(handlers.build_events, ledger=ledger),
-            publisher.publish,
-        )
-        await run_until_stopped(
-            stop,
-            consume_stream(
-                js,
-                subjects.LEASE_MANAGER_GRANTS,
-                functools.partial(handlers.grant_reservation, ledger=ledger),
-                publisher,
-                stop,
-            ),
-            consume_stream(
-                js,
-                subjects.LEASE_MANAGER_ENDS,
-                functools.partial(handlers.end_lease, ledger=ledger),
-                publisher,
-                stop,
-            ),
-            relay.run(stop),
-            expire_leases(ledger, settings.expiry_interval_s, stop),
-            reap_nodes(ledger, settings.node_grace_s, settings.node_check_interval_s, stop),
-        )
+        async def run_once(run_stop: asyncio.Event) -> None:
+            # Everything on NATS lives here: a closed connection re-opens all of it (supervise).
+            async with AsyncExitStack() as bus_stack:
+                bus = await open_bus(
+                    bus_stack, bus_settings(access.LEASE_MANAGER, SERVICE, settings), SERVICE
+                )
+                for channel, handler in (
+                    (subjects.LEASE_RENEW, handlers.renew_lease),
+                    (subjects.LEASE_RELEASE, handlers.release_lease),
+                ):
+                    await serve_subject(
+                        bus.nc,
+                        channel,
+                        functools.partial(handler, ledger=ledger),
+                        bus.publisher,
+                        queue=SERVICE,
+                        on_invalid=handlers.reject_invalid_command,
+                        stats=stats,
+                        too_large_reply=handlers.reply_too_large,
+                    )
+                relay = OutboxRelay(
+                    ledger,
+                    SERVICE,
+                    functools.partial(handlers.build_events, ledger=ledger),
+                    bus.publisher.publish,
+                )
+                await run_until_stopped(
+                    run_stop,
+                    watch_bus(bus.nc, run_stop),
+                    consume_stream(
+                        bus.js,
+                        subjects.LEASE_MANAGER_GRANTS,
+                        functools.partial(handlers.grant_reservation, ledger=ledger),
+                        bus.publisher,
+                        run_stop,
+                        stats=stats,
+                    ),
+                    consume_stream(
+                        bus.js,
+                        subjects.LEASE_MANAGER_ENDS,
+                        functools.partial(handlers.end_lease, ledger=ledger),
+                        bus.publisher,
+                        run_stop,
+                        stats=stats,
+                    ),
+                    relay.run(run_stop),
+                    expire_leases(ledger, settings.expiry_interval_s, run_stop),
+                    reap_nodes(
+                        ledger, settings.node_grace_s, settings.node_check_interval_s, run_stop
+                    ),
+                )
+
+        await supervise(run_once, stop)
     provider.shutdown()
 
 

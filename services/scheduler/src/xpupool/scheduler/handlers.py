@@ -9,6 +9,8 @@ made on stale state fails its commit and is decided again in the next cycle, nev
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 import time
 import uuid
 from collections import Counter
@@ -18,10 +20,14 @@ from datetime import UTC, datetime
 
 import msgspec
 
+from xpupool.bus import InvalidMessage
 from xpupool.contracts import (
+    IDENTIFIER_PATTERN,
     EndLease,
     EndReason,
+    Identifier,
     JobPending,
+    JobReason,
     JobRejected,
     JobRequested,
     JobReserved,
@@ -29,6 +35,7 @@ from xpupool.contracts import (
     decoder_for,
 )
 from xpupool.ledger import (
+    AdmissionLimits,
     HostClaim,
     JobRecord,
     Ledger,
@@ -60,8 +67,23 @@ from xpupool.scheduler.settings import SchedulerSettings
 from xpupool.scheduler.snapshot import UNITS_FIELD, devices_field
 from xpupool.scheduler.snapshot_cache import SnapshotCache
 
-ADMITTED = "queued"
+ADMITTED = JobReason.QUEUED.value
 _REQUEST_DECODER = decoder_for((JobRequested,))
+_JOB_REASONS = {r.value: r for r in JobReason}
+
+
+class _JobIdOnly(msgspec.Struct):
+    """What a rejection may still take from a request that does not decode: its job id."""
+
+    job_id: Identifier = ""
+
+
+_VALID_JOB_ID = re.compile(IDENTIFIER_PATTERN)
+
+
+def job_reason(value: str | None) -> JobReason | None:
+    """The contract's reason for a code stored in the ledger (None for none or unknown)."""
+    return _JOB_REASONS.get(value or "")
 
 
 def _new_lease_id() -> str:
@@ -86,39 +108,86 @@ class SchedulerDeps:
     snapshots: SnapshotCache = field(default_factory=SnapshotCache)
 
 
-async def admit_job(request: JobRequested, deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
-    """Put a new request in the persistent pending queue and wake a scheduling cycle.
+def _rejected(
+    request: JobRequested, tenant: str, reason: JobReason, field: str | None, detail: str
+) -> list[msgspec.Struct]:
+    get_logger().info("request_refused", reason=reason, field=field, tenant=tenant)
+    return [
+        JobRejected(
+            job_id=request.job_id, tenant=tenant, field_name=field, reason=reason, detail=detail
+        )
+    ]
 
+
+async def admit_job(
+    request: JobRequested, deps: SchedulerDeps, *, tenant: str
+) -> Sequence[msgspec.Struct]:
+    """Put a new request of ``tenant`` (the subject's, authenticated) in the persistent pending
+    queue and wake a scheduling cycle.
+
+    Refused at once: a payload naming another tenant, a queue the tenant may not charge, and a
+    tenant over its rate or pending limits (checked atomically in the ledger, across replicas).
     A duplicate of a job the ledger already knows past admission is ignored: the job id is the
     idempotency key, whatever the transport did.
     """
-    priority = deps.config.current().priority_value(request.priority) or 0
+    if request.tenant is not None and request.tenant != tenant:
+        return _rejected(
+            request,
+            tenant,
+            JobReason.TENANT_MISMATCH,
+            "tenant",
+            f"sent on tenant {tenant!r}'s subject but names another tenant",
+        )
+    config = deps.config.current()
+    if not config.may_charge(tenant, request.queue):
+        return _rejected(
+            request,
+            tenant,
+            JobReason.QUEUE_NOT_ALLOWED,
+            "queue",
+            f"tenant {tenant!r} may not charge queue {request.queue!r}",
+        )
+    request = msgspec.structs.replace(request, tenant=tenant)
+    limits = config.limits_for(tenant)
     admitted = await deps.ledger.pend(
         request.job_id,
-        priority,
+        config.priority_value(request.priority) or 0,
         msgspec.json.encode(request),
         None if request.max_wait_s is None else int(request.max_wait_s * 1000),
         ADMITTED,
+        tenant=tenant,
+        limits=AdmissionLimits(limits.rate_per_s, limits.burst, limits.max_pending),
     )
     if not admitted.ok:
-        return []
+        refused = job_reason(admitted.reason)
+        if refused in (JobReason.RATE_LIMITED, JobReason.TOO_MANY_PENDING):
+            return _rejected(request, tenant, refused, None, admitted.detail)
+        return []  # a duplicate of a job that went further: its outcome is already out
     deps.wake.set()
     return []
 
 
-def reject_invalid_request(data: bytes, field: str | None, reason: str) -> Sequence[msgspec.Struct]:
-    """A request that does not decode is rejected, naming the field, and acknowledged."""
-    job_id, tenant = "", None
-    try:
-        raw = msgspec.json.decode(data)
-        if isinstance(raw, dict):
-            job_id = str(raw.get("job_id") or "")[:128]
-            tenant = str(raw["tenant"])[:128] if raw.get("tenant") else None
-    except msgspec.DecodeError:
-        reason = f"not JSON: {reason}"
+def reject_invalid_request(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:
+    """A request that does not decode is rejected to the tenant whose subject sent it, naming the
+    field, and acknowledged. Nothing of the payload is echoed beyond a valid job id."""
+    job_id = ""
+    if invalid.code != "payload_too_large":
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            job_id = msgspec.json.decode(invalid.data, type=_JobIdOnly).job_id
+    if not job_id and len(invalid.msg_id) <= 128 and _VALID_JOB_ID.fullmatch(invalid.msg_id):
+        job_id = invalid.msg_id  # clients publish with Nats-Msg-Id = job_id
+    reason = (
+        JobReason.PAYLOAD_TOO_LARGE
+        if invalid.code == "payload_too_large"
+        else JobReason.INVALID_REQUEST
+    )
     return [
         JobRejected(
-            job_id=job_id, tenant=tenant, field_name=field, reason="invalid_request", detail=reason
+            job_id=job_id,
+            tenant=invalid.params.get("tenant"),
+            field_name=invalid.field,
+            reason=reason,
+            detail=invalid.detail,
         )
     ]
 
@@ -129,7 +198,7 @@ def give_up_request(request: JobRequested, error: BaseException) -> Sequence[msg
         JobRejected(
             job_id=request.job_id,
             tenant=request.tenant,
-            reason="internal_error",
+            reason=JobReason.INTERNAL_ERROR,
             detail=f"admission failed repeatedly: {type(error).__name__}",
         )
     ]
@@ -209,7 +278,7 @@ def reservation_of(
 async def _waiting(
     job: JobRecord,
     request: JobRequested,
-    reason: str,
+    reason: JobReason,
     detail: str,
     deps: SchedulerDeps,
     nominated: bool | None = None,
@@ -224,7 +293,7 @@ async def _waiting(
     return [
         JobPending(
             job_id=job.job_id,
-            tenant=request.tenant,
+            tenant=request.tenant or "",
             reason=reason,
             detail=detail,
             since=datetime.fromtimestamp(since, tz=UTC),
@@ -302,11 +371,16 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
                     await ledger.request_preemption(lease_id, job_id)
                 events.extend(
                     await _waiting(
-                        job, request, "preemption_in_progress", detail, deps, nominated=True
+                        job,
+                        request,
+                        JobReason.PREEMPTION_IN_PROGRESS,
+                        detail,
+                        deps,
+                        nominated=True,
                     )
                 )
             case Wait(reason=reason, detail=detail):
-                events.extend(await _waiting(job, request, reason.value, detail, deps))
+                events.extend(await _waiting(job, request, reason, detail, deps))
             case Reject(reason=reason, field=field, detail=detail):
                 await ledger.drop_pending(job_id, reason.value, field, detail)
             case _:
@@ -359,7 +433,7 @@ async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgsp
                 job_id=fields["job_id"],
                 tenant=tenant,
                 waited_s=int(fields.get("waited_ms") or 0) / 1000,
-                last_reason=job.reason if job else "",
+                last_reason=job_reason(job.reason) if job else None,
             )
         ]
     if kind == "rejected":
@@ -368,8 +442,8 @@ async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgsp
                 job_id=fields["job_id"],
                 tenant=tenant or None,
                 field_name=fields.get("field") or None,
-                reason=fields.get("reason", ""),
-                detail=fields.get("detail", ""),
+                reason=job_reason(fields.get("reason")) or JobReason.INTERNAL_ERROR,
+                detail=fields.get("detail", "")[:1024],
             )
         ]
     get_logger().error("outbox_entry_unknown", entry=fields)

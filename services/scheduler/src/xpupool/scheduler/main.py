@@ -9,9 +9,16 @@ from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 from typing import Any
 
-from xpupool.bus import Publisher, consume_stream
-from xpupool.bus.lifecycle import open_bus, run_until_stopped, stop_on_signals
-from xpupool.contracts import subjects
+from xpupool.bus import DispatchStats, Publisher, consume_stream
+from xpupool.bus.connection import bus_settings
+from xpupool.bus.lifecycle import (
+    open_bus,
+    run_until_stopped,
+    stop_on_signals,
+    supervise,
+    watch_bus,
+)
+from xpupool.contracts import access, subjects
 from xpupool.ledger import OutboxRelay, open_ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
 from xpupool.placement.trace import load_pods
@@ -78,9 +85,9 @@ async def run(settings: SchedulerSettings) -> None:
     provider = configure_tracing(SERVICE)
     stop = stop_on_signals()
     async with AsyncExitStack() as stack:
-        bus = await open_bus(stack, settings.nats_url, SERVICE, f"/services/{SERVICE}")
-        nc, js, publisher = bus.nc, bus.js, bus.publisher
-        ledger = await open_ledger(stack, settings.redis_url, settings.namespace)
+        ledger = await open_ledger(
+            stack, settings.redis_url, settings.namespace, tls_ca=settings.redis_tls_ca
+        )
         extra = trace_policies(settings)
         config = ConfigSource(
             Path(settings.queue_config) if settings.queue_config else None,
@@ -93,33 +100,47 @@ async def run(settings: SchedulerSettings) -> None:
             default_policy=LearnedPolicy.create(half_life=settings.placement_shape_half_life),
             extra_policies=extra,
         )
+        stats = DispatchStats()
 
         async def on_capacity_change(_: Any) -> None:
             deps.wake.set()
 
-        for channel in (subjects.ALLOC_ENDED, subjects.NODE_REGISTERED, subjects.DEVICE_HEALTH):
-            await nc.subscribe(channel.pattern, cb=on_capacity_change)
+        async def run_once(run_stop: asyncio.Event) -> None:
+            # Everything on NATS lives here: a closed connection re-opens all of it (supervise).
+            async with AsyncExitStack() as bus_stack:
+                bus = await open_bus(
+                    bus_stack, bus_settings(access.SCHEDULER, SERVICE, settings), SERVICE
+                )
+                for channel in (
+                    subjects.ALLOC_ENDED,
+                    subjects.NODE_REGISTERED,
+                    subjects.DEVICE_HEALTH,
+                ):
+                    await bus.nc.subscribe(channel.pattern, cb=on_capacity_change)
+                relay = OutboxRelay(
+                    ledger,
+                    SERVICE,
+                    functools.partial(handlers.build_events, ledger=ledger),
+                    bus.publisher.publish,
+                )
+                await run_until_stopped(
+                    run_stop,
+                    watch_bus(bus.nc, run_stop),
+                    consume_stream(
+                        bus.js,
+                        subjects.SCHEDULER_JOBS,
+                        functools.partial(handlers.admit_job, deps=deps),
+                        bus.publisher,
+                        run_stop,
+                        on_invalid=handlers.reject_invalid_request,
+                        on_give_up=handlers.give_up_request,
+                        stats=stats,
+                    ),
+                    relay.run(run_stop),
+                    cycle_loop(deps, bus.publisher, run_stop),
+                )
 
-        relay = OutboxRelay(
-            ledger,
-            SERVICE,
-            functools.partial(handlers.build_events, ledger=ledger),
-            publisher.publish,
-        )
-        await run_until_stopped(
-            stop,
-            consume_stream(
-                js,
-                subjects.SCHEDULER_JOBS,
-                functools.partial(handlers.admit_job, deps=deps),
-                publisher,
-                stop,
-                on_invalid=handlers.reject_invalid_request,
-                on_give_up=handlers.give_up_request,
-            ),
-            relay.run(stop),
-            cycle_loop(deps, publisher, stop),
-        )
+        await supervise(run_once, stop)
     provider.shutdown()
 
 

@@ -24,7 +24,15 @@ from pathlib import Path
 import msgspec
 
 from xpupool.bus import Publisher
-from xpupool.bus.lifecycle import open_bus, run_until_stopped, stop_on_signals
+from xpupool.bus.connection import bus_settings
+from xpupool.bus.lifecycle import (
+    open_bus,
+    run_until_stopped,
+    stop_on_signals,
+    supervise,
+    watch_bus,
+)
+from xpupool.contracts import access
 from xpupool.devices import Catalog, SimulatedBackend, load_catalog
 from xpupool.ledger import Ledger, open_ledger
 from xpupool.obs import configure_logging, get_logger, load_settings
@@ -137,17 +145,27 @@ async def run(base: CollectorSettings, nodes: list[FleetNode]) -> None:
     stop = stop_on_signals()
     catalog = load_catalog(Path(base.catalog) if base.catalog else None)
     async with AsyncExitStack() as stack:
-        publisher = (
-            await open_bus(stack, base.nats_url, SERVICE, f"/services/{SERVICE}")
-        ).publisher
-        ledger = await open_ledger(stack, base.redis_url, base.namespace)
+        ledger = await open_ledger(stack, base.redis_url, base.namespace, tls_ca=base.redis_tls_ca)
         metrics = CollectorMetrics()
         fleet = [node_deps(n, base, ledger, catalog, metrics) for n in nodes]
         for deps in fleet:
             stack.callback(deps.backend.close)
-            await publisher.publish_all(await handlers.register_node(deps))
-        get_logger().info("fleet_registered", nodes=len(fleet))
-        await run_until_stopped(stop, heartbeat_loop(fleet, publisher, stop))
+
+        async def run_once(run_stop: asyncio.Event) -> None:
+            async with AsyncExitStack() as bus_stack:
+                bus = await open_bus(
+                    bus_stack, bus_settings(access.TELEMETRY_COLLECTOR, SERVICE, base), SERVICE
+                )
+                for deps in fleet:
+                    await bus.publisher.publish_all(await handlers.register_node(deps))
+                get_logger().info("fleet_registered", nodes=len(fleet))
+                await run_until_stopped(
+                    run_stop,
+                    watch_bus(bus.nc, run_stop),
+                    heartbeat_loop(fleet, bus.publisher, run_stop),
+                )
+
+        await supervise(run_once, stop)
 
 
 def main() -> None:

@@ -8,8 +8,15 @@ from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 
 from xpupool.bus import Publisher, serve_subject
-from xpupool.bus.lifecycle import open_bus, run_until_stopped, stop_on_signals
-from xpupool.contracts import subjects
+from xpupool.bus.connection import bus_settings
+from xpupool.bus.lifecycle import (
+    open_bus,
+    run_until_stopped,
+    stop_on_signals,
+    supervise,
+    watch_bus,
+)
+from xpupool.contracts import access, subjects
 from xpupool.devices import Catalog, DeviceBackend, SimulatedBackend, load_catalog
 from xpupool.devices.registry import create_backend
 from xpupool.ledger import open_ledger
@@ -52,15 +59,10 @@ async def run(settings: CollectorSettings) -> None:
     backend = build_backend(settings, catalog)
     async with AsyncExitStack() as stack:
         stack.callback(backend.close)
-        bus = await open_bus(
-            stack,
-            settings.nats_url,
-            f"{SERVICE}-{settings.node_id}",
-            f"/services/{SERVICE}/{settings.node_id}",
-        )
-        nc, publisher = bus.nc, bus.publisher
         deps = handlers.CollectorDeps(
-            ledger=await open_ledger(stack, settings.redis_url, settings.namespace),
+            ledger=await open_ledger(
+                stack, settings.redis_url, settings.namespace, tls_ca=settings.redis_tls_ca
+            ),
             backend=backend,
             catalog=catalog,
             settings=settings,
@@ -71,16 +73,33 @@ async def run(settings: CollectorSettings) -> None:
                 serve_metrics(deps.metrics.registry, settings.metrics_port, settings.metrics_addr)
             )
             get_logger().info("metrics_serving", addr=settings.metrics_addr, port=port)
-        await serve_subject(
-            nc,
-            subjects.SIM_FAULT,
-            functools.partial(handlers.inject_fault, deps=deps),
-            publisher,
-            queue=f"{SERVICE}-{settings.node_id}",
-        )
-        # Registered last: once the node is in the ledger, its control subject already listens.
-        await publisher.publish_all(await handlers.register_node(deps))
-        await run_until_stopped(stop, sample_loop(deps, publisher, stop))
+        name = f"{SERVICE}-{settings.node_id}"
+
+        async def run_once(run_stop: asyncio.Event) -> None:
+            # Everything on NATS lives here: a closed connection re-opens all of it (supervise).
+            async with AsyncExitStack() as bus_stack:
+                bus = await open_bus(
+                    bus_stack,
+                    bus_settings(access.TELEMETRY_COLLECTOR, name, settings),
+                    source=f"/services/{SERVICE}/{settings.node_id}",
+                )
+                await serve_subject(
+                    bus.nc,
+                    subjects.SIM_FAULT,
+                    functools.partial(handlers.inject_fault, deps=deps),
+                    bus.publisher,
+                    queue=name,
+                )
+                # Registered last: once the node is in the ledger, its control subject listens.
+                # Registration is idempotent, so a re-opened bus registers again harmlessly.
+                await bus.publisher.publish_all(await handlers.register_node(deps))
+                await run_until_stopped(
+                    run_stop,
+                    watch_bus(bus.nc, run_stop),
+                    sample_loop(deps, bus.publisher, run_stop),
+                )
+
+        await supervise(run_once, stop)
     provider.shutdown()
 
 

@@ -5,7 +5,10 @@ The file is YAML (``.yaml``/``.yml``) or TOML (``.toml``) with this shape (every
     priority_classes: {low: 100, normal: 500, high: 900, critical: 1000}
     default_priority: normal
     auto_tenant_queues: true        # a tenant without a mapping gets a queue named after it
-    tenants: {alice: vision}        # tenant -> leaf queue
+    tenants: {alice: vision}        # tenant -> its default leaf queue (which it may charge)
+    tenant_limits:                  # admission limits per tenant; `default` for the rest
+      default: {rate_per_s: 1000, burst: 2000, max_pending: 20000}
+      alice: {rate_per_s: 50, burst: 100, max_pending: 500}
     preemption: {enabled: true, min_runtime_s: 300, max_victims: 16, max_candidate_nodes: 64}
     fair_share: {half_life_s: 3600, history_weight: 0.5}
     aging: {rate_per_s: 0.5, max_boost: 400}
@@ -23,9 +26,12 @@ The file is YAML (``.yaml``/``.yml``) or TOML (``.toml``) with this shape (every
           - {name: vision, guaranteed: {units: 8}, tenants: [bob]}
 
 Top-level queues hang under an implicit, unlimited ``root``. Queue names are unique across the
-tree; jobs (and ``tenants``) name a leaf queue. Units are normalized capacity units
-(A100 = 1.0); ``devices`` maps a
-device model to a device count (a share counts as the fraction of the device it takes).
+tree; jobs (and ``tenants``) name a leaf queue. **Who may charge a queue** is listed here and
+nowhere else: a tenant may charge the leaf queues whose ``tenants`` list names it (``"*"``: every
+tenant), the queue the top-level ``tenants`` map gives it, and, with ``auto_tenant_queues``, the
+queue named after it. A request naming any other queue is rejected (``queue_not_allowed``).
+Units are normalized capacity units (A100 = 1.0); ``devices`` maps a device model to a device
+count (a share counts as the fraction of the device it takes).
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import yaml
+
+from xpupool.contracts import Priority
 
 __all__ = [
     "BUILTIN_POLICIES",
@@ -50,6 +58,7 @@ __all__ = [
     "QueueConfig",
     "SchedulerConfig",
     "StarvationConfig",
+    "TenantLimits",
     "default_config",
     "load_config",
     "parse_config",
@@ -93,6 +102,17 @@ class QueueConfig:
     def is_leaf(self) -> bool:
         """Only leaf queues take jobs."""
         return not self.children
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """A tenant's admission limits: a token bucket of ``rate_per_s`` requests per second with
+    ``burst`` of headroom (0: unlimited), and the most requests it may have pending at once
+    (``max_pending`` < 0: unlimited)."""
+
+    rate_per_s: float = 1000.0
+    burst: int = 2000
+    max_pending: int = 20000
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +177,10 @@ class SchedulerConfig:
     default_priority: str = "normal"
     tenants: Mapping[str, str] = field(default_factory=dict)
     auto_tenant_queues: bool = True
+    # queue -> tenants that may charge it ("*": any); see may_charge.
+    queue_tenants: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    tenant_limits: Mapping[str, TenantLimits] = field(default_factory=dict)
+    default_tenant_limits: TenantLimits = TenantLimits()
     preemption: PreemptionConfig = PreemptionConfig()
     fair_share: FairShareConfig = FairShareConfig()
     aging: AgingConfig = AgingConfig()
@@ -206,6 +230,19 @@ class SchedulerConfig:
         if tenant in self.queues:
             return tenant if self.queues[tenant].is_leaf else None
         return tenant if self.auto_tenant_queues else None
+
+    def may_charge(self, tenant: str, queue: str | None) -> bool:
+        """Whether ``tenant`` may put a job on ``queue`` (None: its default queue, always)."""
+        if queue is None or self.tenants.get(tenant) == queue:
+            return True
+        allowed = self.queue_tenants.get(queue, frozenset())
+        if tenant in allowed or "*" in allowed:
+            return True
+        return self.auto_tenant_queues and queue == tenant and queue not in self.queues
+
+    def limits_for(self, tenant: str) -> TenantLimits:
+        """The admission limits of ``tenant``."""
+        return self.tenant_limits.get(tenant, self.default_tenant_limits)
 
     def charge_queue(self, tenant: str, queue: str) -> str:
         """The queue an existing lease is charged to, even after a reload removed its queue."""
@@ -324,6 +361,7 @@ _TOP_KEYS = frozenset(
         "default_priority",
         "auto_tenant_queues",
         "tenants",
+        "tenant_limits",
         "preemption",
         "fair_share",
         "aging",
@@ -351,6 +389,13 @@ def parse_config(
     }
     if not prio:
         raise c.fail("priority_classes", "must name at least one class")
+    names = {p.value for p in Priority}
+    for name in prio:
+        if name not in names:
+            raise c.fail(
+                f"priority_classes.{name}",
+                f"not a priority name of the contract ({', '.join(sorted(names))})",
+            )
     default_priority = c.string(top.get("default_priority", "normal"), "default_priority")
     if default_priority not in prio:
         raise c.fail(
@@ -410,6 +455,7 @@ def parse_config(
 
     queues: dict[str, QueueConfig] = {}
     tenants: dict[str, str] = {}
+    queue_tenants: dict[str, set[str]] = {}
 
     def parse_queue(raw: object, where: str, parent: str) -> str:
         q = c.mapping(raw, where, _QUEUE_KEYS)
@@ -446,7 +492,10 @@ def parse_config(
                     f"unknown policy {policy!r} (known: {', '.join(known_policies)})",
                 )
         for t in q.get("tenants", []) or []:
-            tenants[c.string(t, f"{where}.tenants")] = name
+            tenant = c.string(t, f"{where}.tenants")
+            queue_tenants.setdefault(name, set()).add(tenant)
+            if tenant != "*":
+                tenants[tenant] = name
         kids_raw = q.get("children", []) or []
         if not isinstance(kids_raw, list):
             raise c.fail(f"{where}.children", "must be a list of queues")
@@ -490,17 +539,44 @@ def parse_config(
                 f"tenants.{tenant}", f"queue {qname!r} is not a leaf; jobs go to leaf queues"
             )
 
+    for qname in queue_tenants:
+        if not queues[qname].is_leaf:
+            raise c.fail(f"queue {qname}.tenants", "only leaf queues take jobs")
+
+    limits_raw = c.mapping(top.get("tenant_limits", {}), "tenant_limits")
+    limits = {
+        tenant: _tenant_limits(c, raw, f"tenant_limits.{tenant}")
+        for tenant, raw in limits_raw.items()
+    }
+    default_limits = limits.pop("default", TenantLimits())
+
     return SchedulerConfig(
         queues=queues,
         priority_classes=prio,
         default_priority=default_priority,
         tenants=tenants,
         auto_tenant_queues=c.boolean(top.get("auto_tenant_queues", True), "auto_tenant_queues"),
+        queue_tenants={q: frozenset(ts) for q, ts in queue_tenants.items()},
+        tenant_limits=limits,
+        default_tenant_limits=default_limits,
         preemption=preemption,
         fair_share=fair_share,
         aging=aging,
         starvation=starvation,
         placement=placement,
+    )
+
+
+_LIMIT_KEYS = frozenset({"rate_per_s", "burst", "max_pending"})
+
+
+def _tenant_limits(c: _Ctx, raw: object, where: str) -> TenantLimits:
+    m = c.mapping(raw, where, _LIMIT_KEYS)
+    base = TenantLimits()
+    return TenantLimits(
+        rate_per_s=c.number(m.get("rate_per_s", base.rate_per_s), f"{where}.rate_per_s"),
+        burst=c.integer(m.get("burst", base.burst), f"{where}.burst"),
+        max_pending=c.integer(m.get("max_pending", base.max_pending), f"{where}.max_pending"),
     )
 
 

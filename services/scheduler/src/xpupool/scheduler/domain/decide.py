@@ -191,8 +191,8 @@ def _reserve(
     host = tuple(HostCharge(pool.nodes[ni].node_id, cpu, mem) for ni, cpu, mem in pl.host)
     return Reserve(
         job_id=req.job_id,
-        tenant=req.tenant,
-        owner=req.owner or req.tenant,
+        tenant=req.tenant or "",
+        owner=req.owner or req.tenant or "",
         queue=queue,
         priority=priority,
         lease_ttl_s=req.lease_ttl_s,
@@ -257,7 +257,7 @@ def _decide_one(item: PendingRequest, pool: WorkingPool, ctx: _Ctx) -> _Outcome:
         return _Outcome(Reject(req.job_id, rej.reason, rej.field, rej.detail))
     for learner in ctx.learners:
         learner.observe(req.job_id, demand, pool)
-    queue = cfg.resolve_queue(req.tenant, req.queue)
+    queue = cfg.resolve_queue(req.tenant or "", req.queue)
     priority = cfg.priority_value(req.priority)
     assert queue is not None and priority is not None  # never_fits validated both
     policy = _policy_for(ctx, queue)
@@ -593,7 +593,7 @@ def decide_batch(
     prio_of: dict[str, float] = {}
     for it in items:
         r = it.request
-        q = cfg.resolve_queue(r.tenant, r.queue)
+        q = cfg.resolve_queue(r.tenant or "", r.queue)
         p = cfg.priority_value(r.priority)
         if q is None or p is None:
             rej = never_fits(r, wp, cfg)

@@ -141,7 +141,7 @@ def validate_request(request: JobRequested, config: SchedulerConfig) -> Rejectio
             "priority",
             f"{request.priority!r} is not one of {', '.join(config.priority_classes)}",
         )
-    if config.resolve_queue(request.tenant, request.queue) is None:
+    if config.resolve_queue(request.tenant or "", request.queue) is None:
         return Rejection(
             Reason.UNKNOWN_QUEUE,
             "queue",
@@ -393,7 +393,7 @@ def _host_never_fits(request: JobRequested, pool: WorkingPool) -> Rejection | No
 def _over_limit(
     cfg: SchedulerConfig, request: JobRequested, cls: DeviceClass, dm: Demand
 ) -> Rejection | None:
-    queue = cfg.resolve_queue(request.tenant, request.queue)
+    queue = cfg.resolve_queue(request.tenant or "", request.queue)
     if queue is None:
         return None
     mem, compute = dm.share(cls)
