@@ -12,7 +12,10 @@ import asyncio
 import base64
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -490,3 +493,56 @@ async def test_secure_stack_serves_a_tenant_with_no_refusal_logged(tmp_path: Pat
         stack.stop()
     logs = stack.logs().lower()
     assert "permissions violation" not in logs and "noperm" not in logs, stack.logs()
+
+
+async def _publish_job_request(env: dict[str, str]) -> str:
+    """Connect with a printed tenant environment and publish a job request; the stream's
+    name from the acknowledgement."""
+    nc = await connect_client(
+        env["XPUPOOL_NATS_URL"],
+        creds=env["XPUPOOL_NATS_CREDS"],
+        tls_ca=env["XPUPOOL_NATS_TLS_CA"],
+        inbox_prefix=access.tenant_inbox(A),
+    )
+    try:
+        ack = await nc.jetstream().publish(s.JOB_REQUESTED.subject(tenant=A), b"{}", timeout=5)
+    finally:
+        await nc.close()
+    return ack.stream
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_dev_up_secure_prints_how_a_tenant_connects() -> None:
+    """`xpupool dev up --secure` prints each tenant's URL, creds, CA and subjects; with exactly
+    that a tenant publishes a job request, and Ctrl-C leaves no process behind."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XPUPOOL_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "xpupool.cli.main", "dev", "up", "--secure", "--tenants", A],
+        env=env | {"XPUPOOL_LOG_LEVEL": "warning"},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert process.stdout is not None
+    lines: list[str] = []
+    try:
+        while not lines or "Ctrl-C" not in lines[-1]:
+            line = process.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        printed = dict(
+            line.strip().removeprefix("export ").split("=", 1)
+            for line in lines[lines.index(f"tenant {A}\n") :]
+            if line.strip().startswith("export ")
+        )
+        assert printed["XPUPOOL_NATS_URL"].startswith("tls://127.0.0.1:")
+        assert f"publish   {s.TENANT_SPACE}.{A}.jobs.>" in "".join(lines)
+        assert asyncio.run(_publish_job_request(printed)) == s.JOBS_STREAM.name
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+        process.stdout.close()
+    workdir = lines[-1].split()[2].rstrip(";")
+    leftovers = subprocess.run(["pgrep", "-f", workdir], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == ""

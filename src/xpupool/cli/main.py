@@ -29,6 +29,20 @@ def _urls(args: argparse.Namespace) -> tuple[str, str, str]:
     )
 
 
+def _nats_security(args: argparse.Namespace) -> dict[str, str | None]:
+    """The credentials file and CA for the NATS connection (options, else environment)."""
+    return {
+        "creds": args.creds or os.environ.get("XPUPOOL_NATS_CREDS") or None,
+        "tls_ca": args.tls_ca or os.environ.get("XPUPOOL_NATS_TLS_CA") or None,
+    }
+
+
+def _redis_client(args: argparse.Namespace, url: str) -> Redis:
+    """A Redis client; a rediss:// URL is verified with --redis-tls-ca / $XPUPOOL_REDIS_TLS_CA."""
+    ca = args.redis_tls_ca or os.environ.get("XPUPOOL_REDIS_TLS_CA")
+    return Redis.from_url(url, ssl_ca_certs=ca) if ca else Redis.from_url(url)
+
+
 def _print_json(value: object) -> None:
     sys.stdout.write(msgspec.json.format(msgspec.json.encode(value), indent=2).decode() + "\n")
 
@@ -50,7 +64,7 @@ async def _submit(args: argparse.Namespace) -> int:
         priority=args.priority,
         queue=args.queue,
     )
-    async with connected(nats_url) as client:
+    async with connected(nats_url, args.tenant, **_nats_security(args)) as client:
         if not args.wait:
             await client.submit(request)
             _print_json({"job_id": request.job_id, "submitted": True})
@@ -69,7 +83,7 @@ async def _submit(args: argparse.Namespace) -> int:
 
 async def _lease_command(args: argparse.Namespace) -> int:
     nats_url, _, _ = _urls(args)
-    async with connected(nats_url) as client:
+    async with connected(nats_url, **_nats_security(args)) as client:
         if args.command == "release":
             reply = await client.release(args.lease_id, args.token)
         else:
@@ -80,7 +94,7 @@ async def _lease_command(args: argparse.Namespace) -> int:
 
 async def _status(args: argparse.Namespace) -> int:
     _, redis_url, namespace = _urls(args)
-    redis = Redis.from_url(redis_url)
+    redis = _redis_client(args, redis_url)
     try:
         nodes = await Ledger(redis, namespace).nodes()
     finally:
@@ -126,7 +140,7 @@ async def _status(args: argparse.Namespace) -> int:
 
 async def _explain(args: argparse.Namespace) -> int:
     _, redis_url, namespace = _urls(args)
-    redis = Redis.from_url(redis_url)
+    redis = _redis_client(args, redis_url)
     try:
         ledger = Ledger(redis, namespace)
         job = await ledger.get_job(args.job_id)
@@ -156,15 +170,24 @@ async def _explain(args: argparse.Namespace) -> int:
 
 
 def _dev_up(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from xpupool.devstack.demo import DEFAULT_FLEET
-    from xpupool.devstack.readiness import wait_until_pulling
     from xpupool.devstack.stack import Stack
 
-    stack = Stack(
-        nodes=DEFAULT_FLEET,
-        nats_url=os.environ.get("XPUPOOL_NATS_URL"),
-        redis_url=os.environ.get("XPUPOOL_REDIS_URL"),
-    )
+    options: dict[str, object] = {}
+    if args.dir:
+        options["workdir"] = Path(args.dir)
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
+    if args.secure:
+        # Its own secured servers: no external URL applies.
+        options.update(secure=True, tenants=[t for t in args.tenants.split(",") if t])
+    else:
+        options.update(
+            nats_url=os.environ.get("XPUPOOL_NATS_URL"),
+            redis_url=os.environ.get("XPUPOOL_REDIS_URL"),
+        )
+    stack = Stack(nodes=DEFAULT_FLEET, **options)  # type: ignore[arg-type]
     stop = False
 
     def on_signal(*_: object) -> None:
@@ -177,12 +200,21 @@ def _dev_up(args: argparse.Namespace) -> int:
         stack.start()
         assert stack.nats_url
         try:
-            asyncio.run(wait_until_pulling(stack.nats_url))
+            asyncio.run(stack.wait_until_pulling())
         except TimeoutError as error:
             print(f"the stack did not become ready ({error}); logs in {stack.workdir}")
             return 1
-        print(f"XPUPOOL_NATS_URL={stack.nats_url}")
-        print(f"XPUPOOL_REDIS_URL={stack.redis_url}")
+        if stack.material is not None:
+            material = stack.material
+            print(f"secured (TLS, NKeys, Redis ACL); material in {material.directory}\n")
+            for tenant in material.tenants:
+                print(material.describe_tenant(tenant))
+            print("operator (every right; the CLI's status and explain need its Redis user):")
+            for key, value in material.operator_env().items():
+                print(f"  export {key}={value}")
+        else:
+            print(f"XPUPOOL_NATS_URL={stack.nats_url}")
+            print(f"XPUPOOL_REDIS_URL={stack.redis_url}")
         print(f"logs in {stack.workdir}; Ctrl-C stops everything", flush=True)
         while not stop:
             signal.pause()
@@ -203,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xpupool", description=__doc__)
     parser.add_argument("--nats-url", help=f"default $XPUPOOL_NATS_URL or {DEFAULT_NATS}")
     parser.add_argument("--redis-url", help=f"default $XPUPOOL_REDIS_URL or {DEFAULT_REDIS}")
+    parser.add_argument(
+        "--creds", help="NATS credentials: NKey seed or JWT .creds file ($XPUPOOL_NATS_CREDS)"
+    )
+    parser.add_argument("--tls-ca", help="CA of a tls:// NATS server ($XPUPOOL_NATS_TLS_CA)")
+    parser.add_argument(
+        "--redis-tls-ca", help="CA of a rediss:// Redis server ($XPUPOOL_REDIS_TLS_CA)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     submit = sub.add_parser("submit", help="publish a job request")
@@ -238,6 +277,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     dev = sub.add_parser("dev", help="development stack")
     dev.add_argument("action", choices=["up"])
+    dev.add_argument(
+        "--secure",
+        action="store_true",
+        help="TLS, one NKey identity per service and tenant, Redis ACL users (generated)",
+    )
+    dev.add_argument(
+        "--tenants", default="team-0,team-1,team-2", help="tenant identities for --secure"
+    )
+    dev.add_argument("--dir", help="the stack's folder (default: a new temporary one)")
     sub.add_parser("demo", help="run the demo on embedded servers and print a report")
     sub.add_parser("devices", help="list the accelerators on this machine", add_help=False)
     sub.add_parser(
