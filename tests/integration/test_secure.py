@@ -24,11 +24,11 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from redis.asyncio import Redis
-from redis.exceptions import NoPermissionError, ResponseError
+from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
 from tests.conftest import eventually
 from tests.integration.ledger_builders import device_spec, reservation
-from xpupool.bus.connection import connect_client
+from xpupool.bus.connection import JWT_CREDS_HEADER, connect_client, security_options
 from xpupool.client import connected
 from xpupool.contracts import AllocationGranted, Health, JobRequested, access
 from xpupool.contracts import subjects as s
@@ -272,6 +272,34 @@ async def test_rotated_nkey_replaces_the_old_one(
     nc = await connections(A)
     ack = await nc.jetstream().publish(s.JOB_REQUESTED.subject(tenant=A), b"{}", timeout=5)
     assert ack.stream == s.JOBS_STREAM.name
+
+
+def test_credentials_file_kind_picks_the_nats_py_option(tmp_path: Path) -> None:
+    """A NATS JWT .creds file is passed as user_credentials, anything else as an NKey seed."""
+    jwt = tmp_path / "user.creds"
+    jwt.write_text(f"{JWT_CREDS_HEADER}\neyJ0eXAi...\n------END NATS USER JWT------\n")
+    seed = tmp_path / "user.seed"
+    seed.write_bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
+    assert security_options("nats://x:4222", str(jwt)) == {"user_credentials": str(jwt)}
+    assert security_options("nats://x:4222", str(seed)) == {"nkeys_seed": str(seed)}
+    assert "tls" in security_options("tls://x:4222")
+
+
+async def test_rotated_redis_password_replaces_the_old_one(
+    stack: Stack, redis_as: Callable[[str], Redis]
+) -> None:
+    """After a password rotation and ACL LOAD the old password is refused and the new one
+    works."""
+    material = _material(stack)
+    old = _redis(stack, access.SCHEDULER)
+    assert await old.ping()
+    await old.aclose()
+    material.rotate_redis_password(access.SCHEDULER)
+    await redis_as(access.OPERATOR).acl_load()
+    with pytest.raises(AuthenticationError):
+        await old.ping()  # a new connection authenticates with the old password
+    await old.aclose()
+    assert await redis_as(access.SCHEDULER).ping()
 
 
 # ---- Redis ACL ----------------------------------------------------------------------------------
