@@ -23,6 +23,7 @@ import nkeys  # type: ignore[import-untyped]
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import MaxPayloadError
 from redis.asyncio import Redis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
@@ -32,7 +33,7 @@ from xpupool.bus.connection import JWT_CREDS_HEADER, connect_client, security_op
 from xpupool.client import connected
 from xpupool.contracts import AllocationGranted, Health, JobRequested, access
 from xpupool.contracts import subjects as s
-from xpupool.devstack.secure import LEDGER_SCRIPTS, SecureMaterial, ledger_scripts
+from xpupool.devstack.secure import LEDGER_SCRIPTS, MAX_PAYLOAD, SecureMaterial, ledger_scripts
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.ledger import Holder, Ledger, OutboxRelay, SliceClaim, audit
 
@@ -243,6 +244,16 @@ async def test_tenant_publishes_its_own_job_request_into_the_jobs_stream(
     operator = await connections(None)
     info = await operator.jetstream().stream_info(s.JOBS_STREAM.name)
     assert info.state.messages == 1
+
+
+async def test_server_limits_payloads_to_256_kib(
+    connections: Callable[..., Awaitable[Client]],
+) -> None:
+    """The secured server announces a 256 KiB max_payload, so a larger message is never sent."""
+    tenant = await connections(A)
+    assert tenant.max_payload == MAX_PAYLOAD == 256 * 1024
+    with pytest.raises(MaxPayloadError):
+        await tenant.publish(s.JOB_REQUESTED.subject(tenant=A), b"x" * (MAX_PAYLOAD + 1))
 
 
 async def test_rotated_nkey_replaces_the_old_one(
