@@ -45,18 +45,33 @@ async def ledger(redis_server: RedisServer) -> AsyncIterator[Ledger]:
 
 
 @pytest.fixture
+def stack_security() -> str:
+    """How ``make_stack`` builds its stack: ``plain`` (open loopback servers) or ``secure``
+    (TLS, NKeys, ACLs). A test module overrides this fixture to run on both."""
+    return "plain"
+
+
+@pytest.fixture
 def make_stack(
-    tmp_path: Path, nats_server: NatsServer, redis_server: RedisServer
+    tmp_path: Path, stack_security: str, request: pytest.FixtureRequest
 ) -> Iterator[Callable[..., Stack]]:
-    """Start a whole stack (services as subprocesses) on the test's servers."""
+    """Start a whole stack (services as subprocesses): on the test's own plain servers
+    (``stack.nats``/``stack.redis`` are the ``nats_server``/``redis_server`` fixtures), or, for
+    ``stack_security == "secure"``, on secured servers the stack starts itself."""
     stacks: list[Stack] = []
 
     def make(nodes: list[NodeSpec], **kwargs: object) -> Stack:
+        servers: dict[str, object] = {}
+        if stack_security == "secure":
+            servers = {"secure": True}
+        else:
+            nats = request.getfixturevalue("nats_server")
+            redis = request.getfixturevalue("redis_server")
+            servers = {"nats_url": nats.url, "redis_url": redis.url, "nats": nats, "redis": redis}
         stack = Stack(
             nodes=nodes,
-            nats_url=nats_server.url,
-            redis_url=redis_server.url,
             workdir=tmp_path / f"stack{len(stacks)}",
+            **servers,  # type: ignore[arg-type]
             **kwargs,  # type: ignore[arg-type]
         )
         stack.workdir.mkdir(parents=True, exist_ok=True)

@@ -97,9 +97,11 @@ class XpupoolClient:
         return self._waiters.setdefault(job_id, asyncio.get_running_loop().create_future())
 
     async def submit(self, request: JobRequested) -> None:
-        """Publish a job request on its tenant's subject; ``Nats-Msg-Id = job_id`` makes a
-        retried submit a no-op."""
-        subject = s.JOB_REQUESTED.subject(tenant=self._space(request.tenant))
+        """Publish a job request on the client's tenant subject (a tenant-less client: the
+        request's tenant); ``Nats-Msg-Id = job_id`` makes a retried submit a no-op."""
+        # A tenant's client always sends in its own space; the scheduler rejects a payload that
+        # names another tenant (tenant_mismatch).
+        subject = s.JOB_REQUESTED.subject(tenant=self.tenant or self._space(request.tenant))
         headers = ce_headers(JobRequested, self.source, event_id=request.job_id)
         await self.js.publish(subject, encode(request), headers=headers, timeout=5)
 

@@ -45,9 +45,7 @@ EXAMPLES: list[msgspec.Struct] = [
         gang=p.GangSpec(same_domain=True),
         labels={"team": "nlp"},
     ),
-    p.JobRejected(
-        job_id="j1", tenant="t", field_name="count", reason=p.JobReason.INVALID_REQUEST
-    ),
+    p.JobRejected(job_id="j1", tenant="t", field_name="count", reason=p.JobReason.INVALID_REQUEST),
     p.JobPending(job_id="j1", tenant="t", reason=p.JobReason.INSUFFICIENT_CAPACITY, since=NOW),
     p.JobTimedOut(job_id="j1", tenant="t", waited_s=3.5),
     p.JobReserved(

@@ -63,14 +63,25 @@ async def test_submit_wait_status_explain_release(
     explained = json.loads((await asyncio.to_thread(_cli, stack, "explain", "cli-1")).stdout)
     assert explained["lease_id"] == grant["lease_id"] and explained["lease_state"] == "active"
 
-    released = await asyncio.to_thread(
-        _cli, stack, "release", grant["lease_id"], "--token", str(grant["fencing_token"])
-    )
-    assert released.returncode == 0 and json.loads(released.stdout)["ok"] is True
+    holder = ["--tenant", grant["tenant"], "--secret", grant["lease_secret"]]
     stale = await asyncio.to_thread(
-        _cli, stack, "release", grant["lease_id"], "--token", str(grant["fencing_token"] + 1)
+        _cli,
+        stack,
+        "release",
+        grant["lease_id"],
+        "--token",
+        str(grant["fencing_token"] + 1),
+        *holder,
     )
     assert stale.returncode == 1 and json.loads(stale.stdout)["error"] == "stale_token"
+    released = await asyncio.to_thread(
+        _cli, stack, "release", grant["lease_id"], "--token", str(grant["fencing_token"]), *holder
+    )
+    assert released.returncode == 0 and json.loads(released.stdout)["ok"] is True
+    again = await asyncio.to_thread(
+        _cli, stack, "release", grant["lease_id"], "--token", str(grant["fencing_token"]), *holder
+    )
+    assert again.returncode == 1 and json.loads(again.stdout)["error"] == "lease_ended"
 
 
 async def test_submit_host_only_job(make_stack: Callable[..., Stack], ready: Ready) -> None:

@@ -8,14 +8,18 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import eventually
-from tests.e2e.conftest import EventLog, Ready
-from xpupool.client import connected
+from tests.e2e.conftest import EventLog, Ready, stack_client
 from xpupool.contracts import AllocationGranted, JobPending, JobRejected, JobRequested
-from xpupool.devstack.servers import NatsServer, RedisServer
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.ledger import audit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+
+
+@pytest.fixture(params=["plain", "secure"])
+def stack_security(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on the open loopback stack and on the secure one."""
+    return str(request.param)
 
 
 async def test_lease_manager_killed_before_grant_grants_after_restart(
@@ -29,7 +33,7 @@ async def test_lease_manager_killed_before_grant_grants_after_restart(
     lease_manager = next(s for s in stack.services if s.name == "lease-manager")
     stack.kill(lease_manager)
     log = EventLog()
-    async with connected(stack.nats_url) as client:
+    async with stack_client(stack) as client:
         await log.attach(client.nc)
         waiting = client.expect("during-outage")
         await client.submit(JobRequested(job_id="during-outage", tenant="t"))
@@ -48,38 +52,42 @@ async def test_lease_manager_killed_before_grant_grants_after_restart(
 
 
 async def test_nats_restart_mid_flow_loses_nothing(
-    make_stack: Callable[..., Stack], ready: Ready, nats_server: NatsServer
+    make_stack: Callable[..., Stack], ready: Ready
 ) -> None:
     """nats-server killed and restarted (JetStream on disk): services reconnect, re-create
     their consumers, and requests published after the restart are granted."""
     stack = make_stack([NodeSpec("node-n", "4xA100-80GB")])
     ledger = await ready(stack, 4)
     assert stack.nats_url
-    async with connected(stack.nats_url) as client:
+    async with stack_client(stack) as client:
         before = await client.submit_and_wait(JobRequested(job_id="before", tenant="t"))
         assert isinstance(before, AllocationGranted)
-    nats_server.restart()
+    assert stack.nats
+    stack.nats.restart()
     await asyncio.sleep(1.0)
-    async with connected(stack.nats_url) as client:
+    async with stack_client(stack) as client:
         after = await client.submit_and_wait(JobRequested(job_id="after", tenant="t"), timeout_s=45)
         assert isinstance(after, AllocationGranted)
-        reply = await client.release(before.lease_id, before.fencing_token)
-        assert reply.ok
+        reply = await client.release(
+            before.lease_id, before.fencing_token, secret=before.lease_secret, tenant="t"
+        )
+        assert reply.ok, reply
     assert await audit(ledger) == []
 
 
 async def test_redis_restart_keeps_the_ledger(
-    make_stack: Callable[..., Stack], ready: Ready, redis_server: RedisServer
+    make_stack: Callable[..., Stack], ready: Ready
 ) -> None:
     """redis-server killed (SIGKILL) and restarted from its AOF: leases and counters survive,
     and the services carry on."""
     stack = make_stack([NodeSpec("node-r", "2xA100-80GB")])
     ledger = await ready(stack, 2)
     assert stack.nats_url
-    async with connected(stack.nats_url) as client:
+    async with stack_client(stack) as client:
         first = await client.submit_and_wait(JobRequested(job_id="kept", tenant="t"))
         assert isinstance(first, AllocationGranted)
-        redis_server.restart()
+        assert stack.redis
+        stack.redis.restart()
 
         async def lease_still_there() -> bool:
             try:
@@ -105,7 +113,7 @@ async def test_scheduler_killed_during_a_burst_every_request_gets_one_outcome(
     assert stack.nats_url
     scheduler = next(s for s in stack.services if s.name == "scheduler")
     log = EventLog()
-    async with connected(stack.nats_url) as client:
+    async with stack_client(stack) as client:
         await log.attach(client.nc)
         requests = [JobRequested(job_id=f"burst-{i}", tenant="t") for i in range(60)]
         for i, r in enumerate(requests):

@@ -9,8 +9,7 @@ from typing import TypeVar
 import pytest
 
 from tests.conftest import eventually
-from tests.e2e.conftest import EventLog, Ready
-from xpupool.client import connected
+from tests.e2e.conftest import EventLog, Ready, stack_client
 from xpupool.contracts import (
     AllocationGranted,
     DeviceDemand,
@@ -27,6 +26,12 @@ T = TypeVar("T")
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 
+@pytest.fixture(params=["plain", "secure"])
+def stack_security(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on the open loopback stack and on the secure one."""
+    return str(request.param)
+
+
 async def test_submit_grant_release_returns_capacity(
     make_stack: Callable[..., Stack], ready: Ready
 ) -> None:
@@ -34,7 +39,7 @@ async def test_submit_grant_release_returns_capacity(
     stack = make_stack([NodeSpec("node-a", "2xA100-80GB")])
     ledger = await ready(stack, 2)
     assert stack.nats_url
-    async with connected(stack.nats_url) as client:
+    async with stack_client(stack) as client:
         outcome = await client.submit_and_wait(JobRequested(job_id="job-1", tenant="team-a"))
         assert isinstance(outcome, AllocationGranted), outcome
         assert len(outcome.slices) == 1 and outcome.slices[0].whole
@@ -66,9 +71,9 @@ async def test_invalid_request_is_rejected_naming_the_field(
     stack = make_stack([NodeSpec("node-a", "1xA100-80GB")])
     await ready(stack, 1)
     assert stack.nats_url
-    async with connected(stack.nats_url) as client:
+    async with stack_client(stack) as client:
         future = client.expect("bad-1")
-        await client.submit_raw(b'{"job_id": "bad-1", "tenant": "t", "count": -1}')
+        await client.submit_raw(b'{"job_id": "bad-1", "tenant": "t", "count": -1}', tenant="t")
         outcome = await future_with_timeout(future)
         assert isinstance(outcome, JobRejected)
         assert outcome.field_name == "count"
@@ -84,7 +89,7 @@ async def test_host_only_job_gets_cpu_and_no_device(
     stack = make_stack([NodeSpec("node-a", "2xA100-80GB", cpu_milli=16_000, memory_mib=65_536)])
     ledger = await ready(stack, 2)
     assert stack.nats_url
-    async with connected(stack.nats_url) as client:
+    async with stack_client(stack) as client:
         outcome = await client.submit_and_wait(
             JobRequested(
                 job_id="cpu-1",
@@ -137,7 +142,7 @@ async def test_share_request_gets_limits(make_stack: Callable[..., Stack], ready
     stack = make_stack([NodeSpec("node-a", "1xA100-80GB")])
     await ready(stack, 1)
     assert stack.nats_url
-    async with connected(stack.nats_url) as client:
+    async with stack_client(stack) as client:
         outcome = await client.submit_and_wait(
             JobRequested(
                 job_id="share-1", tenant="t", device=DeviceDemand(memory_mib=20000, compute_pct=25)
@@ -159,7 +164,7 @@ async def test_unrenewed_lease_expires_and_renewed_one_lives(
     ledger = await ready(stack, 2)
     assert stack.nats_url
     log = EventLog()
-    async with connected(stack.nats_url) as client:
+    async with stack_client(stack) as client:
         await log.attach(client.nc)
         kept = await client.submit_and_wait(
             JobRequested(job_id="kept", tenant="t", lease_ttl_s=1.5)
@@ -193,16 +198,18 @@ async def test_duplicate_job_id_yields_one_lease(
     ledger = await ready(stack, 4)
     assert stack.nats_url
     log = EventLog()
-    async with connected(stack.nats_url) as client:
+    async with stack_client(stack) as client:
         await log.attach(client.nc)
         request = JobRequested(job_id="dup", tenant="t")
         from xpupool.contracts import encode
 
         await client.submit(request)
         await client.submit(request)
-        await client.submit_raw(encode(request))  # no Nats-Msg-Id: only the ledger dedups it
+        await client.submit_raw(
+            encode(request), tenant="t"
+        )  # no Nats-Msg-Id: only the ledger dedups it
         await asyncio.sleep(0.5)
-        await client.submit_raw(encode(request), msg_id="another-id")
+        await client.submit_raw(encode(request), msg_id="another-id", tenant="t")
         await eventually(lambda: log.of(AllocationGranted, "dup"))
         await asyncio.sleep(1.5)
         assert len(log.of(AllocationGranted, "dup")) == 1
@@ -220,7 +227,7 @@ async def test_waiting_job_is_granted_when_capacity_frees(
     await ready(stack, 1)
     assert stack.nats_url
     log = EventLog()
-    async with connected(stack.nats_url) as client:
+    async with stack_client(stack) as client:
         await log.attach(client.nc)
         first = await client.submit_and_wait(JobRequested(job_id="first", tenant="t"))
         assert isinstance(first, AllocationGranted)
@@ -253,7 +260,7 @@ async def test_two_schedulers_and_200_concurrent_requests_never_over_allocate(
         DeviceDemand(compute_pct=30),
         DeviceDemand(memory_pct=25),
     ]
-    async with connected(stack.nats_url) as client:
+    async with stack_client(stack) as client:
         await log.attach(client.nc)
         requests = [
             JobRequested(job_id=f"race-{i}", tenant=f"t{i % 3}", device=shapes[i % len(shapes)])

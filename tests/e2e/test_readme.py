@@ -22,7 +22,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def _example() -> str:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    example: str = next(b for b in blocks if "xpupool.jobs.v1.requested" in b)
+    example: str = next(b for b in blocks if ".jobs.requested" in b)
     assert "import xpupool" not in example and "from xpupool" not in example
     return example
 

@@ -585,3 +585,34 @@ def test_dev_up_secure_prints_how_a_tenant_connects() -> None:
     workdir = lines[-1].split()[2].rstrip(";")
     leftovers = subprocess.run(["pgrep", "-f", workdir], capture_output=True, text=True)
     assert leftovers.stdout.strip() == ""
+
+
+async def test_the_default_redis_user_is_unusable_and_the_ledger_survives_a_restart(
+    stack: Stack,
+) -> None:
+    """No connection can act as ``default`` (with or without a password), and a ledger written
+    by scripts comes back whole from the AOF after a crash under the ACL file (Redis 7.0 replays
+    script writes under the default user's rights)."""
+    material, server = stack.material, stack.redis
+    assert material is not None and server is not None
+    operator = Redis.from_url(material.redis_url(access.OPERATOR, with_ca=True))
+    # Two writes: the AOF wraps a script's writes in MULTI/EXEC, which is what went missing.
+    script = "redis.call('SET', KEYS[1], 'kept') redis.call('INCR', KEYS[2]) return 1"
+    await operator.eval(script, 2, "{xpupool}:probe", "{xpupool}:probe-n")
+    await operator.aclose()
+    for password in (None, "anything"):
+        anonymous = Redis(
+            host="127.0.0.1",
+            port=material.redis_port,
+            username="default" if password else None,
+            password=password,
+            ssl=True,
+            ssl_ca_certs=str(material.ca_path),
+        )
+        with pytest.raises((AuthenticationError, ResponseError)):
+            await anonymous.get("{xpupool}:probe")
+        await anonymous.aclose()
+    server.restart()  # SIGKILL, then start from the AOF
+    operator = Redis.from_url(material.redis_url(access.OPERATOR, with_ca=True))
+    assert await operator.get("{xpupool}:probe") == b"kept"
+    await operator.aclose()

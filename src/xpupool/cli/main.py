@@ -83,11 +83,15 @@ async def _submit(args: argparse.Namespace) -> int:
 
 async def _lease_command(args: argparse.Namespace) -> int:
     nats_url, _, _ = _urls(args)
-    async with connected(nats_url, **_nats_security(args)) as client:
+    secret = args.secret or os.environ.get("XPUPOOL_LEASE_SECRET", "")
+    if not secret:
+        sys.stderr.write("the lease secret is needed: --secret or $XPUPOOL_LEASE_SECRET\n")
+        return 2
+    async with connected(nats_url, args.tenant, **_nats_security(args)) as client:
         if args.command == "release":
-            reply = await client.release(args.lease_id, args.token)
+            reply = await client.release(args.lease_id, args.token, secret=secret)
         else:
-            reply = await client.renew(args.lease_id, args.token, args.ttl)
+            reply = await client.renew(args.lease_id, args.token, args.ttl, secret=secret)
     _print_json(reply)
     return 0 if reply.ok else 1
 
@@ -267,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=f"{name} a lease")
         cmd.add_argument("lease_id")
         cmd.add_argument("--token", type=int, required=True, help="the lease's fencing token")
+        cmd.add_argument("--tenant", required=True, help="the tenant that holds the lease")
+        cmd.add_argument(
+            "--secret", help="the grant's lease_secret ($XPUPOOL_LEASE_SECRET; keeps it off ps)"
+        )
         if name == "renew":
             cmd.add_argument("--ttl", type=float)
 

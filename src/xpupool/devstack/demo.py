@@ -112,7 +112,7 @@ async def _burst(client: XpupoolClient, ledger: Ledger) -> int:
         sent[r.job_id] = time.perf_counter()
         await client.submit(r)
     sent["demo-bad"] = time.perf_counter()
-    await client.submit_raw(bad, msg_id="demo-bad")
+    await client.submit_raw(bad, msg_id="demo-bad", tenant="team-0")
 
     latencies: list[float] = []
     immediate: list[float] = []

@@ -123,3 +123,41 @@ def test_default_config_per_tenant_queues():
     q = cfg.queue("alice")
     assert q is not None and q.limit_units is None and q.parent == ROOT
     assert cfg.priority_value("high") == 900 and cfg.priority_value("750") == 750
+
+
+def test_queues_a_tenant_may_charge_are_the_ones_the_file_lists() -> None:
+    """A tenant charges its default queue (mapped, listed or named after it) and queues that list
+    it or ``*``; any other named queue is refused, so no tenant spends another's guarantee."""
+    cfg = parse_config(
+        {
+            "tenants": {"alice": "vision"},
+            "queues": [
+                {"name": "vision", "tenants": ["carol"]},
+                {"name": "shared", "tenants": ["*"]},
+                {"name": "bob"},
+                {"name": "private", "tenants": ["dave"]},
+            ],
+        }
+    )
+    assert cfg.may_charge("alice", None) and cfg.may_charge("alice", "vision")
+    assert cfg.may_charge("carol", "vision") and cfg.may_charge("anyone", "shared")
+    assert cfg.may_charge("bob", "bob")  # a configured queue named after the tenant is its own
+    assert cfg.may_charge("erin", "erin")  # an auto tenant queue
+    assert not cfg.may_charge("alice", "private")
+    assert not cfg.may_charge("mallory", "vision")
+    assert not cfg.may_charge("mallory", "bob")
+    assert not cfg.may_charge("mallory", "dave")  # another tenant's auto queue
+
+
+def test_tenant_limits_and_priority_names_are_validated() -> None:
+    """Per-tenant admission limits parse with a default; priority classes must be the
+    contract's names."""
+    cfg = parse_config(
+        {"tenant_limits": {"default": {"rate_per_s": 5}, "flood": {"burst": 2, "max_pending": 3}}}
+    )
+    assert cfg.limits_for("anyone").rate_per_s == 5
+    assert (cfg.limits_for("flood").burst, cfg.limits_for("flood").max_pending) == (2, 3)
+    with pytest.raises(ConfigError, match="priority_classes.urgent"):
+        parse_config({"priority_classes": {"urgent": 950, "normal": 500}})
+    with pytest.raises(ConfigError, match="tenant_limits.x.colour"):
+        parse_config({"tenant_limits": {"x": {"colour": 1}}})

@@ -472,9 +472,7 @@ class Ledger:
         bits unless given); idempotent: a duplicate keeps the first grant's token and secret."""
         return await self._run("grant", lease_id, secret or new_lease_secret())
 
-    async def renew(
-        self, lease_id: str, holder: Holder, ttl_ms: int | None = None
-    ) -> ScriptResult:
+    async def renew(self, lease_id: str, holder: Holder, ttl_ms: int | None = None) -> ScriptResult:
         """Extend a lease for its holder; refused (``not_owner``, ``bad_secret``,
         ``lease_ended``, ``stale_token`` …) without touching it otherwise."""
         return await self._run(

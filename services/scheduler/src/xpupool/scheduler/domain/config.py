@@ -28,10 +28,11 @@ The file is YAML (``.yaml``/``.yml``) or TOML (``.toml``) with this shape (every
 Top-level queues hang under an implicit, unlimited ``root``. Queue names are unique across the
 tree; jobs (and ``tenants``) name a leaf queue. **Who may charge a queue** is listed here and
 nowhere else: a tenant may charge the leaf queues whose ``tenants`` list names it (``"*"``: every
-tenant), the queue the top-level ``tenants`` map gives it, and, with ``auto_tenant_queues``, the
-queue named after it. A request naming any other queue is rejected (``queue_not_allowed``).
-Units are normalized capacity units (A100 = 1.0); ``devices`` maps a device model to a device
-count (a share counts as the fraction of the device it takes).
+tenant) and its default queue: the one the top-level ``tenants`` map gives it, else the queue
+named after it (configured, or created with ``auto_tenant_queues``). A request naming any other
+queue is rejected (``queue_not_allowed``). Units are normalized capacity units (A100 = 1.0);
+``devices`` maps a device model to a device count (a share counts as the fraction of the device
+it takes).
 """
 
 from __future__ import annotations
@@ -233,12 +234,10 @@ class SchedulerConfig:
 
     def may_charge(self, tenant: str, queue: str | None) -> bool:
         """Whether ``tenant`` may put a job on ``queue`` (None: its default queue, always)."""
-        if queue is None or self.tenants.get(tenant) == queue:
-            return True
+        if queue is None or queue == self.resolve_queue(tenant, None):
+            return True  # its default queue: mapped to it, named after it, or auto-created
         allowed = self.queue_tenants.get(queue, frozenset())
-        if tenant in allowed or "*" in allowed:
-            return True
-        return self.auto_tenant_queues and queue == tenant and queue not in self.queues
+        return tenant in allowed or "*" in allowed
 
     def limits_for(self, tenant: str) -> TenantLimits:
         """The admission limits of ``tenant``."""
