@@ -261,9 +261,8 @@ async def test_generated_hostile_requests_each_get_one_answer(
         await loop.run_in_executor(None, collect)
         for job_id, payload in payloads:
             await client.submit_raw(payload, msg_id=job_id, tenant="fuzz")
-        answered = lambda: all(outcomes.get(j) for j, _ in payloads)  # noqa: E731
         for _ in range(300):
-            if answered():
+            if all(outcomes.get(j) for j, _ in payloads):
                 break
             await asyncio.sleep(0.1)
         missing = [j for j, _ in payloads if not outcomes.get(j)]

@@ -17,6 +17,7 @@ from xpupool.contracts import (
     JobRejected,
     JobRequested,
     LeaseEnded,
+    Priority,
 )
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.ledger import audit
@@ -87,15 +88,15 @@ async def test_high_priority_job_preempts_the_youngest_low_priority_lease(
     async with connected(stack.nats_url) as client:
         await log.attach(client.nc)
         older = await client.submit_and_wait(
-            JobRequested(job_id="low-1", tenant="batch", priority="low")
+            JobRequested(job_id="low-1", tenant="batch", priority=Priority.LOW)
         )
         await asyncio.sleep(0.2)
         younger = await client.submit_and_wait(
-            JobRequested(job_id="low-2", tenant="batch", priority="low")
+            JobRequested(job_id="low-2", tenant="batch", priority=Priority.LOW)
         )
         assert isinstance(older, AllocationGranted) and isinstance(younger, AllocationGranted)
         urgent = await client.submit_and_wait(
-            JobRequested(job_id="urgent", tenant="batch", priority="high"), timeout_s=30
+            JobRequested(job_id="urgent", tenant="batch", priority=Priority.HIGH), timeout_s=30
         )
         assert isinstance(urgent, AllocationGranted), urgent
         ended = log.of(LeaseEnded)
@@ -116,7 +117,7 @@ async def test_impossible_and_unknown_requests_are_rejected_with_reasons(
         too_big = await client.submit_and_wait(JobRequested(job_id="big", tenant="batch", count=8))
         assert isinstance(too_big, JobRejected) and too_big.reason.startswith("exceeds")
         odd = await client.submit_and_wait(
-            JobRequested(job_id="odd", tenant="batch", priority="urgent-ish")
+            JobRequested(job_id="odd", tenant="batch", priority="urgent-ish")  # type: ignore[arg-type]
         )
         assert isinstance(odd, JobRejected) and odd.field_name == "priority", odd
 

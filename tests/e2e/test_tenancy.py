@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -44,7 +44,7 @@ queues:
 
 
 @pytest.fixture
-def secure_stack(tmp_path: Path) -> AsyncIterator[Stack]:
+def secure_stack(tmp_path: Path) -> Iterator[Stack]:
     """One secure stack (TLS, NKeys, Redis ACLs) with tenants alice, bob, mallory and flood."""
     config = tmp_path / "queues.yaml"
     config.write_text(QUEUES)
@@ -57,7 +57,7 @@ def secure_stack(tmp_path: Path) -> AsyncIterator[Stack]:
     )
     stack.workdir.mkdir(parents=True, exist_ok=True)
     stack.start()
-    yield stack  # type: ignore[misc]
+    yield stack
     stack.stop()
 
 

@@ -64,7 +64,7 @@ async def test_handler_results_are_published_before_the_ack(nc: Client) -> None:
 
     async def handler(request: JobRequested, *, tenant: str) -> Sequence[msgspec.Struct]:
         handled.append((request, tenant))
-        return [JobRejected(job_id=request.job_id, tenant=tenant, reason="invalid_request")]
+        return [JobRejected(job_id=request.job_id, tenant=tenant, reason=JobReason.INVALID_REQUEST)]
 
     with tracer.start_as_current_span("upstream"):
         await publisher.publish(JobRequested(job_id="b1", tenant="t"))

@@ -93,7 +93,7 @@ async def run(
                 request = JobRequested(
                     job_id=f"j{admitted}", tenant=f"t{admitted % 3}", device=demand
                 )
-                await handlers.admit_job(request, deps)
+                await handlers.admit_job(request, deps, tenant=request.tenant or "")
                 admitted += 1
             reads = await compare_reads(ledger, probe)
             started = time.perf_counter()

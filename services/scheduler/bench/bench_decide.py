@@ -34,6 +34,7 @@ from xpupool.contracts.payloads import (
     HostDemand,
     Intent,
     JobRequested,
+    Priority,
 )
 from xpupool.placement.trace import find_trace_dir  # noqa: E402
 from xpupool.scheduler.domain import (
@@ -196,7 +197,7 @@ def make_requests(n: int, rng: random.Random) -> list[PendingRequest]:
                     selector=sel,
                     gang=gang,
                     intent=rng.choice(list(Intent)),
-                    priority=rng.choice(["low", "normal", "normal", "high"]),
+                    priority=Priority(rng.choice(["low", "normal", "normal", "high"])),
                     host=HostDemand(cpu_milli=rng.choice([0, 2000, 8000])),
                 ),
                 NOW - rng.uniform(0, 600),
@@ -226,7 +227,7 @@ def make_share_requests(n: int, rng: random.Random) -> list[PendingRequest]:
                     tenant=f"t{rng.randrange(8)}",
                     device=dev,
                     intent=rng.choice(list(Intent)),
-                    priority=rng.choice(["low", "normal", "normal", "high"]),
+                    priority=Priority(rng.choice(["low", "normal", "normal", "high"])),
                     host=HostDemand(cpu_milli=rng.choice([0, 1000, 2000])),
                 ),
                 NOW - rng.uniform(0, 600),

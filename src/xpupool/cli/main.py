@@ -294,7 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--tenants", default="team-0,team-1,team-2", help="tenant identities for --secure"
     )
     dev.add_argument("--dir", help="the stack's folder (default: a new temporary one)")
-    sub.add_parser("demo", help="run the demo on embedded servers and print a report")
+    demo = sub.add_parser("demo", help="run the demo on embedded servers and print a report")
+    demo.add_argument(
+        "--secure",
+        action="store_true",
+        help="the secure configuration (TLS, NKeys, Redis ACLs) instead of open loopback servers",
+    )
     sub.add_parser("devices", help="list the accelerators on this machine", add_help=False)
     sub.add_parser(
         "replay", help="replay a cluster trace through the placement code", add_help=False
@@ -328,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         case "demo":
             from xpupool.devstack.demo import run_demo
 
-            return run_demo()
+            return run_demo(secure=args.secure)
     return 2
 
 

@@ -1,7 +1,10 @@
 """The demo: a small heterogeneous simulated fleet, a burst of mixed jobs, a short report.
 
 Runs on embedded nats-server and redis-server unless ``XPUPOOL_NATS_URL``/``XPUPOOL_REDIS_URL``
-are set, and leaves no process behind, Ctrl-C included.
+are set, and leaves no process behind, Ctrl-C included. By default the embedded servers are
+open on loopback (INSECURE, for development); ``secure=True`` (``xpupool demo --secure``) runs
+the secure configuration instead: TLS, one NKey per service and per tenant, Redis ACLs, and
+each tenant submitting with its own credentials.
 """
 
 from __future__ import annotations
@@ -9,27 +12,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import statistics
 import time
 from typing import Any
 
-import msgspec
 from redis.asyncio import Redis
 
-from xpupool.client import XpupoolClient, connected
+from xpupool.client import TenantEvent, XpupoolClient, connected
 from xpupool.contracts import (
     AllocationGranted,
     DeviceDemand,
     DeviceSelector,
     GangSpec,
+    JobPending,
     JobRejected,
     JobRequested,
     JobTimedOut,
     Vendor,
-    subjects,
 )
-from xpupool.devstack.readiness import wait_until_pulling
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.ledger import Ledger, audit
 
@@ -39,6 +41,7 @@ DEFAULT_FLEET = [
     NodeSpec("node-c", "2xT4,1xMLU370-X4"),
 ]
 BURST = 60
+TENANTS = ("team-0", "team-1", "team-2")
 
 
 def burst(size: int = BURST) -> list[JobRequested]:
@@ -66,7 +69,7 @@ def burst(size: int = BURST) -> list[JobRequested]:
         requests.append(
             JobRequested(
                 job_id=f"demo-{i:03d}-{name}",
-                tenant=f"team-{i % 3}",
+                tenant=TENANTS[i % len(TENANTS)],
                 lease_ttl_s=20.0,
                 max_wait_s=15.0,
                 **fields,
@@ -89,40 +92,64 @@ async def _drive(stack: Stack) -> int:
                 return 1
             await asyncio.sleep(0.1)
         # Measure the pool, not the services' start-up: wait until they pull their streams.
-        await wait_until_pulling(stack.nats_url)
+        await stack.wait_until_pulling()
+        mode = "SECURE (TLS, NKeys, ACLs)" if stack.secure else "INSECURE loopback (no auth)"
+        print(f"mode: {mode}")
         print(f"fleet: {', '.join(f'{n.node_id}={n.profile}' for n in stack.nodes)}")
-        async with connected(stack.nats_url) as client:
-            return await _burst(client, ledger)
+        async with contextlib.AsyncExitStack() as clients:
+            by_tenant = {
+                tenant: await clients.enter_async_context(_client(stack, tenant))
+                for tenant in TENANTS
+            }
+            return await _burst(by_tenant, ledger)
     finally:
         await redis.aclose()
 
 
-async def _burst(client: XpupoolClient, ledger: Ledger) -> int:
+def _client(stack: Stack, tenant: str) -> contextlib.AbstractAsyncContextManager[XpupoolClient]:
+    """A client of ``tenant``: with its own credentials on a secure stack."""
+    assert stack.nats_url
+    if not stack.secure:
+        return connected(stack.nats_url, tenant)
+    env = stack.tenant_env(tenant)
+    return connected(
+        stack.nats_url,
+        tenant,
+        creds=env["XPUPOOL_NATS_CREDS"],
+        tls_ca=env["XPUPOOL_NATS_TLS_CA"],
+    )
+
+
+async def _burst(clients: dict[str, XpupoolClient], ledger: Ledger) -> int:
     requests = burst()
     sent: dict[str, float] = {}
-    futures = {r.job_id: client.expect(r.job_id) for r in requests}
-    bad = b'{"job_id": "demo-bad", "tenant": "team-0", "device": {"compute_pct": 400}}'
-    futures["demo-bad"] = client.expect("demo-bad")
+    owner = {r.job_id: clients[r.tenant or TENANTS[0]] for r in requests}
+    futures = {r.job_id: owner[r.job_id].expect(r.job_id) for r in requests}
+    bad = b'{"job_id": "demo-bad", "device": {"compute_pct": 400}}'
+    owner["demo-bad"] = clients[TENANTS[0]]
+    futures["demo-bad"] = owner["demo-bad"].expect("demo-bad")
     # Outcomes are stamped when they arrive, not when this coroutine gets round to them.
     arrived: dict[str, float] = {}
     for job_id, future in futures.items():
         future.add_done_callback(functools.partial(_stamp, arrived, job_id))
     started = time.perf_counter()
+    waited: set[str] = set()
+
+    def on_event(event: TenantEvent) -> None:
+        if isinstance(event, JobPending):
+            waited.add(event.job_id)
+
+    for client in clients.values():
+        client.listen(on_event)
     for r in requests:
         sent[r.job_id] = time.perf_counter()
-        await client.submit(r)
+        await owner[r.job_id].submit(r)
     sent["demo-bad"] = time.perf_counter()
-    await client.submit_raw(bad, msg_id="demo-bad", tenant="team-0")
+    await owner["demo-bad"].submit_raw(bad, msg_id="demo-bad")
 
     latencies: list[float] = []
     immediate: list[float] = []
     outcomes: dict[str, object] = {}
-    waited: set[str] = set()
-
-    async def on_pending(msg: Any) -> None:
-        waited.add(msgspec.json.decode(msg.data).get("job_id", ""))
-
-    await client.nc.subscribe(subjects.JOB_PENDING.address, cb=on_pending)
 
     async def settle(job_id: str) -> None:
         outcome = await futures[job_id]
@@ -133,7 +160,7 @@ async def _burst(client: XpupoolClient, ledger: Ledger) -> int:
             if job_id not in waited:
                 immediate.append(latency)
             await asyncio.sleep(1.0)  # the "job" runs, then gives its slices back
-            await client.release(outcome.lease_id, outcome.fencing_token)
+            await owner[job_id].release(outcome.lease_id, outcome.fencing_token)
 
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.gather(*(settle(j) for j in futures)), timeout=45)
@@ -167,15 +194,25 @@ def _stamp(arrived: dict[str, float], job_id: str, _: object) -> None:
     arrived.setdefault(job_id, time.perf_counter())
 
 
-def run_demo() -> int:
+def run_demo(secure: bool = False) -> int:
     """Start the stack, run the burst, print the report, stop everything."""
+    servers: dict[str, Any] = (
+        {"secure": True, "tenants": TENANTS}
+        if secure
+        else {
+            "nats_url": os.environ.get("XPUPOOL_NATS_URL"),
+            "redis_url": os.environ.get("XPUPOOL_REDIS_URL"),
+        }
+    )
     stack = Stack(
         nodes=DEFAULT_FLEET,
-        nats_url=os.environ.get("XPUPOOL_NATS_URL"),
-        redis_url=os.environ.get("XPUPOOL_REDIS_URL"),
         namespace=os.environ.get("XPUPOOL_NAMESPACE", f"demo-{os.getpid()}"),
         extra_env={"XPUPOOL_LOG_LEVEL": "warning"},
+        **servers,
     )
+    # asyncio warns on every TLS connection nats-py closes ("returning true from eof_received()
+    # has no effect when using ssl"): noise in the report, not a fault.
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
     try:
         stack.start()
         return asyncio.run(_drive(stack))
