@@ -20,6 +20,16 @@ demo: sync
 up: sync
     uv run --frozen xpupool dev up
 
+# The demo on the secure configuration: TLS, one NKey per service and tenant, Redis ACLs
+[group("run")]
+demo-secure: sync
+    uv run --frozen xpupool demo --secure
+
+# The secure stack, kept running: prints how each tenant connects (credentials, CA, subjects)
+[group("run")]
+up-secure: sync
+    uv run --frozen xpupool dev up --secure
+
 # The whole default test suite (real nats-server and redis-server processes, no Docker)
 [group("tests")]
 test *ARGS: sync

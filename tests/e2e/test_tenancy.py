@@ -216,3 +216,53 @@ async def test_a_flooding_tenant_is_rate_limited_while_others_are_served(
         assert sum(isinstance(o, AllocationGranted) for o in outcomes) >= 3
         assert granted.tenant == "bob"
         print(f"bob granted {waited:.3f}s after the flood")
+
+
+async def test_forged_events_and_fault_commands_never_reach_anyone(
+    secure_stack: Stack, ready: Ready
+) -> None:
+    """A tenant publishing forged grants, lease ends, node registrations and fault commands is
+    refused by the server (nothing reaches any subscriber or stream), and another tenant's job
+    is granted right after."""
+    ledger = await ready(secure_stack, 4)
+    operator = await secure_stack.connect_operator()
+    seen: list[str] = []
+
+    async def spy(msg: Msg) -> None:
+        if b"forged" in msg.data:
+            seen.append(msg.subject)
+
+    for pattern in ("xpupool.alloc.v1.>", "xpupool.nodes.v1.>", "xpupool.sim.v1.>", ">"):
+        await operator.subscribe(pattern, cb=spy)
+    errors: list[Exception] = []
+    raw = await raw_tenant_connection(secure_stack, "mallory", errors)
+    forged = b'{"job_id":"forged","lease_id":"forged","node_id":"node-a","fault":"kill_node"}'
+    targets = (
+        "xpupool.alloc.v1.granted",
+        "xpupool.alloc.v1.ended.released",
+        "xpupool.nodes.v1.registered",
+        "xpupool.sim.v1.fault.node-a",
+        "xpupool.sched.v1.end_lease",
+        "xpupool.tenant.v1.bob.events.granted",
+        "$JS.API.STREAM.PURGE.XPUPOOL_EVENTS",
+    )
+    try:
+        for subject in targets:
+            await raw.publish(subject, forged)
+        await raw.flush()
+        await eventually(lambda: len(errors) >= len(targets), timeout_s=10)
+    finally:
+        await raw.close()
+    assert all("permissions violation" in str(e).lower() for e in errors), errors
+    async with as_tenant(secure_stack, "bob") as bob:
+        started = time.perf_counter()
+        granted = await _granted(bob, "bob-after-forgery")
+        print(f"bob granted {time.perf_counter() - started:.3f}s after the forgeries")
+        await bob.release(granted.lease_id, granted.fencing_token)
+    await asyncio.sleep(0.5)
+    assert seen == []
+    nodes = await ledger.nodes()
+    assert [n.status for n in nodes] == ["up"]  # the forged kill_node never reached the fleet
+    events = await operator.jetstream().stream_info(s.EVENTS_STREAM.name)
+    assert events.state.messages > 0  # not purged
+    await operator.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -309,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point."""
+    # asyncio warns on every TLS connection nats-py closes ("returning true from eof_received()
+    # has no effect when using ssl"): noise on the terminal, not a fault.
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
     argv = list(sys.argv[1:] if argv is None else argv)
     for index, word in enumerate(argv):
         if word in ("devices", "replay"):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import os
 import statistics
 import time
@@ -210,9 +209,6 @@ def run_demo(secure: bool = False) -> int:
         extra_env={"XPUPOOL_LOG_LEVEL": "warning"},
         **servers,
     )
-    # asyncio warns on every TLS connection nats-py closes ("returning true from eof_received()
-    # has no effect when using ssl"): noise in the report, not a fault.
-    logging.getLogger("asyncio").setLevel(logging.ERROR)
     try:
         stack.start()
         return asyncio.run(_drive(stack))
