@@ -134,6 +134,7 @@ async def test_oversized_lease_commands_do_not_silence_the_lease_manager(
     lease-manager keeps answering and releasing."""
     stack = make_stack([NodeSpec("node-a", "1xA100-80GB")])
     await ready(stack, 1)
+    await stack.wait_until_pulling()  # the lease-manager serves its subjects before it pulls
     assert stack.nats_url
     async with connected(stack.nats_url) as client:
         body = json.dumps({"lease_id": BIG, "lease_secret": "s", "fencing_token": 1}).encode()
