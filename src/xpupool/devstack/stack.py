@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from nats.aio.client import Client
 
 from xpupool.bus.connection import connect_client, ensure_streams
+from xpupool.bus.lifecycle import PARENT_PID_ENV
 from xpupool.contracts import access, subjects
 from xpupool.contracts.subjects import DURABLES, Durable
 from xpupool.devstack.readiness import pulling
@@ -240,6 +241,8 @@ class Stack:
         """Start one service process with the stack's environment plus ``overrides``."""
         env = self.service_env(name)
         env.update(overrides)
+        # The service stops when this process is gone (xpupool.bus.lifecycle.watch_parent).
+        env[PARENT_PID_ENV] = str(os.getpid())
         suffix = overrides.get("XPUPOOL_NODE_ID", str(len(self.services)))
         log_path = self.workdir / f"{name}-{suffix}.log"
         with log_path.open("ab") as log:

@@ -7,14 +7,22 @@ every later call fails with ``ConnectionClosedError``. ``watch_bus`` turns that 
 in-process, on a fresh connection.
 
 Shutdown is bounded whatever the connections do: loops get ``SHUTDOWN_TIMEOUT_S`` to finish once
-cancelled, and the bus is drained only while connected, within its drain timeout, then closed.
+cancelled, and the bus is drained only while connected, within its drain timeout, then closed. A
+run still opening its bus (nats-py retries a first connection forever) is cancelled at once.
+
+A service started by a parent that set ``XPUPOOL_PARENT_PID`` (``xpupool dev up``, the demo,
+the tests' stacks) stops as on SIGTERM when that parent is gone, however it died: the services of
+a killed stack do not outlive it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import threading
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -36,13 +44,61 @@ class BusClosed(ConnectionError):
     """The NATS connection was closed for good while the service was meant to be running."""
 
 
+# The stop events of runs that reached ``run_until_stopped`` (``supervise`` cancels the others at
+# once when stopped).
+_running: weakref.WeakSet[asyncio.Event] = weakref.WeakSet()
+
+PARENT_PID_ENV = "XPUPOOL_PARENT_PID"
+PARENT_CHECK_INTERVAL_S = 0.5
+# The last resort after SIGTERM: the bounded shutdown takes a few seconds at most.
+HARD_EXIT_AFTER_S = 15.0
+_hard_exit: threading.Timer | None = None
+_watchers: set[asyncio.Task[None]] = set()
+
+
 def stop_on_signals() -> asyncio.Event:
-    """An event set by SIGINT or SIGTERM (call from inside the running loop)."""
+    """An event set by SIGINT or SIGTERM (call from inside the running loop), and, where
+    ``$XPUPOOL_PARENT_PID`` names this process's parent, once that parent is gone."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, _stop_now, stop)
+    parent = os.environ.get(PARENT_PID_ENV, "")
+    if parent.isdigit():
+        task = loop.create_task(watch_parent(int(parent), stop))
+        _watchers.add(task)
+        task.add_done_callback(_watchers.discard)
     return stop
+
+
+def _stop_now(stop: asyncio.Event) -> None:
+    """Set ``stop``, and make sure the process is gone ``HARD_EXIT_AFTER_S`` later even if
+    something swallowed the cancellation (``asyncio.run`` would wait for it forever)."""
+    global _hard_exit
+    stop.set()
+    if _hard_exit is None:
+        _hard_exit = threading.Timer(HARD_EXIT_AFTER_S, _exit_now)
+        _hard_exit.daemon = True
+        _hard_exit.start()
+
+
+def _exit_now() -> None:
+    os.write(2, f"still running {HARD_EXIT_AFTER_S:g} s after stop: exiting\n".encode())
+    os._exit(70)
+
+
+async def watch_parent(
+    parent: int, stop: asyncio.Event, *, interval_s: float = PARENT_CHECK_INTERVAL_S
+) -> None:
+    """Set ``stop`` once this process is no longer ``parent``'s child (an orphan is adopted by
+    another process: ``getppid`` changes, which a recycled pid cannot fake)."""
+    while not stop.is_set():
+        if os.getppid() != parent:
+            get_logger().warning("parent_gone", parent_pid=parent)
+            _stop_now(stop)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
 
 
 async def watch_bus(
@@ -73,6 +129,7 @@ async def run_until_stopped(
     ``shutdown_timeout_s`` to finish once cancelled; one that does not is logged and left.
     """
     log = get_logger()
+    _running.add(stop)
     tasks = [asyncio.create_task(loop) for loop in loops]
     stopper = asyncio.create_task(stop.wait())
     try:
@@ -112,6 +169,7 @@ async def supervise(
     *,
     backoff_s: float = 1.0,
     max_backoff_s: float = 30.0,
+    shutdown_timeout_s: float = 2 * SHUTDOWN_TIMEOUT_S,
 ) -> None:
     """Run ``run_once`` until ``stop`` is set, again whenever it ends because the bus closed.
 
@@ -121,7 +179,9 @@ async def supervise(
     never stops the next. It is restarted after ``BusClosed`` or ``ConnectionClosedError``
     (logged as ``service_restarting``; waits ``backoff_s``, doubling up to ``max_backoff_s``
     while runs keep failing); any other error propagates, and a run that returns while ``stop``
-    is unset ends the supervision too.
+    is unset ends the supervision too. Once ``stop`` is set, a run that has not ended within
+    ``shutdown_timeout_s`` is cancelled (one still connecting is cancelled at once: nats-py
+    retries a first connection forever and would never look at ``run_stop``).
     """
     log = get_logger()
     restarts = 0
@@ -129,7 +189,7 @@ async def supervise(
         run_stop = asyncio.Event()
         mirror = asyncio.create_task(_set_when(stop, run_stop))
         try:
-            await run_once(run_stop)
+            await _until_stopped(run_once(run_stop), run_stop, stop, shutdown_timeout_s)
             return
         except Exception as error:
             if not isinstance(error, RESTART_ON_RECONNECT if restarts else RESTART_ON):
@@ -143,6 +203,31 @@ async def supervise(
             mirror.cancel()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=delay)
+
+
+async def _until_stopped(
+    run: Awaitable[None],
+    run_stop: asyncio.Event,
+    stop: asyncio.Event,
+    shutdown_timeout_s: float,
+) -> None:
+    """Await ``run``; once ``stop`` is set, cancel it at once if it has not reached
+    ``run_until_stopped`` yet (it may be connecting forever), else give it
+    ``shutdown_timeout_s`` to end before cancelling it. A cancelled run ends quietly."""
+    task = asyncio.ensure_future(run)
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and run_stop in _running:
+            await asyncio.wait([task], timeout=shutdown_timeout_s)
+    finally:
+        stopper.cancel()
+        if not task.done():
+            get_logger().warning("run_cancelled_at_stop", started=run_stop in _running)
+            task.cancel()
+            await asyncio.wait([task])
+    if not task.cancelled():
+        task.result()
 
 
 async def _set_when(source: asyncio.Event, target: asyncio.Event) -> None:
