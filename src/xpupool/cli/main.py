@@ -10,13 +10,22 @@ import signal
 import sys
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
+import nats.errors
+import redis.exceptions
 from redis.asyncio import Redis
 
 from xpupool.client import connected
 from xpupool.contracts import DeviceDemand, DeviceSelector, HostDemand, JobRequested, Vendor
+from xpupool.devices.catalog import CatalogError
+from xpupool.devices.simulated import ProfileError
+from xpupool.devstack.servers import ServerUnavailable
+from xpupool.devstack.stack import NodeSpec
 from xpupool.ledger import Ledger
+from xpupool.scheduler.domain import ConfigError
 
 DEFAULT_NATS = "nats://127.0.0.1:4222"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -174,13 +183,48 @@ async def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dev_up(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+def _fleet(text: str | None) -> list[NodeSpec]:
+    """``--fleet``: one simulated node per comma-separated profile (``+`` joins models on one
+    node: ``2xT4+1xMLU370-X4``), each checked against the catalog; None: the demo's fleet."""
+    from xpupool.devices import load_catalog
+    from xpupool.devices.simulated import SimulatedBackend
     from xpupool.devstack.demo import DEFAULT_FLEET
+
+    if text is None:
+        return list(DEFAULT_FLEET)
+    profiles = [item.strip().replace("+", ",") for item in text.split(",") if item.strip()]
+    if not profiles:
+        raise UsageError("--fleet names no node; e.g. --fleet 2xA100-80GB,4xAscend910B")
+    catalog = load_catalog()
+    nodes = []
+    for index, profile in enumerate(profiles):
+        node_id = f"node-{chr(ord('a') + index)}" if index < 26 else f"node-{index + 1}"
+        SimulatedBackend(node_id, profile, catalog).close()  # ProfileError if it cannot be
+        nodes.append(NodeSpec(node_id, profile))
+    return nodes
+
+
+def _queue_config(path: str) -> str:
+    """``--queues``: the scheduler's queue file, checked as the scheduler will (its built-in and
+    trace policies), as an absolute path."""
+    from xpupool.scheduler.domain import load_config
+    from xpupool.scheduler.domain.config import BUILTIN_POLICIES
+    from xpupool.scheduler.trace_policies import make_trace_policies
+
+    known = (*BUILTIN_POLICIES, *(p.name for p in make_trace_policies()))
+    load_config(path, known_policies=known)
+    return str(Path(path).resolve())
+
+
+def _dev_up(args: argparse.Namespace) -> int:
     from xpupool.devstack.stack import Stack
 
-    options: dict[str, object] = {}
+    if args.schedulers < 1:
+        raise UsageError("--schedulers must be at least 1")
+    nodes = _fleet(args.fleet)
+    options: dict[str, object] = {"schedulers": args.schedulers}
+    if args.queues:
+        options["extra_env"] = {"XPUPOOL_QUEUE_CONFIG": _queue_config(args.queues)}
     if args.dir:
         options["workdir"] = Path(args.dir)
         Path(args.dir).mkdir(parents=True, exist_ok=True)
@@ -192,7 +236,7 @@ def _dev_up(args: argparse.Namespace) -> int:
             nats_url=os.environ.get("XPUPOOL_NATS_URL"),
             redis_url=os.environ.get("XPUPOOL_REDIS_URL"),
         )
-    stack = Stack(nodes=DEFAULT_FLEET, **options)  # type: ignore[arg-type]
+    stack = Stack(nodes=nodes, **options)  # type: ignore[arg-type]
     stop = False
 
     def on_signal(*_: object) -> None:
@@ -295,6 +339,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--tenants", default="team-0,team-1,team-2", help="tenant identities for --secure"
     )
     dev.add_argument("--dir", help="the stack's folder (default: a new temporary one)")
+    dev.add_argument(
+        "--fleet",
+        metavar="PROFILE[,PROFILE...]",
+        help="one simulated node per profile, e.g. 2xA100-80GB,4xAscend910B,2xT4+1xMLU370-X4 "
+        "('+' puts several models on one node); default: the demo's fleet",
+    )
+    dev.add_argument("--schedulers", type=int, default=1, help="scheduler replicas (default 1)")
+    dev.add_argument(
+        "--queues", metavar="FILE", help="queue configuration for the schedulers (YAML or TOML)"
+    )
     demo = sub.add_parser("demo", help="run the demo on embedded servers and print a report")
     demo.add_argument(
         "--secure",
@@ -308,21 +362,82 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class UsageError(Exception):
+    """A mistake in what the user asked for: printed as one line, exit 2."""
+
+
+USER_ERROR = 2
+
+
+def _redacted(url: str) -> str:
+    """``url`` without its password (secure Redis URLs carry one)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (
+        f":{parts.port}" if parts.port else ""
+    )
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _user_error(error: BaseException, args: argparse.Namespace | None) -> str | None:
+    """The one line to print for an error the user can act on (an unreachable or refusing
+    server, a missing server binary or file, a model the catalog lacks, a bad queue file);
+    None for anything else, which is a bug and keeps its traceback."""
+    nats_url, redis_url = (_urls(args)[:2]) if args is not None else ("NATS", "Redis")
+    if isinstance(
+        error, UsageError | ServerUnavailable | ProfileError | CatalogError | ConfigError
+    ):
+        return str(error)
+    if isinstance(error, nats.errors.AuthorizationError):
+        return f"NATS at {nats_url} refused the credentials: {error}"
+    if isinstance(error, nats.errors.Error):
+        return f"cannot reach NATS at {nats_url}: {error}"
+    if isinstance(error, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
+        return f"Redis at {_redacted(redis_url)} refused: {error}"
+    if isinstance(error, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return f"cannot reach Redis at {_redacted(redis_url)}: {error}"
+    if isinstance(error, OSError):
+        if error.filename is not None and error.strerror:
+            return f"{error.filename}: {error.strerror}"
+        return str(error) or repr(error)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point."""
+    """Console entry point: user errors (see ``_user_error``) print one line on stderr and exit
+    2, Ctrl-C exits 130, both without a traceback."""
     # asyncio warns on every TLS connection nats-py closes ("returning true from eof_received()
     # has no effect when using ssl"): noise on the terminal, not a fault.
     logging.getLogger("asyncio").setLevel(logging.ERROR)
+    # nats-py logs each failed connection attempt with its traceback; the one line below says it.
+    logging.getLogger("nats").setLevel(logging.CRITICAL)
     argv = list(sys.argv[1:] if argv is None else argv)
-    for index, word in enumerate(argv):
-        if word in ("devices", "replay"):
-            module = {"devices": "xpupool.devices.cli", "replay": "xpupool.placement.replay_cli"}[
-                word
-            ]
-            return _delegate(module, argv[index + 1 :])
-        if not word.startswith("-"):
-            break
-    args = build_parser().parse_args(argv)
+    args: argparse.Namespace | None = None
+    try:
+        for index, word in enumerate(argv):
+            if word in ("devices", "replay"):
+                module = {
+                    "devices": "xpupool.devices.cli",
+                    "replay": "xpupool.placement.replay_cli",
+                }[word]
+                return _delegate(module, argv[index + 1 :])
+            if not word.startswith("-"):
+                break
+        args = build_parser().parse_args(argv)
+        return _run(args)
+    except KeyboardInterrupt:
+        sys.stderr.write("xpupool: interrupted\n")
+        return 130
+    except Exception as error:
+        message = _user_error(error, args)
+        if message is None:
+            raise
+        sys.stderr.write(f"xpupool: error: {' '.join(message.split())}\n")
+        return USER_ERROR
+
+
+def _run(args: argparse.Namespace) -> int:
     match args.command:
         case "submit":
             return asyncio.run(_submit(args))

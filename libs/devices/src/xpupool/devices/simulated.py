@@ -69,11 +69,15 @@ class NodeKilled(BackendUnavailable):
     """The simulated node is dead (``kill_node``); every call fails until ``revive_node``."""
 
 
+class ProfileError(ValueError):
+    """A node profile that cannot be simulated: malformed, or a model not in the catalog."""
+
+
 def parse_profile(profile: str) -> list[tuple[int, str]]:
     """Parse ``"2xA100-80GB,4xAscend910B"`` into ``[(2, "A100-80GB"), (4, "Ascend910B")]``.
 
     A count may be omitted (``"T4"`` = one). Raises ``ValueError`` on an empty profile or a
-    count below 1.
+    count below 1 (``ProfileError``, a ``ValueError``).
     """
     items: list[tuple[int, str]] = []
     for part in profile.split(","):
@@ -81,13 +85,13 @@ def parse_profile(profile: str) -> list[tuple[int, str]]:
             continue
         match = _ITEM.match(part)
         if match is None:
-            raise ValueError(f"bad device profile item {part!r}")
+            raise ProfileError(f"bad device profile item {part!r}")
         count = int(match.group(1)) if match.group(1) else 1
         if count < 1:
-            raise ValueError(f"device count must be at least 1 in {part!r}")
+            raise ProfileError(f"device count must be at least 1 in {part!r}")
         items.append((count, match.group(2)))
     if not items:
-        raise ValueError("empty device profile; expected e.g. '2xA100-80GB,4xAscend910B'")
+        raise ProfileError("empty device profile; expected e.g. '2xA100-80GB,4xAscend910B'")
     return items
 
 
@@ -136,7 +140,7 @@ class SimulatedBackend:
             entry = self._catalog.lookup(model)
             if entry is None:
                 known = ", ".join(e.name for e in self._catalog)
-                raise ValueError(f"unknown device model {model!r}; known: {known}")
+                raise ProfileError(f"unknown device model {model!r}; known: {known}")
             kind = entry.interconnect
             first_domain = next_domain.get(kind, 0)
             size = max(entry.domain_size, 1)
