@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import signal
 import statistics
 import time
 from typing import Any
@@ -209,6 +210,8 @@ def run_demo(secure: bool = False) -> int:
         extra_env={"XPUPOOL_LOG_LEVEL": "warning"},
         **servers,
     )
+    # SIGTERM stops the demo as Ctrl-C does, through the same clean stop.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         stack.start()
         return asyncio.run(_drive(stack))
