@@ -32,18 +32,24 @@ async def pulling(js: JetStreamContext, durables: Sequence[Durable] = DURABLES) 
     return idle
 
 
+async def wait_for_pulls(
+    js: JetStreamContext, durables: Sequence[Durable] = DURABLES, timeout_s: float = 30.0
+) -> None:
+    """Return once every durable has a pull waiting; TimeoutError names the ones that do not."""
+    deadline = time.monotonic() + timeout_s
+    while idle := await pulling(js, durables):
+        if time.monotonic() > deadline:
+            names = ", ".join(f"{d.name} ({d.service})" for d in idle)
+            raise TimeoutError(f"not pulling after {timeout_s:g} s: {names}")
+        await asyncio.sleep(0.05)
+
+
 async def wait_until_pulling(
     nats_url: str, durables: Sequence[Durable] = DURABLES, timeout_s: float = 30.0
 ) -> None:
-    """Return once every durable has a pull waiting; TimeoutError names the ones that do not."""
+    """``wait_for_pulls`` on a plain connection to ``nats_url`` (an open server)."""
     nc = await nats.connect(nats_url, name="xpupool-readiness")
     try:
-        js = nc.jetstream()
-        deadline = time.monotonic() + timeout_s
-        while idle := await pulling(js, durables):
-            if time.monotonic() > deadline:
-                names = ", ".join(f"{d.name} ({d.service})" for d in idle)
-                raise TimeoutError(f"not pulling after {timeout_s:g} s: {names}")
-            await asyncio.sleep(0.05)
+        await wait_for_pulls(nc.jetstream(), durables, timeout_s)
     finally:
         await nc.close()
