@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 import pytest
@@ -12,7 +11,6 @@ from nats.aio.msg import Msg
 from redis.asyncio import Redis
 
 from tests.conftest import eventually
-from xpupool.client import XpupoolClient, connected
 from xpupool.contracts import (
     AllocationGranted,
     JobPending,
@@ -28,23 +26,6 @@ from xpupool.ledger import Ledger
 Ready = Callable[[Stack, int], Awaitable[Ledger]]
 EventT = TypeVar("EventT")
 Event = AllocationGranted | LeaseEnded | LeaseRenewed | JobRejected | JobPending | JobTimedOut
-
-
-def stack_client(
-    stack: Stack, tenant: str | None = None
-) -> AbstractAsyncContextManager[XpupoolClient]:
-    """A client of ``stack``: as ``tenant`` with its own credentials on a secure stack, else as
-    the operator (every tenant's events; on a plain stack, no credentials at all)."""
-    assert stack.nats_url
-    if stack.material is None:
-        return connected(stack.nats_url, tenant)
-    env = stack.tenant_env(tenant) if tenant else stack.operator_env()
-    return connected(
-        stack.nats_url,
-        tenant,
-        creds=env["XPUPOOL_NATS_CREDS"],
-        tls_ca=env["XPUPOOL_NATS_TLS_CA"],
-    )
 
 
 class EventLog:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import eventually
-from tests.e2e.conftest import EventLog, Ready, stack_client
+from tests.e2e.conftest import EventLog, Ready
 from xpupool.contracts import AllocationGranted, JobPending, JobRejected, JobRequested
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.ledger import audit
@@ -33,7 +33,7 @@ async def test_lease_manager_killed_before_grant_grants_after_restart(
     lease_manager = next(s for s in stack.services if s.name == "lease-manager")
     stack.kill(lease_manager)
     log = EventLog()
-    async with stack_client(stack) as client:
+    async with stack.client() as client:
         await log.attach(client.nc)
         waiting = client.expect("during-outage")
         await client.submit(JobRequested(job_id="during-outage", tenant="t"))
@@ -59,13 +59,13 @@ async def test_nats_restart_mid_flow_loses_nothing(
     stack = make_stack([NodeSpec("node-n", "4xA100-80GB")])
     ledger = await ready(stack, 4)
     assert stack.nats_url
-    async with stack_client(stack) as client:
+    async with stack.client() as client:
         before = await client.submit_and_wait(JobRequested(job_id="before", tenant="t"))
         assert isinstance(before, AllocationGranted)
     assert stack.nats
     stack.nats.restart()
     await asyncio.sleep(1.0)
-    async with stack_client(stack) as client:
+    async with stack.client() as client:
         after = await client.submit_and_wait(JobRequested(job_id="after", tenant="t"), timeout_s=45)
         assert isinstance(after, AllocationGranted)
         reply = await client.release(
@@ -83,7 +83,7 @@ async def test_redis_restart_keeps_the_ledger(
     stack = make_stack([NodeSpec("node-r", "2xA100-80GB")])
     ledger = await ready(stack, 2)
     assert stack.nats_url
-    async with stack_client(stack) as client:
+    async with stack.client() as client:
         first = await client.submit_and_wait(JobRequested(job_id="kept", tenant="t"))
         assert isinstance(first, AllocationGranted)
         assert stack.redis
@@ -113,7 +113,7 @@ async def test_scheduler_killed_during_a_burst_every_request_gets_one_outcome(
     assert stack.nats_url
     scheduler = next(s for s in stack.services if s.name == "scheduler")
     log = EventLog()
-    async with stack_client(stack) as client:
+    async with stack.client() as client:
         await log.attach(client.nc)
         requests = [JobRequested(job_id=f"burst-{i}", tenant="t") for i in range(60)]
         for i, r in enumerate(requests):

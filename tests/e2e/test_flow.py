@@ -9,7 +9,7 @@ from typing import TypeVar
 import pytest
 
 from tests.conftest import eventually
-from tests.e2e.conftest import EventLog, Ready, stack_client
+from tests.e2e.conftest import EventLog, Ready
 from xpupool.contracts import (
     AllocationGranted,
     DeviceDemand,
@@ -39,7 +39,7 @@ async def test_submit_grant_release_returns_capacity(
     stack = make_stack([NodeSpec("node-a", "2xA100-80GB")])
     ledger = await ready(stack, 2)
     assert stack.nats_url
-    async with stack_client(stack) as client:
+    async with stack.client() as client:
         outcome = await client.submit_and_wait(JobRequested(job_id="job-1", tenant="team-a"))
         assert isinstance(outcome, AllocationGranted), outcome
         assert len(outcome.slices) == 1 and outcome.slices[0].whole
@@ -71,7 +71,7 @@ async def test_invalid_request_is_rejected_naming_the_field(
     stack = make_stack([NodeSpec("node-a", "1xA100-80GB")])
     await ready(stack, 1)
     assert stack.nats_url
-    async with stack_client(stack) as client:
+    async with stack.client() as client:
         future = client.expect("bad-1")
         await client.submit_raw(b'{"job_id": "bad-1", "tenant": "t", "count": -1}', tenant="t")
         outcome = await future_with_timeout(future)
@@ -89,7 +89,7 @@ async def test_host_only_job_gets_cpu_and_no_device(
     stack = make_stack([NodeSpec("node-a", "2xA100-80GB", cpu_milli=16_000, memory_mib=65_536)])
     ledger = await ready(stack, 2)
     assert stack.nats_url
-    async with stack_client(stack) as client:
+    async with stack.client() as client:
         outcome = await client.submit_and_wait(
             JobRequested(
                 job_id="cpu-1",
@@ -142,7 +142,7 @@ async def test_share_request_gets_limits(make_stack: Callable[..., Stack], ready
     stack = make_stack([NodeSpec("node-a", "1xA100-80GB")])
     await ready(stack, 1)
     assert stack.nats_url
-    async with stack_client(stack) as client:
+    async with stack.client() as client:
         outcome = await client.submit_and_wait(
             JobRequested(
                 job_id="share-1", tenant="t", device=DeviceDemand(memory_mib=20000, compute_pct=25)
@@ -164,7 +164,7 @@ async def test_unrenewed_lease_expires_and_renewed_one_lives(
     ledger = await ready(stack, 2)
     assert stack.nats_url
     log = EventLog()
-    async with stack_client(stack) as client:
+    async with stack.client() as client:
         await log.attach(client.nc)
         kept = await client.submit_and_wait(
             JobRequested(job_id="kept", tenant="t", lease_ttl_s=1.5)
@@ -198,7 +198,7 @@ async def test_duplicate_job_id_yields_one_lease(
     ledger = await ready(stack, 4)
     assert stack.nats_url
     log = EventLog()
-    async with stack_client(stack) as client:
+    async with stack.client() as client:
         await log.attach(client.nc)
         request = JobRequested(job_id="dup", tenant="t")
         from xpupool.contracts import encode
@@ -227,7 +227,7 @@ async def test_waiting_job_is_granted_when_capacity_frees(
     await ready(stack, 1)
     assert stack.nats_url
     log = EventLog()
-    async with stack_client(stack) as client:
+    async with stack.client() as client:
         await log.attach(client.nc)
         first = await client.submit_and_wait(JobRequested(job_id="first", tenant="t"))
         assert isinstance(first, AllocationGranted)
@@ -260,7 +260,7 @@ async def test_two_schedulers_and_200_concurrent_requests_never_over_allocate(
         DeviceDemand(compute_pct=30),
         DeviceDemand(memory_pct=25),
     ]
-    async with stack_client(stack) as client:
+    async with stack.client() as client:
         await log.attach(client.nc)
         requests = [
             JobRequested(job_id=f"race-{i}", tenant=f"t{i % 3}", device=shapes[i % len(shapes)])

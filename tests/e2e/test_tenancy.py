@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 
 import nats
@@ -18,7 +17,7 @@ from nats.aio.msg import Msg
 from tests.conftest import eventually
 from tests.e2e.conftest import Ready
 from xpupool.bus.connection import connect_client
-from xpupool.client import XpupoolClient, connected
+from xpupool.client import XpupoolClient
 from xpupool.contracts import (
     AllocationGranted,
     DeviceDemand,
@@ -61,19 +60,6 @@ def secure_stack(tmp_path: Path) -> Iterator[Stack]:
     stack.stop()
 
 
-@asynccontextmanager
-async def as_tenant(stack: Stack, tenant: str) -> AsyncIterator[XpupoolClient]:
-    """A client connected with ``tenant``'s own credentials."""
-    env = stack.tenant_env(tenant)
-    async with connected(
-        env["XPUPOOL_NATS_URL"],
-        tenant,
-        creds=env["XPUPOOL_NATS_CREDS"],
-        tls_ca=env["XPUPOOL_NATS_TLS_CA"],
-    ) as client:
-        yield client
-
-
 async def raw_tenant_connection(stack: Stack, tenant: str, errors: list[Exception]) -> Client:
     """A bare NATS connection with ``tenant``'s credentials that records permission errors."""
     env = stack.tenant_env(tenant)
@@ -103,7 +89,7 @@ async def test_another_tenant_cannot_renew_release_or_read_a_lease(
     """Bob, knowing Alice's lease id, token and even her secret, is refused (not_owner) on his
     own subjects and cannot publish on hers or read her events; the lease is untouched."""
     ledger = await ready(secure_stack, 4)
-    async with as_tenant(secure_stack, "alice") as alice, as_tenant(secure_stack, "bob") as bob:
+    async with secure_stack.client("alice") as alice, secure_stack.client("bob") as bob:
         grant = await _granted(alice, "alice-1")
         assert grant.lease_secret and len(grant.lease_secret) >= 22  # >= 128 bits, base64
         before = await ledger.get_lease(grant.lease_id)
@@ -148,7 +134,7 @@ async def test_guessed_secret_stale_token_and_replayed_release_are_refused(
     """A wrong secret is bad_secret, an old token stale_token, and a release replayed after the
     lease ended is lease_ended, never ok; none of them changes the lease."""
     ledger = await ready(secure_stack, 4)
-    async with as_tenant(secure_stack, "alice") as alice:
+    async with secure_stack.client("alice") as alice:
         grant = await _granted(alice, "alice-2")
         token, lease_id = grant.fencing_token, grant.lease_id
         for guess in ("A" * 32, grant.lease_secret[:-1] + "x"):  # type: ignore[index]
@@ -169,7 +155,7 @@ async def test_submitting_as_another_tenant_or_on_a_foreign_queue_is_rejected(
     """A payload claiming another tenant and a queue the tenant may not charge are rejected to
     the sender, naming the field; publishing on another tenant's subject is not even accepted."""
     await ready(secure_stack, 4)
-    async with as_tenant(secure_stack, "mallory") as mallory:
+    async with secure_stack.client("mallory") as mallory:
         claim = await mallory.submit_and_wait(
             JobRequested(job_id="m-1", tenant="alice"), timeout_s=20
         )
@@ -203,7 +189,7 @@ async def test_a_flooding_tenant_is_rate_limited_while_others_are_served(
     """Over its rate limit a tenant gets rate_limited rejections; another tenant's job is
     granted meanwhile."""
     await ready(secure_stack, 4)
-    async with as_tenant(secure_stack, "flood") as flood, as_tenant(secure_stack, "bob") as bob:
+    async with secure_stack.client("flood") as flood, secure_stack.client("bob") as bob:
         futures = [flood.expect(f"f-{i}") for i in range(12)]
         for i in range(12):
             await flood.submit(JobRequested(job_id=f"f-{i}", device=DeviceDemand(memory_pct=5)))
@@ -254,7 +240,7 @@ async def test_forged_events_and_fault_commands_never_reach_anyone(
     finally:
         await raw.close()
     assert all("permissions violation" in str(e).lower() for e in errors), errors
-    async with as_tenant(secure_stack, "bob") as bob:
+    async with secure_stack.client("bob") as bob:
         started = time.perf_counter()
         granted = await _granted(bob, "bob-after-forgery")
         print(f"bob granted {time.perf_counter() - started:.3f}s after the forgeries")

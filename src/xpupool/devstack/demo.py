@@ -20,7 +20,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from xpupool.client import TenantEvent, XpupoolClient, connected
+from xpupool.client import TenantEvent, XpupoolClient
 from xpupool.contracts import (
     AllocationGranted,
     DeviceDemand,
@@ -98,26 +98,12 @@ async def _drive(stack: Stack) -> int:
         print(f"fleet: {', '.join(f'{n.node_id}={n.profile}' for n in stack.nodes)}")
         async with contextlib.AsyncExitStack() as clients:
             by_tenant = {
-                tenant: await clients.enter_async_context(_client(stack, tenant))
+                tenant: await clients.enter_async_context(stack.client(tenant))
                 for tenant in TENANTS
             }
             return await _burst(by_tenant, ledger)
     finally:
         await redis.aclose()
-
-
-def _client(stack: Stack, tenant: str) -> contextlib.AbstractAsyncContextManager[XpupoolClient]:
-    """A client of ``tenant``: with its own credentials on a secure stack."""
-    assert stack.nats_url
-    if not stack.secure:
-        return connected(stack.nats_url, tenant)
-    env = stack.tenant_env(tenant)
-    return connected(
-        stack.nats_url,
-        tenant,
-        creds=env["XPUPOOL_NATS_CREDS"],
-        tls_ca=env["XPUPOOL_NATS_TLS_CA"],
-    )
 
 
 async def _burst(clients: dict[str, XpupoolClient], ledger: Ledger) -> int:

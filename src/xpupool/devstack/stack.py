@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,9 +28,10 @@ from nats.aio.client import Client
 
 from xpupool.bus.connection import connect_client, ensure_streams
 from xpupool.bus.lifecycle import PARENT_PID_ENV
+from xpupool.client import XpupoolClient, connected
 from xpupool.contracts import access, subjects
 from xpupool.contracts.subjects import DURABLES, Durable
-from xpupool.devstack.readiness import pulling
+from xpupool.devstack.readiness import wait_for_pulls
 from xpupool.devstack.secure import SecureMaterial
 from xpupool.devstack.servers import NatsServer, RedisServer, TlsFiles, free_port
 
@@ -202,19 +204,27 @@ class Stack:
     async def wait_until_pulling(
         self, durables: Sequence[Durable] = DURABLES, timeout_s: float = 30.0
     ) -> None:
-        """Return once every durable has a pull waiting (as ``readiness.wait_until_pulling``,
-        connected as the operator); TimeoutError names the ones that do not."""
+        """Return once every durable has a pull waiting (``readiness.wait_for_pulls``, connected
+        as the operator); TimeoutError names the ones that do not."""
         nc = await self.connect_operator()
         try:
-            js = nc.jetstream()
-            deadline = time.monotonic() + timeout_s
-            while idle := await pulling(js, durables):
-                if time.monotonic() > deadline:
-                    names = ", ".join(f"{d.name} ({d.service})" for d in idle)
-                    raise TimeoutError(f"not pulling after {timeout_s:g} s: {names}")
-                await asyncio.sleep(0.05)
+            await wait_for_pulls(nc.jetstream(), durables, timeout_s)
         finally:
             await nc.close()
+
+    def client(self, tenant: str | None = None) -> AbstractAsyncContextManager[XpupoolClient]:
+        """A started client of this stack: as ``tenant`` (its own credentials on a secure
+        stack), or without a tenant as the operator (every tenant's events)."""
+        assert self.nats_url
+        if self.material is None:
+            return connected(self.nats_url, tenant)
+        env = self.tenant_env(tenant) if tenant else self.operator_env()
+        return connected(
+            self.nats_url,
+            tenant,
+            creds=env["XPUPOOL_NATS_CREDS"],
+            tls_ca=env["XPUPOOL_NATS_TLS_CA"],
+        )
 
     def base_env(self) -> dict[str, str]:
         """Environment every service gets."""
