@@ -26,7 +26,7 @@ def _state(*nodes: NodeSpec) -> ClusterState:
 
 
 def test_registry_has_all_policies_and_default() -> None:
-    """POLICIES names the six baselines plus xpupool (the default) and its online form."""
+    """POLICIES names the six baselines, first-fit, xpupool (the default) and its online form."""
     assert set(POLICIES) == {
         "random",
         "dotprod",
@@ -34,12 +34,33 @@ def test_registry_has_all_policies_and_default() -> None:
         "packing",
         "bestfit",
         "fgd",
+        "firstfit",
         "xpupool",
         "xpupool-online",
     }
     assert DEFAULT_POLICY == "xpupool"
     with pytest.raises(KeyError):
         make_policy("nope")
+
+
+def test_firstfit_takes_first_name_then_tightest_gpu() -> None:
+    """First-fit ignores how full nodes are: first feasible name; sharing pods the tightest GPU."""
+    st = _state(
+        NodeSpec("b", 32_000, 10**6, 2, "G"),
+        NodeSpec("a", 96_000, 10**6, 8, "G"),
+        NodeSpec("c", 8_000, 10**6, 2, "T"),
+    )
+    pol = make_policy("firstfit")
+    pl = pol.choose(st, PodDemand(8000, 1000, 1, 1000))
+    assert pl is not None and pl.node == 1 and pl.gpus == (0,)
+    st.allocate(Placement.for_pod(1, (0,), PodDemand(8000, 1000, 1, 300)))
+    st.allocate(Placement.for_pod(1, (1,), PodDemand(8000, 1000, 1, 600)))
+    pl = pol.choose(st, PodDemand(1000, 1000, 1, 300))
+    assert pl is not None and pl.node == 1 and pl.gpus == (1,)
+    # CPU and model feasibility: only "c" is a T node.
+    pl = pol.choose(st, PodDemand(1000, 10, 2, 1000, frozenset({"T"})))
+    assert pl is not None and pl.node == 2 and pl.gpus == (0, 1)
+    assert pol.choose(st, PodDemand(200_000, 10, 0, 0)) is None
 
 
 def test_bestfit_picks_tightest_node() -> None:

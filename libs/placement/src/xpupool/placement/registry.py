@@ -13,6 +13,7 @@ from xpupool.placement.policies import (
     ClusteringPolicy,
     DotProdPolicy,
     FGDPolicy,
+    FirstFitPolicy,
     PackingPolicy,
     Policy,
     PolicyContext,
@@ -32,6 +33,8 @@ POLICIES: Final[Mapping[str, PolicyFactory]] = MappingProxyType(
         "fgd": lambda ctx: FGDPolicy(ctx.typical_shapes()),
         "xpupool": lambda ctx: XpupoolPolicy.from_context(ctx),
         "xpupool-online": lambda ctx: OnlineXpupoolPolicy(),
+        # Not a published baseline: what node-name order alone is worth.
+        "firstfit": lambda ctx: FirstFitPolicy(),
     }
 )
 
