@@ -322,7 +322,6 @@ async def test_a_reply_never_carries_the_request_headers(service: Client, client
 
     publisher = Publisher(service, service.jetstream(), source="/tests/rpc")
     await serve_subject(service, RPC, answer, publisher, queue="rpc", stats=stats)
-    await service.flush()  # the subscription is on the server before the request is sent
     junk = {"X-Junk": "y" * 1_000_000}
     body = json.dumps({"name": "n" * 40_000}).encode()
     reply = await client.request(RPC.subject(tenant="acme"), body, timeout=5, headers=junk)
@@ -333,6 +332,25 @@ async def test_a_reply_never_carries_the_request_headers(service: Client, client
     again = await client.request(RPC.subject(tenant="acme"), b'{"name":"again"}', timeout=5)
     assert msgspec.json.decode(again.data, type=Answer).echo == "acme:againagainagain"
     assert not service.is_closed and stats.handled == 2
+
+
+async def test_a_subject_is_served_as_soon_as_serve_subject_returns(
+    service: Client, client: Client
+) -> None:
+    """A request sent from another connection right after ``serve_subject`` returns is answered,
+    never "no responders" (nats-py's own flush can return before the SUB reached the server)."""
+
+    async def answer(ask: Ask) -> Sequence[msgspec.Struct]:
+        return [Answer(ok=True, echo=ask.name)]
+
+    publisher = Publisher(service, service.jetstream(), source="/tests/rpc")
+    for i in range(40):
+        channel = subjects.Channel(
+            f"tests.rpc.fresh{i}", (Ask,), "Fresh.", sender="t", receivers=("t",), reply=Answer
+        )
+        await serve_subject(service, channel, answer, publisher, queue=f"fresh{i}")
+        reply = await client.request(channel.address, b'{"name":"hi"}', timeout=5)
+        assert msgspec.json.decode(reply.data, type=Answer).echo == "hi"
 
 
 async def test_a_reply_over_max_payload_is_replaced_by_a_short_error(
@@ -352,7 +370,6 @@ async def test_a_reply_over_max_payload_is_replaced_by_a_short_error(
     await serve_subject(
         service, RPC, huge, publisher, queue="hook", stats=stats, too_large_reply=too_large
     )
-    await service.flush()
     hooked = await client.request(RPC.subject(tenant="a"), b"{}", timeout=5)
     assert msgspec.json.decode(hooked.data, type=Answer) == Answer(
         ok=False, echo="response too large"
@@ -366,7 +383,6 @@ async def test_a_reply_over_max_payload_is_replaced_by_a_short_error(
         return [Answer(ok=True, echo="z" * ONE_MB)]
 
     await serve_subject(service, plain, huge_plain, publisher, queue="plain", stats=stats)
-    await service.flush()
     bare = await client.request(plain.address, b"{}", timeout=5)
     assert bare.data == b""
     assert bare.headers == {

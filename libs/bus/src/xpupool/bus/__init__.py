@@ -1,6 +1,6 @@
 """A thin, typed adapter over nats-py: connect, declare streams, publish events, run handlers."""
 
-from xpupool.bus.connection import BusSettings, connect, ensure_streams
+from xpupool.bus.connection import BusSettings, connect, ensure_streams, round_trip
 from xpupool.bus.consumer import (
     INVALID_REQUEST,
     MAX_MESSAGE_BYTES,
@@ -37,6 +37,7 @@ __all__ = [
     "connect",
     "consume_stream",
     "ensure_streams",
+    "round_trip",
     "serve_subject",
     "supervise",
     "watch_bus",

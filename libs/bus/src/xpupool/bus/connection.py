@@ -140,6 +140,20 @@ async def connect_client(
     )
 
 
+async def round_trip(nc: Client) -> None:
+    """Return once the server has processed everything ``nc`` sent before the call.
+
+    ``Client.flush()`` alone does not promise that: nats-py (2.16) writes its PING straight to
+    the socket while commands such as a new subscription's SUB wait in the pending buffer for
+    the flusher task, so the PONG can answer a PING that overtook the SUB, and a request sent
+    from another connection right after gets "no responders". The first flush's wait for its
+    PONG is a network round trip, during which the flusher writes the buffer out; a second PING
+    then goes after it on the same socket, and its PONG comes only after the SUB was applied.
+    """
+    await nc.flush()
+    await nc.flush()
+
+
 async def connect(settings: BusSettings) -> Client:
     """Connect with bounded connect timeout and unbounded reconnects, logging state changes."""
     log = get_logger().bind(nats_url=settings.url)

@@ -36,6 +36,7 @@ from nats.js.errors import NotFoundError
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from xpupool.bus.connection import round_trip
 from xpupool.bus.envelope import MSG_ID_HEADER, Envelope, ce_headers, read_envelope
 from xpupool.bus.lifecycle import BusClosed
 from xpupool.bus.publisher import MessageTooLarge, Publisher, encoded_size
@@ -556,7 +557,8 @@ async def serve_subject(
     too_large_reply: TooLargeReply | None = None,
 ) -> Any:
     """Serve a core-NATS subject in a queue group; results of the channel's reply type go back to
-    the requester, everything else is published. Returns the subscription.
+    the requester, everything else is published. Returns the subscription, once the server
+    routes the subject to it (see ``round_trip``).
 
     A reply carries the service's CloudEvents headers, never the request's. A reply that would
     exceed the server's ``max_payload`` is replaced by ``too_large_reply(reply)`` when given (and
@@ -590,7 +592,11 @@ async def serve_subject(
                             msg.reply, b"", headers=_service_error(repr(error)[:200], "500")
                         )
 
-    return await nc.subscribe(channel.pattern, queue=queue, cb=on_message)
+    subscription = await nc.subscribe(channel.pattern, queue=queue, cb=on_message)
+    # Serving means the server routes requests here: a caller told "serving" must not be
+    # answered "no responders".
+    await round_trip(nc)
+    return subscription
 
 
 __all__ = [
