@@ -15,7 +15,7 @@ import msgspec
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
 
-from xpupool.bus.connection import connect_client
+from xpupool.bus.connection import connect_client, round_trip
 from xpupool.bus.envelope import ce_headers
 from xpupool.contracts import (
     AllocationGranted,
@@ -73,6 +73,7 @@ class XpupoolClient:
         """Listen for the tenant's events (call before submitting, so no outcome is missed)."""
         events = f"{s.TENANT_SPACE}.{self.tenant or '*'}.events.>"
         self._subscriptions.append(await self.nc.subscribe(events, cb=self._on_event))
+        await round_trip(self.nc)  # listening once this returns, even for a request sent elsewhere
 
     def listen(self, listener: Callable[[TenantEvent], None]) -> None:
         """Call ``listener`` with every tenant event this client receives."""

@@ -11,6 +11,7 @@ from nats.aio.msg import Msg
 from redis.asyncio import Redis
 
 from tests.conftest import eventually
+from xpupool.bus import round_trip
 from xpupool.contracts import (
     AllocationGranted,
     JobPending,
@@ -52,6 +53,7 @@ class EventLog:
 
         for subject in self.SUBJECTS:
             await nc.subscribe(subject, cb=on_message)
+        await round_trip(nc)  # recording once this returns, whichever connection submits
 
     def of(self, kind: type[EventT], job_id: str | None = None) -> list[EventT]:
         """The recorded events of one type, optionally of one job."""
