@@ -25,6 +25,7 @@ from xpupool.devices.simulated import ProfileError
 from xpupool.devstack.servers import ServerUnavailable
 from xpupool.devstack.stack import NodeSpec
 from xpupool.ledger import Ledger
+from xpupool.runner import EXIT_LEASE_LOST, EXIT_NOT_GRANTED, RunOptions, parse_size_mib, run_job
 from xpupool.scheduler.domain import ConfigError
 
 DEFAULT_NATS = "nats://127.0.0.1:4222"
@@ -279,6 +280,86 @@ def _delegate(module: str, argv: Sequence[str]) -> int:
     return int(entry.main(list(argv)))
 
 
+def _size(text: str) -> int:
+    try:
+        return parse_size_mib(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = sub.add_parser(
+        "run",
+        help="run a command on a lease: submit, wait, run with the devices, renew, release",
+        description="Submit a job, wait for its grant (showing why it waits), run CMD with the "
+        "lease's environment, renew while it runs, release when it exits, exit with its code. "
+        f"Exit {EXIT_NOT_GRANTED}: rejected or timed out; {EXIT_LEASE_LOST}: the lease ended "
+        "under CMD (it got SIGTERM, then SIGKILL after --grace).",
+        usage="xpupool run [options] -- CMD [ARGS...]",
+    )
+    run.add_argument("--tenant", help="the tenant to run as (default $XPUPOOL_TENANT)")
+    size = run.add_mutually_exclusive_group()
+    size.add_argument("--gpus", type=int, help="whole devices (default 1; 0: host only)")
+    size.add_argument(
+        "--share", type=float, help="a fraction of one device, memory and compute (0.25)"
+    )
+    run.add_argument("--memory", type=_size, help="device memory per device (20GiB, 512MiB)")
+    run.add_argument("--compute", type=int, help="compute share per device, in percent")
+    run.add_argument("--vendor", choices=[v.value for v in Vendor])
+    run.add_argument("--model", action="append", help="an acceptable model (repeatable)")
+    run.add_argument("--queue")
+    run.add_argument("--priority", default="normal")
+    run.add_argument("--max-wait", type=float, help="give up after waiting this many seconds")
+    run.add_argument("--cpus", type=float, default=0.0, help="host CPUs on the node")
+    run.add_argument("--host-memory", type=_size, help="host memory on the node (8GiB)")
+    run.add_argument("--ttl", type=float, default=60.0, help="lease term, renewed while CMD runs")
+    run.add_argument("--grace", type=float, default=10.0, help="SIGTERM to SIGKILL, seconds")
+    run.add_argument("--job-id")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...")
+
+
+def _run_request(args: argparse.Namespace, tenant: str) -> JobRequested:
+    share = None if args.share is None else round(args.share * 100)
+    return JobRequested(
+        job_id=args.job_id or f"run-{uuid.uuid4().hex[:12]}",
+        tenant=tenant,
+        count=1 if args.gpus is None else args.gpus,
+        device=DeviceDemand(
+            memory_mib=args.memory,
+            memory_pct=share if args.memory is None else None,
+            compute_pct=args.compute if args.compute is not None else share,
+        ),
+        selector=DeviceSelector(
+            vendor=Vendor(args.vendor) if args.vendor else None, models=args.model or []
+        ),
+        host=HostDemand(cpu_milli=round(args.cpus * 1000), memory_mib=args.host_memory or 0),
+        lease_ttl_s=args.ttl,
+        priority=args.priority,
+        queue=args.queue,
+        max_wait_s=args.max_wait,
+    )
+
+
+async def _run_job(args: argparse.Namespace) -> int:
+    argv = list(args.cmd)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("xpupool run needs a command: xpupool run [options] -- CMD [ARGS...]")
+    tenant = args.tenant or os.environ.get("XPUPOOL_TENANT")
+    if not tenant:
+        raise UsageError("xpupool run needs a tenant: --tenant NAME or $XPUPOOL_TENANT")
+    if args.share is not None and not 0 < args.share <= 1:
+        raise UsageError(f"--share is a fraction of one device in (0, 1], not {args.share}")
+    try:
+        request = _run_request(args, tenant)
+    except msgspec.ValidationError as error:
+        raise UsageError(f"invalid request: {error}") from None
+    nats_url, _, _ = _urls(args)
+    async with connected(nats_url, tenant, **_nats_security(args)) as client:
+        return await run_job(client, request, argv, RunOptions(grace_s=args.grace))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(prog="xpupool", description=__doc__)
@@ -322,6 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
         )
         if name == "renew":
             cmd.add_argument("--ttl", type=float)
+
+    _add_run(sub)
 
     status = sub.add_parser("status", help="devices per node with their free and used share")
     status.add_argument("--json", action="store_true")
@@ -441,6 +524,8 @@ def _run(args: argparse.Namespace) -> int:
     match args.command:
         case "submit":
             return asyncio.run(_submit(args))
+        case "run":
+            return asyncio.run(_run_job(args))
         case "release" | "renew":
             return asyncio.run(_lease_command(args))
         case "status":
