@@ -157,8 +157,29 @@ def ref_xpupool(
         s_before = np.maximum(0.0, g_before - c_before / pol.cpu_per_gpu)
         s_after = np.maximum(0.0, g_after - cand.cpu_free / pol.cpu_per_gpu)
         cost = cost + pol.beta * (s_after - s_before)
+    if pol.demand and pol.gamma > 0 and pod.num_gpu:
+        rho = ref_pressure(pol, state)
+        claim = [min(rho[state.models[state.model_id[n]]], 1.0) for n in cand.node]
+        cost = cost + pol.gamma * pod.gpu_request_milli * np.array(claim)
     cost = np.round(cost, 6)
     return _finish(state, cand, np.flatnonzero(cost == cost.min()), pod)
+
+
+def ref_pressure(pol: XpupoolPolicy, state: ClusterState) -> dict[str, float]:
+    """``rho_m = free x sum over constraints A holding m of d_A / free_A``, one model at a time."""
+    free = {m: 0.0 for m in state.models}
+    for i in range(state.num_nodes):
+        free[state.models[state.model_id[i]]] += float(state.gpu_free[i].sum())
+    total = sum(free.values())
+    out = {}
+    for m in state.models:
+        acc = 0.0
+        for allowed, share in pol.demand.items():
+            if allowed and m in allowed:
+                f = sum(free[x] for x in state.models if x in allowed)
+                acc += share / f if f > 0 else 1e12
+        out[m] = total * acc
+    return out
 
 
 def ref_xpupool_evaluator(pol: XpupoolPolicy, state: ClusterState) -> FragEvaluator:
@@ -370,12 +391,13 @@ def test_same_decisions_on_many_identical_nodes(policy: str) -> None:
 
 
 #: sha256 of the placements (``pod,node,gpus`` lines) of seed 42 on the reduced trace, as the
-#: policies placed them before the fast paths existed (a policy change must update these).
+#: policies placed them before the fast paths existed (a policy change must update these; the
+#: gpuspec33/xpupool one was updated for the model-pressure term, checked against ref_xpupool).
 PINNED = {
     ("default", "fgd"): "2db092c19c2049bc385293487d6960de5ddbb8330e4ee0585bbc9623f859d4df",
     ("default", "xpupool"): "a64b8b50cd5a3229867122a25114bd31b82fd20f79047ad59ad5d48a76d95d3f",
     ("gpuspec33", "fgd"): "c8beda535dfb4638373865a19b350ba275c7c26f789bc24728c6b5166b4fe47a",
-    ("gpuspec33", "xpupool"): "2137529ca04751a2ee05e67833079f3bc110683457578e40c7596ac17995e979",
+    ("gpuspec33", "xpupool"): "0ac430d4db7b842729d54834c34f578228818a5f20d42a152282730c64664233",
 }
 
 

@@ -10,7 +10,7 @@ from xpupool.placement.online import OnlineXpupoolPolicy, ShapeLearner
 from xpupool.placement.ours import XpupoolPolicy
 from xpupool.placement.policies import PolicyContext
 from xpupool.placement.replay import build_fgd_workload, replay_arrivals
-from xpupool.placement.state import NodeSpec, PodDemand
+from xpupool.placement.state import ClusterState, NodeSpec, PodDemand
 from xpupool.placement.trace import TracePod
 
 SHARE = PodDemand(4_000, 1024, 1, 500)
@@ -144,3 +144,39 @@ def test_the_target_keeps_the_shapes_covering_most_of_the_weight() -> None:
     full.observe(CPU, "rare")
     both = full.distribution()
     assert both is not None and len(both.shapes) == 2
+
+
+def test_unconstrained_pods_keep_off_a_model_that_constrained_demand_claims() -> None:
+    """Once requests pinned to the small model "T" have been seen, a pod that may run anywhere
+    goes to the big model's nodes, though best fit alone prefers the small (tighter) T node."""
+    nodes = [NodeSpec(f"g{i}", 96_000, 10**6, 8, "G") for i in range(4)] + [
+        NodeSpec(f"t{i}", 16_000, 10**6, 2, "T") for i in range(4)
+    ]
+    state = ClusterState.from_nodes(nodes)
+    free_pod = PodDemand(4000, 1000, 1, 1000, name="free")
+    plain = OnlineXpupoolPolicy()
+    for i in range(50):
+        plain.observe(PodDemand(4000, 1000, 1, 1000, name=f"u{i}"))
+    pinned = OnlineXpupoolPolicy()
+    for i in range(50):
+        models = frozenset({"T"}) if i % 2 else None
+        pinned.observe(PodDemand(4000, 1000, 1, 1000, models, name=f"p{i}"))
+    inner = pinned.current()
+    assert inner is not None
+    rho = dict(zip(state.models, inner.model_pressure(state), strict=True))
+    assert rho["T"] > 1.0 > rho["G"]
+    got_plain = plain.choose(state, free_pod)
+    got_pinned = pinned.choose(state, free_pod)
+    assert got_plain is not None and state.models[state.model_id[got_plain.node]] == "T"
+    assert got_pinned is not None and state.models[state.model_id[got_pinned.node]] == "G"
+
+
+def test_learner_keeps_the_demand_of_each_constraint() -> None:
+    """``set_demand`` is each constraint's share of the GPU request (CPU-only pods excluded)."""
+    learner = ShapeLearner(half_life=1e9)
+    learner.observe(PodDemand(1000, 10, 1, 1000, frozenset({"T"})))
+    learner.observe(PodDemand(1000, 10, 3, 1000))
+    learner.observe(PodDemand(1000, 10))
+    got = learner.set_demand()
+    assert got[frozenset({"T"})] == pytest.approx(0.25)
+    assert got[None] == pytest.approx(0.75)

@@ -5,8 +5,10 @@ will see. The replay can hand it the trace's pod list; a live scheduler cannot, 
 learns the distribution from the requests themselves:
 
 * :class:`ShapeLearner` keeps an exponentially decayed histogram of the shapes observed (each
-  weighted as the offline target weights them: ``1 + GPUs requested``), plus decayed sums of CPU
-  and GPU milli for the CPU-per-GPU ratio. The decay is a *window* in requests (``half_life``):
+  weighted as the offline target weights them: ``1 + GPUs requested``; a shape carries its
+  allowed GPU models), plus decayed sums of CPU and GPU milli for the CPU-per-GPU ratio and of
+  the GPU milli requested under each model constraint, for the model pressure of
+  ``ours.XpupoolPolicy.model_pressure``. The decay is a *window* in requests (``half_life``):
   a drifting workload is followed, a stationary one converges to its true distribution. Shapes
   whose weight decays below a negligible share are dropped, so the histogram stays bounded.
 * :class:`OnlineXpupoolPolicy` places with ``ours.XpupoolPolicy`` built on the learned
@@ -27,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 
 from xpupool.placement.frag import Shape, ShapeDistribution
-from xpupool.placement.ours import XpupoolPolicy
+from xpupool.placement.ours import DEFAULT_GAMMA, XpupoolPolicy
 from xpupool.placement.state import MILLI, ClusterState, Placement, PodDemand
 
 __all__ = [
@@ -80,6 +82,8 @@ class ShapeLearner:
         self._total = 0.0
         self._cpu = 0.0
         self._gpu = 0.0
+        # Decayed GPU request per model constraint (None: unconstrained), for the model pressure.
+        self._by_set: dict[frozenset[str] | None, float] = {}
         self._seen: OrderedDict[Hashable, None] = OrderedDict()
         self.observed = 0
 
@@ -103,6 +107,8 @@ class ShapeLearner:
         if pod.num_gpu:
             self._cpu += self._scale * pod.cpu_milli
             self._gpu += self._scale * pod.gpu_request_milli
+            got = self._by_set.get(pod.allowed_models, 0.0)
+            self._by_set[pod.allowed_models] = got + self._scale * pod.gpu_request_milli
         self._scale *= self._growth
         self.observed += 1
         if self._scale > _SCALE_LIMIT:
@@ -115,6 +121,8 @@ class ShapeLearner:
             shape: w / s for shape, w in self._weights.items() if w / self._total >= _NEGLIGIBLE
         }
         self._total = sum(self._weights.values())
+        floor = _NEGLIGIBLE * self._gpu
+        self._by_set = {k: v / s for k, v in self._by_set.items() if v >= floor}
         self._cpu /= s
         self._gpu /= s
         self._scale = 1.0
@@ -148,6 +156,12 @@ class ShapeLearner:
         """The current weight of ``pod``'s shape in the distribution (0 when unseen)."""
         return self._weights.get(Shape.of(pod), 0.0) / self._total if self._total else 0.0
 
+    def set_demand(self) -> dict[frozenset[str] | None, float]:
+        """Share of the (decayed) GPU request under each model constraint; None: unconstrained."""
+        if self._gpu <= 0:
+            return {}
+        return {k: v / self._gpu for k, v in self._by_set.items()}
+
     def cpu_per_gpu(self) -> float:
         """CPU milli requested per GPU milli by the GPU requests seen (0 before any)."""
         return self._cpu / self._gpu if self._gpu > 0 else 0.0
@@ -170,8 +184,10 @@ class OnlineXpupoolPolicy:
         *,
         learn_on_choose: bool = True,
         coverage: float = TARGET_COVERAGE,
+        gamma: float = DEFAULT_GAMMA,
     ) -> None:
         self.learner = ShapeLearner(half_life, coverage)
+        self.gamma = gamma
         self.rebuild_every = max(1, rebuild_every)
         self.learn_on_choose = learn_on_choose
         self._inner: XpupoolPolicy | None = None
@@ -194,7 +210,12 @@ class OnlineXpupoolPolicy:
             dist = self.learner.distribution()
             if dist is None:
                 return None
-            self._inner = XpupoolPolicy(dist, cpu_per_gpu=self.learner.cpu_per_gpu())
+            self._inner = XpupoolPolicy(
+                dist,
+                cpu_per_gpu=self.learner.cpu_per_gpu(),
+                demand=self.learner.set_demand(),
+                gamma=self.gamma,
+            )
             self._since_rebuild = 0
             self.rebuilds += 1
         return self._inner
