@@ -19,6 +19,9 @@ from xpupool.bus.connection import connect_client, round_trip
 from xpupool.bus.envelope import ce_headers
 from xpupool.contracts import (
     AllocationGranted,
+    CancelJob,
+    CancelReply,
+    JobCancelled,
     JobPending,
     JobRejected,
     JobRequested,
@@ -34,11 +37,20 @@ from xpupool.contracts import (
 from xpupool.contracts import subjects as s
 from xpupool.contracts.access import tenant_inbox
 
-JobOutcome = AllocationGranted | JobRejected | JobTimedOut
+JobOutcome = AllocationGranted | JobRejected | JobTimedOut | JobCancelled
 TenantEvent = JobOutcome | JobPending | LeaseRenewed | LeaseEnded
 _EVENT_DECODER = decoder_for(
-    (AllocationGranted, JobRejected, JobTimedOut, JobPending, LeaseRenewed, LeaseEnded)
+    (
+        AllocationGranted,
+        JobRejected,
+        JobTimedOut,
+        JobCancelled,
+        JobPending,
+        LeaseRenewed,
+        LeaseEnded,
+    )
 )
+_CANCEL_DECODER = decoder_for((CancelReply,))
 _ENDED_DECODER = decoder_for((LeaseEnded,))
 _REPLY_DECODER = decoder_for((LeaseReply,))
 
@@ -88,13 +100,14 @@ class XpupoolClient:
             self._grants[event.lease_id] = event
         for listener in self._listeners:
             listener(event)
-        if isinstance(event, AllocationGranted | JobRejected | JobTimedOut):
+        if isinstance(event, AllocationGranted | JobRejected | JobTimedOut | JobCancelled):
             waiter = self._waiters.get(event.job_id)
             if waiter is not None and not waiter.done():
                 waiter.set_result(event)
 
     def expect(self, job_id: str) -> asyncio.Future[JobOutcome]:
-        """A future that resolves with the job's first outcome (granted, rejected, timed out)."""
+        """A future that resolves with the job's first outcome (granted, rejected, timed out,
+        cancelled)."""
         return self._waiters.setdefault(job_id, asyncio.get_running_loop().create_future())
 
     async def submit(self, request: JobRequested) -> None:
@@ -156,6 +169,14 @@ class XpupoolClient:
         secret, owner = self._holder(lease_id, secret, tenant)
         command = ReleaseLease(lease_id=lease_id, lease_secret=secret, fencing_token=token)
         return await self._lease_request(s.LEASE_RELEASE.subject(tenant=owner), command)
+
+    async def cancel(self, job_id: str, *, tenant: str | None = None) -> CancelReply:
+        """Cancel a job by request/reply: a waiting one ends ``JobCancelled``, a granted one's
+        lease ends ``released``."""
+        subject = s.JOB_CANCEL.subject(tenant=self.tenant or self._space(tenant))
+        reply = await self.nc.request(subject, encode(CancelJob(job_id=job_id)), timeout=5)
+        result: CancelReply = _CANCEL_DECODER.decode(reply.data)
+        return result
 
     async def close(self) -> None:
         """Stop listening."""

@@ -8,7 +8,8 @@ holds the terminal's foreground when there is one (so Ctrl-C, a REPL or a debugg
 ``CMD`` had been started directly); SIGINT and SIGTERM sent to the runner are forwarded to that
 group, and the lease is still released. If the lease ends under ``CMD`` (preempted, expired,
 lost with its node, released by someone holding its secret), ``CMD``'s group gets SIGTERM, then
-SIGKILL after the grace period, and the runner exits with :data:`EXIT_LEASE_LOST`.
+SIGKILL after the grace period, and the runner exits with :data:`EXIT_LEASE_LOST`. Stopped
+while the job waits, the runner cancels it.
 
 Exit codes: ``CMD``'s own (``128 + N`` when signal ``N`` killed it); :data:`EXIT_NOT_GRANTED`
 when the request was rejected or timed out (``CMD`` never ran); :data:`EXIT_LEASE_LOST`;
@@ -31,6 +32,8 @@ from typing import Any, TextIO
 from xpupool.client import TenantEvent, XpupoolClient
 from xpupool.contracts import (
     AllocationGranted,
+    CancelOutcome,
+    JobCancelled,
     JobPending,
     JobRejected,
     JobRequested,
@@ -195,10 +198,7 @@ class _Run:
                 waiters: set[asyncio.Future[Any]] = {outcome, stopped}
                 await asyncio.wait(waiters, timeout=1.0)
                 if stopped.done() and not outcome.done():
-                    self.status.done(
-                        f"stopped while {self.request.job_id} waits; it stays queued, and a "
-                        f"grant nobody renews ends after its term ({self.request.lease_ttl_s:g}s)"
-                    )
+                    await self.cancel()
                     return EXIT_INTERRUPTED
                 if not outcome.done():
                     self.status.show()
@@ -209,6 +209,9 @@ class _Run:
             where = f" ({result.field_name})" if result.field_name else ""
             detail = f": {result.detail}" if result.detail else ""
             self.status.done(f"rejected: {result.reason.value}{where}{detail}")
+            return EXIT_NOT_GRANTED
+        if isinstance(result, JobCancelled):
+            self.status.done(f"{self.request.job_id} was cancelled")
             return EXIT_NOT_GRANTED
         if isinstance(result, JobTimedOut):
             last = result.last_reason.value if result.last_reason else "unknown"
@@ -298,6 +301,23 @@ class _Run:
                 self.end_reason = self.end_reason or f"renewal refused: {refusal}"
                 self.lease_ended.set()
                 return
+
+    async def cancel(self) -> None:
+        """Stopped before the grant: take the request back (a grant that raced the cancel is
+        released by the scheduler)."""
+        job_id = self.request.job_id
+        try:
+            reply = await self.client.cancel(job_id)
+        except Exception as error:  # noqa: BLE001  (the request then waits; its grant expires)
+            self.status.done(f"stopped; cancelling {job_id} failed ({error!r})")
+            return
+        if reply.ok and reply.outcome is CancelOutcome.CANCELLED:
+            self.status.done(f"stopped; {job_id} cancelled")
+        elif reply.ok:
+            self.status.done(f"stopped; {job_id} was being granted, its lease is released")
+        else:
+            refusal = reply.error.value if reply.error else "refused"
+            self.status.done(f"stopped; cancelling {job_id} refused: {refusal} {reply.detail}")
 
     async def release(self, grant: AllocationGranted) -> None:
         try:

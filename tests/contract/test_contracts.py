@@ -48,6 +48,10 @@ EXAMPLES: list[msgspec.Struct] = [
     p.JobRejected(job_id="j1", tenant="t", field_name="count", reason=p.JobReason.INVALID_REQUEST),
     p.JobPending(job_id="j1", tenant="t", reason=p.JobReason.INSUFFICIENT_CAPACITY, since=NOW),
     p.JobTimedOut(job_id="j1", tenant="t", waited_s=3.5),
+    p.JobCancelled(job_id="j1", tenant="t", waited_s=1.5),
+    p.CancelJob(job_id="j1"),
+    p.CancelReply(ok=True, job_id="j1", outcome=p.CancelOutcome.CANCELLED),
+    p.CancelReply(ok=False, job_id="j1", error=p.CancelError.JOB_ENDED, detail="it timed out"),
     p.JobReserved(
         job_id="j1",
         lease_id="l1",
@@ -136,7 +140,7 @@ def test_payload_validates_against_published_schema(event: msgspec.Struct) -> No
 def test_every_event_type_maps_to_one_subject() -> None:
     """channel_of/subject_of resolve every payload, filling subject parameters."""
     for event in EXAMPLES:
-        if isinstance(event, p.LeaseReply):  # a reply travels on the requester's inbox
+        if isinstance(event, p.LeaseReply | p.CancelReply):  # replies travel on inboxes
             continue
         subject = subject_of(event)
         assert "{" not in subject
@@ -227,7 +231,7 @@ def test_rejections_without_a_job_id_are_not_deduplicated_together() -> None:
     assert first and second and first != second and first.startswith("j1:rejected:")
 
 
-CLIENT_SENT = (p.JobRequested, p.RenewLease, p.ReleaseLease)
+CLIENT_SENT = (p.JobRequested, p.RenewLease, p.ReleaseLease, p.CancelJob)
 
 
 @pytest.mark.parametrize(

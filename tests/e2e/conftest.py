@@ -14,6 +14,7 @@ from tests.conftest import eventually
 from xpupool.bus import round_trip
 from xpupool.contracts import (
     AllocationGranted,
+    JobCancelled,
     JobPending,
     JobRejected,
     JobTimedOut,
@@ -26,7 +27,15 @@ from xpupool.ledger import Ledger
 
 Ready = Callable[[Stack, int], Awaitable[Ledger]]
 EventT = TypeVar("EventT")
-Event = AllocationGranted | LeaseEnded | LeaseRenewed | JobRejected | JobPending | JobTimedOut
+Event = (
+    AllocationGranted
+    | LeaseEnded
+    | LeaseRenewed
+    | JobRejected
+    | JobPending
+    | JobTimedOut
+    | JobCancelled
+)
 
 
 class EventLog:
@@ -37,12 +46,21 @@ class EventLog:
         "xpupool.jobs.v1.rejected",
         "xpupool.jobs.v1.pending",
         "xpupool.jobs.v1.timed_out",
+        "xpupool.jobs.v1.cancelled",
     )
 
     def __init__(self) -> None:
         self.events: list[Event] = []
         self._decoder: Any = decoder_for(
-            (AllocationGranted, LeaseEnded, LeaseRenewed, JobRejected, JobPending, JobTimedOut)
+            (
+                AllocationGranted,
+                LeaseEnded,
+                LeaseRenewed,
+                JobRejected,
+                JobPending,
+                JobTimedOut,
+                JobCancelled,
+            )
         )
 
     async def attach(self, nc: Client) -> None:

@@ -15,10 +15,16 @@ import pytest
 from tests.conftest import eventually
 from tests.e2e.conftest import EventLog, Ready
 from xpupool.client import XpupoolClient
-from xpupool.contracts import AllocationGranted, LeaseEnded, LeaseRenewed
+from xpupool.contracts import (
+    AllocationGranted,
+    JobCancelled,
+    JobRequested,
+    LeaseEnded,
+    LeaseRenewed,
+)
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.ledger import audit
-from xpupool.runner import EXIT_LEASE_LOST, EXIT_NOT_GRANTED, parse_size_mib
+from xpupool.runner import EXIT_INTERRUPTED, EXIT_LEASE_LOST, EXIT_NOT_GRANTED, parse_size_mib
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -156,6 +162,32 @@ async def test_a_lease_ended_under_cmd_stops_it_and_says_why(
         code, _, err = await _finish(runner)
         assert code == EXIT_LEASE_LOST
         assert f"lease {grant.lease_id} ended: released" in err
+
+
+async def test_stopping_the_runner_while_it_waits_cancels_the_job(
+    make_stack: Callable[..., Stack], ready: Ready, tmp_path: Path
+) -> None:
+    stack = make_stack([NodeSpec("node-r", "1xA100-80GB")], tenants=[TENANT])
+    await ready(stack, 1)
+    marker = tmp_path / "ran"
+    async with _watching(stack) as (recorder, tenant):
+        holder = await tenant.submit_and_wait(JobRequested(job_id="holder", tenant=TENANT))
+        assert isinstance(holder, AllocationGranted)
+        runner = await _start(
+            stack, "--job-id", "run-wait", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"
+        )
+        assert runner.stderr is not None
+        line = await asyncio.wait_for(runner.stderr.readline(), 30)
+        assert b"waiting" in line, line
+        runner.send_signal(signal.SIGINT)
+        code, _, err = await _finish(runner)
+        assert code == EXIT_INTERRUPTED and "run-wait cancelled" in err
+
+        async def cancelled() -> bool:
+            return len(recorder.of(JobCancelled, "run-wait")) == 1
+
+        await eventually(cancelled)
+        assert not marker.exists()
 
 
 async def test_a_rejected_request_never_runs_cmd(

@@ -92,6 +92,17 @@ async def _submit(args: argparse.Namespace) -> int:
         return 0 if type(outcome).__name__ == "AllocationGranted" else 1
 
 
+async def _cancel(args: argparse.Namespace) -> int:
+    tenant = args.tenant or os.environ.get("XPUPOOL_TENANT")
+    if not tenant:
+        raise UsageError("xpupool cancel needs the job's tenant: --tenant NAME or $XPUPOOL_TENANT")
+    nats_url, _, _ = _urls(args)
+    async with connected(nats_url, tenant, **_nats_security(args)) as client:
+        reply = await client.cancel(args.job_id)
+    _print_json(reply)
+    return 0 if reply.ok else 1
+
+
 async def _lease_command(args: argparse.Namespace) -> int:
     nats_url, _, _ = _urls(args)
     secret = args.secret or os.environ.get("XPUPOOL_LEASE_SECRET", "")
@@ -405,6 +416,11 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--ttl", type=float)
 
     _add_run(sub)
+    cancel = sub.add_parser(
+        "cancel", help="cancel a job: a waiting one ends, a granted one's lease is released"
+    )
+    cancel.add_argument("job_id")
+    cancel.add_argument("--tenant", help="the job's tenant (default $XPUPOOL_TENANT)")
 
     status = sub.add_parser("status", help="devices per node with their free and used share")
     status.add_argument("--json", action="store_true")
@@ -526,6 +542,8 @@ def _run(args: argparse.Namespace) -> int:
             return asyncio.run(_submit(args))
         case "run":
             return asyncio.run(_run_job(args))
+        case "cancel":
+            return asyncio.run(_cancel(args))
         case "release" | "renew":
             return asyncio.run(_lease_command(args))
         case "status":

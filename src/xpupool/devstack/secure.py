@@ -78,6 +78,7 @@ LEDGER_SCRIPTS: Final[Mapping[str, tuple[str, ...]]] = {
         "reserve",
         "pend",
         "drop_pending",
+        "cancel_job",
         "request_preemption",
         "acquire",
         "release_lock",

@@ -65,10 +65,13 @@ def service_permissions(role: str) -> Permissions:
                     *_JS_API,
                     "xpupool.jobs.v1.>",
                     "xpupool.sched.v1.>",
-                    *_tenant_events("rejected", "pending", "timed_out"),
+                    *_tenant_events("rejected", "pending", "timed_out", "cancelled"),
+                    # Replies to cancel requests go to the requester's inbox, whoever it is.
+                    "_INBOX.>",
                 ),
                 subscribe=(
                     inbox,
+                    s.JOB_CANCEL.pattern,
                     s.ALLOC_ENDED.pattern,
                     s.NODE_REGISTERED.address,
                     s.DEVICE_HEALTH.address,

@@ -56,12 +56,16 @@ LeaseSecret = Annotated[
     Meta(
         min_length=1,
         max_length=128,
-        description="The lease's bearer secret (192 random bits, URL-safe base64)",
+        description="The lease's bearer secret (192 random bits as hex; opaque: compare it whole)",
     ),
 ]
 
 __all__ = [
     "AllocationGranted",
+    "CancelError",
+    "CancelJob",
+    "CancelOutcome",
+    "CancelReply",
     "DeviceDemand",
     "DeviceHealthChanged",
     "DeviceSample",
@@ -79,6 +83,7 @@ __all__ = [
     "Identifier",
     "Intent",
     "Isolation",
+    "JobCancelled",
     "JobPending",
     "JobRejected",
     "JobRequested",
@@ -199,6 +204,9 @@ class JobReason(StrEnum):
     EXCEEDS_QUOTA_LIMIT = "exceeds_quota_limit"
     INTERNAL_ERROR = "internal_error"
     """The service failed to handle the request repeatedly; the detail says how."""
+    DUPLICATE_JOB = "duplicate_job"
+    """The job id belongs to a job that has already ended; ``detail`` says how it ended. Only
+    the resubmission is refused (the earlier job's events stand): submit with a new job id."""
 
     # --- timed out, terminal ------------------------------------------------------------
     MAX_WAIT_EXCEEDED = "max_wait_exceeded"
@@ -221,6 +229,27 @@ class LeaseError(StrEnum):
     INVALID_REQUEST = "invalid_request"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     INTERNAL_ERROR = "internal_error"
+
+
+class CancelError(StrEnum):
+    """Why a cancel was refused (``CancelReply.error``). Nothing is changed."""
+
+    UNKNOWN_JOB = "unknown_job"
+    """No job of this tenant has this id (the ids of other tenants' jobs are not revealed)."""
+    JOB_ENDED = "job_ended"
+    """The job has already ended; ``detail`` says how."""
+    INVALID_REQUEST = "invalid_request"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    INTERNAL_ERROR = "internal_error"
+
+
+class CancelOutcome(StrEnum):
+    """What an accepted cancel did (``CancelReply.outcome``)."""
+
+    CANCELLED = "cancelled"
+    """The job was waiting: it left the pending queue and ended with ``JobCancelled``."""
+    RELEASING = "releasing"
+    """The job holds (or was about to hold) a lease: the lease ends ``released``."""
 
 
 class EndReason(StrEnum):
@@ -381,6 +410,42 @@ class JobTimedOut(
     tenant: Name
     waited_s: float
     last_reason: JobReason | None = None
+
+
+class JobCancelled(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.cancelled.v1"
+):
+    """A waiting request was cancelled by its tenant: terminal."""
+
+    job_id: Name
+    tenant: Name
+    waited_s: float
+
+
+class CancelJob(
+    Struct,
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+    tag_field="type",
+    tag="xpupool.job.cancel.v1",
+):
+    """Cancel one of the tenant's jobs: a waiting one ends ``JobCancelled``, a granted one's
+    lease ends ``released``. Idempotent: cancelling again while the lease ends is accepted."""
+
+    job_id: Identifier
+
+
+class CancelReply(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.cancel_reply.v1"
+):
+    """Answer to a cancel request."""
+
+    ok: bool
+    job_id: Name
+    outcome: CancelOutcome | None = None
+    error: CancelError | None = None
+    detail: Detail = ""
 
 
 class JobReserved(

@@ -90,6 +90,10 @@ JOBS_STREAM: Final = Stream(
     subjects=(f"{TENANT_SPACE}.*.jobs.requested",),
     work_queue=True,
     description="Accepted job requests until a scheduler has handled them (work queue).",
+    # Long enough for a client to retry a publish whose ack it lost; the ledger's job record
+    # (kept 7 days) is the idempotency key beyond that, so a later resubmission of an ended job
+    # reaches the scheduler and is answered (duplicate_job) instead of being dropped unanswered.
+    duplicate_window_s=10.0,
 )
 SCHED_STREAM: Final = Stream(
     name="XPUPOOL_SCHED",
@@ -103,6 +107,7 @@ EVENTS_STREAM: Final = Stream(
         "xpupool.jobs.v1.rejected",
         "xpupool.jobs.v1.pending",
         "xpupool.jobs.v1.timed_out",
+        "xpupool.jobs.v1.cancelled",
         "xpupool.alloc.v1.>",
         "xpupool.nodes.v1.registered",
         "xpupool.nodes.v1.lost",
@@ -155,6 +160,14 @@ JOB_TIMED_OUT: Final = Channel(
     "xpupool.jobs.v1.timed_out",
     (p.JobTimedOut,),
     "Operator copy. Terminal: the request waited longer than its max_wait_s.",
+    sender="scheduler",
+    receivers=("operators",),
+    stream=EVENTS_STREAM,
+)
+JOB_CANCELLED: Final = Channel(
+    "xpupool.jobs.v1.cancelled",
+    (p.JobCancelled,),
+    "Operator copy. Terminal: a waiting request was cancelled by its tenant.",
     sender="scheduler",
     receivers=("operators",),
     stream=EVENTS_STREAM,
@@ -222,6 +235,17 @@ LEASE_RELEASE: Final = Channel(
     parameters=TENANT_PARAM,
 )
 
+JOB_CANCEL: Final = Channel(
+    TENANT_SPACE + ".{tenant}.jobs.cancel",
+    (p.CancelJob,),
+    "Cancel one of {tenant}'s jobs by id (request/reply, CancelReply): a waiting job ends with "
+    "JobCancelled, a granted one's lease ends `released`.",
+    sender="upstream",
+    receivers=("scheduler",),
+    reply=p.CancelReply,
+    parameters=TENANT_PARAM,
+)
+
 # ---- what each tenant receives: its own events, in the tenant space ----------------------
 
 TENANT_JOB_REJECTED: Final = Channel(
@@ -246,6 +270,15 @@ TENANT_JOB_TIMED_OUT: Final = Channel(
     TENANT_SPACE + ".{tenant}.events.timed_out",
     (p.JobTimedOut,),
     "Terminal: the request waited longer than its max_wait_s.",
+    sender="scheduler",
+    receivers=("upstream",),
+    stream=TENANT_EVENTS_STREAM,
+    parameters=TENANT_PARAM,
+)
+TENANT_JOB_CANCELLED: Final = Channel(
+    TENANT_SPACE + ".{tenant}.events.cancelled",
+    (p.JobCancelled,),
+    "Terminal: the waiting request was cancelled (xpupool.tenant.v1.{tenant}.jobs.cancel).",
     sender="scheduler",
     receivers=("upstream",),
     stream=TENANT_EVENTS_STREAM,
@@ -342,6 +375,7 @@ TENANT_COPIES: Final[dict[str, Channel]] = {
     JOB_REJECTED.address: TENANT_JOB_REJECTED,
     JOB_PENDING.address: TENANT_JOB_PENDING,
     JOB_TIMED_OUT.address: TENANT_JOB_TIMED_OUT,
+    JOB_CANCELLED.address: TENANT_JOB_CANCELLED,
     ALLOC_GRANTED.address: TENANT_ALLOC_GRANTED,
     ALLOC_RENEWED.address: TENANT_ALLOC_RENEWED,
     ALLOC_ENDED.address: TENANT_ALLOC_ENDED,
@@ -352,6 +386,7 @@ CHANNELS: Final[tuple[Channel, ...]] = (
     JOB_REJECTED,
     JOB_PENDING,
     JOB_TIMED_OUT,
+    JOB_CANCELLED,
     JOB_RESERVED,
     LEASE_END,
     ALLOC_GRANTED,
@@ -359,6 +394,7 @@ CHANNELS: Final[tuple[Channel, ...]] = (
     ALLOC_ENDED,
     LEASE_RENEW,
     LEASE_RELEASE,
+    JOB_CANCEL,
     NODE_REGISTERED,
     NODE_HEARTBEAT,
     NODE_LOST,
@@ -369,6 +405,7 @@ CHANNELS: Final[tuple[Channel, ...]] = (
     TENANT_JOB_REJECTED,
     TENANT_JOB_PENDING,
     TENANT_JOB_TIMED_OUT,
+    TENANT_JOB_CANCELLED,
     TENANT_ALLOC_GRANTED,
     TENANT_ALLOC_RENEWED,
     TENANT_ALLOC_ENDED,
@@ -460,6 +497,9 @@ def dedup_id(event: object) -> str | None:
     match event:
         case p.JobRequested(job_id=job_id):
             return job_id
+        case p.JobRejected(reason=p.JobReason.DUPLICATE_JOB):
+            # Each resubmission gets its own answer: not a once-only transition.
+            return None
         case p.JobRejected(job_id=job_id) if job_id:
             # Two different rejections of one job id (a corrected resubmission refused again for
             # another reason) are two events; the same rejection redelivered is one.
@@ -467,6 +507,8 @@ def dedup_id(event: object) -> str | None:
             return f"{job_id}:rejected:{hashlib.sha256(what).hexdigest()[:16]}"
         case p.JobTimedOut(job_id=job_id):
             return f"{job_id}:timed_out"
+        case p.JobCancelled(job_id=job_id):
+            return f"{job_id}:cancelled"
         case p.JobReserved(job_id=job_id):
             return f"{job_id}:reserved"
         case p.AllocationGranted(lease_id=lease_id):

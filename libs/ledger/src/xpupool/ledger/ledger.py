@@ -55,8 +55,9 @@ def _decode_result(raw: bytes | str) -> ScriptResult:
 
 
 def new_lease_secret() -> str:
-    """A lease's bearer secret: 192 bits from the OS's secure source, URL-safe text."""
-    return secrets.token_urlsafe(24)
+    """A lease's bearer secret: 192 bits from the OS's secure source, as hex (never starting
+    with ``-``, which base64url text does one time in 64: a CLI would read it as an option)."""
+    return secrets.token_hex(24)
 
 
 @dataclass(frozen=True)
@@ -452,6 +453,12 @@ class Ledger:
     ) -> ScriptResult:
         """Reject a pending request for good; its terminal event goes through the outbox."""
         return await self._run("drop_pending", job_id, reason, field_name or "", detail)
+
+    async def cancel_job(self, job_id: str, tenant: str) -> ScriptResult:
+        """Cancel ``tenant``'s job: a waiting one ends (``outcome: cancelled``, its event goes
+        through the outbox), a reserved or granted one's lease is asked to end (``outcome:
+        releasing``); refused with ``unknown_job`` (none of this tenant's) or ``job_ended``."""
+        return await self._run("cancel_job", job_id, tenant)
 
     async def acquire(self, name: str, owner: str, ttl_ms: int) -> bool:
         """Take (or extend) a short advisory lock."""

@@ -17,15 +17,21 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Final
 
 import msgspec
 
 from xpupool.bus import InvalidMessage
 from xpupool.contracts import (
     IDENTIFIER_PATTERN,
+    CancelError,
+    CancelJob,
+    CancelOutcome,
+    CancelReply,
     EndLease,
     EndReason,
     Identifier,
+    JobCancelled,
     JobPending,
     JobReason,
     JobRejected,
@@ -127,8 +133,9 @@ async def admit_job(
 
     Refused at once: a payload naming another tenant, a queue the tenant may not charge, and a
     tenant over its rate or pending limits (checked atomically in the ledger, across replicas).
-    A duplicate of a job the ledger already knows past admission is ignored: the job id is the
-    idempotency key, whatever the transport did.
+    The job id is the idempotency key, whatever the transport did: a duplicate of a job that
+    waits, or whose grant is on its way, is ignored; a resubmission of a job that has ended
+    (or of another tenant's job id) is rejected ``duplicate_job``, saying how it ended.
     """
     if request.tenant is not None and request.tenant != tenant:
         return _rejected(
@@ -160,11 +167,49 @@ async def admit_job(
     )
     if not admitted.ok:
         refused = job_reason(admitted.reason)
-        if refused in (JobReason.RATE_LIMITED, JobReason.TOO_MANY_PENDING):
+        if refused in (
+            JobReason.RATE_LIMITED,
+            JobReason.TOO_MANY_PENDING,
+            JobReason.DUPLICATE_JOB,
+        ):
             return _rejected(request, tenant, refused, None, admitted.detail)
         return []  # a duplicate of a job that went further: its outcome is already out
     deps.wake.set()
     return []
+
+
+_CANCEL_ERRORS: Final = {e.value: e for e in CancelError}
+
+
+async def cancel_job(
+    command: CancelJob, deps: SchedulerDeps, *, tenant: str
+) -> Sequence[msgspec.Struct]:
+    """Cancel one of ``tenant``'s jobs (the subject's, authenticated): the ledger takes a
+    waiting job out of the queue, or asks the lease-manager to end a granted one's lease, and
+    queues the resulting event or command in the outbox in the same step."""
+    result = await deps.ledger.cancel_job(command.job_id, tenant)
+    if result.ok:
+        deps.wake.set()  # a cancelled job may have been what others waited behind
+        return [CancelReply(ok=True, job_id=command.job_id, outcome=CancelOutcome(result.outcome))]
+    error = _CANCEL_ERRORS.get(result.reason, CancelError.INTERNAL_ERROR)
+    detail = "" if error is CancelError.UNKNOWN_JOB else result.detail
+    return [CancelReply(ok=False, job_id=command.job_id, error=error, detail=detail)]
+
+
+def reject_invalid_cancel(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:
+    """A cancel that does not decode gets an error reply naming the field."""
+    error = (
+        CancelError.PAYLOAD_TOO_LARGE
+        if invalid.code == "payload_too_large"
+        else CancelError.INVALID_REQUEST
+    )
+    where = f"{invalid.field}: " if invalid.field else ""
+    return [CancelReply(ok=False, job_id="", error=error, detail=f"{where}{invalid.detail}")]
+
+
+def cancel_reply_too_large(reply: msgspec.Struct) -> CancelReply:
+    """What a requester gets instead of a reply that would not fit its server's max_payload."""
+    return CancelReply(ok=False, job_id="", error=CancelError.INTERNAL_ERROR, detail="too large")
 
 
 def reject_invalid_request(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:
@@ -418,12 +463,29 @@ async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgsp
     request = msgspec.json.decode(fields.get("request") or "{}")
     tenant = request.get("tenant", "") if isinstance(request, dict) else ""
     if kind == "end_lease":
+        if fields.get("reason") == EndReason.RELEASED.value:  # a cancel by the lease's tenant
+            return [
+                EndLease(
+                    lease_id=fields["lease_id"],
+                    reason=EndReason.RELEASED,
+                    detail=fields.get("detail", "")[:256],
+                    requested_by=f"tenant/cancel/{fields.get('job_id', '')}",
+                )
+            ]
         return [
             EndLease(
                 lease_id=fields["lease_id"],
                 reason=EndReason.PREEMPTED,
                 detail=f"preempted for {fields.get('job_id', '')}",
                 requested_by=f"scheduler/{fields.get('job_id', '')}",
+            )
+        ]
+    if kind == "cancelled":
+        return [
+            JobCancelled(
+                job_id=fields["job_id"],
+                tenant=tenant,
+                waited_s=int(fields.get("waited_ms") or 0) / 1000,
             )
         ]
     if kind == "timed_out":

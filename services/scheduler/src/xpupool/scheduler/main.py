@@ -9,7 +9,7 @@ from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 from typing import Any
 
-from xpupool.bus import DispatchStats, Publisher, consume_stream
+from xpupool.bus import DispatchStats, Publisher, consume_stream, serve_subject
 from xpupool.bus.connection import bus_settings
 from xpupool.bus.lifecycle import (
     open_bus,
@@ -110,6 +110,16 @@ async def run(settings: SchedulerSettings) -> None:
             async with AsyncExitStack() as bus_stack:
                 bus = await open_bus(
                     bus_stack, bus_settings(access.SCHEDULER, SERVICE, settings), SERVICE
+                )
+                await serve_subject(
+                    bus.nc,
+                    subjects.JOB_CANCEL,
+                    functools.partial(handlers.cancel_job, deps=deps),
+                    bus.publisher,
+                    queue=SERVICE,
+                    on_invalid=handlers.reject_invalid_cancel,
+                    stats=stats,
+                    too_large_reply=handlers.cancel_reply_too_large,
                 )
                 for channel in (
                     subjects.ALLOC_ENDED,

@@ -72,6 +72,23 @@ local function unpend(job_id)
   return request
 end
 
+-- How an ended job ended, in a few words (nil while it has not ended): what a resubmission of
+-- its id, or a cancel, is told.
+local function job_outcome(job_id)
+  local j = redis.call('HMGET', k('job', job_id), 'state', 'reason', 'lease_id')
+  if j[1] == 'ended' then
+    local reason = redis.call('HGET', k('lease', j[3] or ''), 'end_reason') or 'ended'
+    return 'its lease ' .. (j[3] or '') .. ' ended (' .. reason .. ')'
+  elseif j[1] == 'rejected' then
+    return 'it was rejected (' .. (j[2] or '') .. ')'
+  elseif j[1] == 'timed_out' then
+    return 'it timed out waiting'
+  elseif j[1] == 'cancelled' then
+    return 'it was cancelled'
+  end
+  return nil
+end
+
 -- Ends one lease: gives every slice, host share and quota unit back, records why, and queues the
 -- terminal event in the lease-manager's outbox. Idempotent: an ended lease stays ended.
 local function end_lease(lease_id, reason, detail, now)

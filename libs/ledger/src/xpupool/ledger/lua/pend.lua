@@ -3,10 +3,21 @@
 -- detail, tenant, rate_per_s (<= 0: unlimited), burst, max_pending (< 0: unlimited).
 -- The score orders by priority, then arrival in seconds (both exact in a double).
 -- A new request of a tenant over its rate (a token bucket kept as its theoretical arrival time,
--- GCRA) or at its maximum of pending requests is refused before anything is written.
+-- GCRA) or at its maximum of pending requests is refused before anything is written. A
+-- resubmission of a job that has ended (or of another tenant's job id) is refused with
+-- duplicate_job, saying how the earlier job ended.
 local jk = k('job', ARGV[1])
-local state = redis.call('HGET', jk, 'state')
-if state and state ~= 'pending' then return cjson.encode({ok = false, reason = 'job_' .. state}) end
+local state, owner = unpack(redis.call('HMGET', jk, 'state', 'tenant'))
+if state and owner and owner ~= ARGV[7] then
+  -- Job ids are global: another tenant's id is refused without a word about that job.
+  return fail('duplicate_job', 'this job id is taken; submit with a new one')
+end
+if state and state ~= 'pending' then
+  local ended = job_outcome(ARGV[1])
+  if ended then return fail('duplicate_job', 'job ' .. ARGV[1] .. ' already ended: ' .. ended) end
+  -- Reserved or leased: the first submission's outcome is on its way (or out).
+  return cjson.encode({ok = false, reason = 'job_' .. state})
+end
 if state == 'pending' then
   -- A duplicate of a waiting job: the first admission stands, its recorded reason too.
   return cjson.encode({ok = true, duplicate = true})
