@@ -185,3 +185,50 @@ def test_backfill_short_jobs_may_use_held_nodes():
     out = dict(decide_batch([gang, long, short], snap, cfg))
     assert isinstance(out["long"], Wait) and out["long"].reason is Reason.CAPACITY_RESERVED
     assert isinstance(out["short"], Reserve)
+
+
+def _weighted_backlog(weight_a: float, weight_b: float, jobs: int, waited: bool) -> list[str]:
+    """Two queues weighted ``weight_a``:``weight_b``, ``jobs`` one-device requests each (queue a's
+    submitted first, so arrival order alone would favour it), eight devices free."""
+    cfg = with_queues(
+        default_config(),
+        QueueConfig(name="a", weight=weight_a),
+        QueueConfig(name="b", weight=weight_b),
+    )
+    snap = snapshot(node("n", "A100", 8), now=NOW)
+    start = NOW - 300.0 if waited else NOW
+    reqs = [PendingRequest(job(f"a{i}", tenant="a"), start + i) for i in range(jobs)]
+    reqs += [PendingRequest(job(f"b{i}", tenant="b"), start + jobs + i) for i in range(jobs)]
+    return reserved(decide_batch(reqs, snap, cfg))
+
+
+def test_weights_share_freed_capacity_two_to_one_with_aging_on():
+    """The scenario that used to alternate 4:4: two queues weighted 2:1, twelve jobs each, eight
+    devices free. Aging (on by default) must not let arrival order override the weights."""
+    for waited in (False, True):
+        got = _weighted_backlog(2.0, 1.0, 12, waited)
+        a = sum(1 for j in got if j.startswith("a"))
+        assert len(got) == 8 and a in (5, 6), (waited, got)
+    # And the other way round: the weight decides, not who came first.
+    got = _weighted_backlog(1.0, 2.0, 12, True)
+    assert sum(1 for j in got if j.startswith("b")) in (5, 6), got
+
+
+def test_aging_still_lifts_a_starving_request_above_lighter_queues():
+    """A low-priority request of the heavier-used queue that waited long enough to climb above
+    the fresh request's class is served before it, though its queue holds more; aged only into
+    the same class, the queues' shares decide again."""
+    cfg = replace(
+        with_queues(default_config(), QueueConfig(name="a", weight=1.0), QueueConfig(name="b")),
+        aging=AgingConfig(rate_per_s=1.0, max_boost=1000.0),
+    )
+    snap = snapshot(
+        node("n", "A100", 4),
+        leases=tuple(lease(f"a{i}", [f"n/{i}"], tenant="a", queue="a") for i in range(3)),
+        now=NOW,
+    )
+    old = PendingRequest(job("old-low", tenant="a", priority="low"), NOW - 850)  # 950: high
+    fresh = PendingRequest(job("fresh", tenant="b"), NOW)
+    assert reserved(decide_batch([fresh, old], snap, cfg)) == ["old-low"]
+    young = replace(old, enqueued_at_s=NOW - 450)  # 550: the normal band, like the fresh one
+    assert reserved(decide_batch([fresh, young], snap, cfg)) == ["fresh"]

@@ -25,7 +25,9 @@ from xpupool.scheduler.domain.config import SchedulerConfig, default_config
 from xpupool.scheduler.domain.fairshare import (
     FairOrder,
     FairShareHistory,
+    HeadKey,
     effective_priority,
+    priority_bands,
     share_path,
 )
 from xpupool.scheduler.domain.matching import Demand, make_demand, never_fits
@@ -603,10 +605,14 @@ def decide_batch(
         prio_of[r.job_id] = effective_priority(p, ctx.now_s - it.enqueued_at_s, cfg.aging)
         groups.setdefault(q, []).append(it)
 
-    def head_key(it: PendingRequest) -> tuple[int, float, float, str]:
+    bands = priority_bands(cfg)
+
+    def head_key(it: PendingRequest) -> HeadKey:
+        priority = prio_of[it.request.job_id]
         return (
             0 if it.nominated else 1,
-            -prio_of[it.request.job_id],
+            -bands(priority),
+            -priority,
             it.enqueued_at_s,
             it.request.job_id,
         )

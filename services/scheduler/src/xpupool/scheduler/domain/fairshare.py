@@ -13,12 +13,19 @@ request), and the key is re-evaluated after every reservation, so a queue that j
 falls behind. The key, smaller first:
 
 1. requests whose victims are already being preempted (so the freed capacity is theirs);
-2. effective priority, highest first: the class number plus *aging*
-   (``aging.rate_per_s`` x seconds waited, at most ``aging.max_boost``). Aging only orders; it
-   never grants preemption rights;
+2. the priority *band*, highest first: the highest priority class the request's effective
+   priority has reached. The effective priority is the class number plus *aging*
+   (``aging.rate_per_s`` x seconds waited, at most ``aging.max_boost``), so aging lifts a
+   request into a higher class once it has waited long enough, a bounded boost that prevents
+   starvation, but between requests of one band it decides nothing: were the continuous value
+   compared here, the longest-waiting head would always win and arrival order would override
+   the weights. Aging only orders; it never grants preemption rights;
 3. queues still below their guarantee before borrowers;
-4. the hierarchical weighted dominant share, lowest first;
-5. arrival time, then job id (deterministic replay).
+4. the hierarchical weighted dominant share, lowest first, so two queues weighted 2:1 with equal
+   backlogs get about 2:1 of what frees up;
+5. the effective priority itself, then arrival time, then job id (deterministic replay).
+
+Within one queue, requests go by band, effective priority (aging included) and arrival.
 
 **No starvation of large requests.** Aging makes a large request climb above the stream of small
 ones; once it has waited ``starvation.after_s`` and still does not fit, it *holds* the node (or
@@ -30,6 +37,7 @@ nodes. At most ``starvation.max_holds`` requests hold nodes at once.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -131,7 +139,21 @@ def effective_priority(priority: int, waited_s: float, aging: AgingConfig) -> fl
     return priority + min(aging.max_boost, aging.rate_per_s * max(0.0, waited_s))
 
 
-OrderKey = tuple[int, float, int, tuple[float, ...], float, str]
+def priority_bands(config: SchedulerConfig) -> Callable[[float], float]:
+    """``band(effective priority)``: the highest priority class value it has reached (the
+    lowest class value when below every class, as an explicit number may be)."""
+    values = sorted(set(config.priority_classes.values()))
+
+    def band(priority: float) -> float:
+        i = bisect.bisect_right(values, priority)
+        return float(values[i - 1]) if i else priority
+
+    return band
+
+
+#: Within-queue order of a request: (nominated first, -band, -effective priority, arrival, id).
+HeadKey = tuple[int, float, float, float, str]
+OrderKey = tuple[int, float, int, tuple[float, ...], float, float, str]
 
 
 T = TypeVar("T")
@@ -140,15 +162,16 @@ T = TypeVar("T")
 class FairOrder(Generic[T]):
     """Yields pending items queue by queue in fair-share order, re-keying after each decision.
 
-    ``head_key(item)`` gives the within-queue part (nominated, -effective priority, arrival,
-    job id); ``queue_key(queue)`` the live part (below guarantee, share path). The heap is lazy:
-    a popped entry whose key went stale is re-pushed instead of served.
+    ``head_key(item)`` gives the within-queue part (:data:`HeadKey`); ``queue_key(queue)`` the
+    live part (below guarantee, share path), which ranks queues after the band and before the
+    effective priority (see the module docstring). The heap is lazy: a popped entry whose key
+    went stale is re-pushed instead of served.
     """
 
     def __init__(
         self,
         groups: dict[str, list[T]],
-        head_key: Callable[[T], tuple[int, float, float, str]],
+        head_key: Callable[[T], HeadKey],
         queue_key: Callable[[str], tuple[int, tuple[float, ...]]],
     ) -> None:
         self._groups = {q: sorted(items, key=head_key, reverse=True) for q, items in groups.items()}
@@ -159,9 +182,9 @@ class FairOrder(Generic[T]):
             heapq.heappush(self._heap, (self._key(q), q))
 
     def _key(self, q: str) -> OrderKey:
-        nominated, neg_prio, arrival, job = self._head_key(self._groups[q][-1])
+        nominated, neg_band, neg_prio, arrival, job = self._head_key(self._groups[q][-1])
         below, shares = self._queue_key(q)
-        return (nominated, neg_prio, below, shares, arrival, job)
+        return (nominated, neg_band, below, shares, neg_prio, arrival, job)
 
     def __iter__(self) -> Iterator[T]:
         while self._heap:
