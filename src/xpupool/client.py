@@ -21,14 +21,19 @@ from xpupool.contracts import (
     AllocationGranted,
     CancelJob,
     CancelReply,
+    GetLease,
     JobCancelled,
+    JobList,
     JobPending,
     JobRejected,
     JobRequested,
     JobTimedOut,
     LeaseEnded,
+    LeaseList,
     LeaseRenewed,
     LeaseReply,
+    ListJobs,
+    ListLeases,
     ReleaseLease,
     RenewLease,
     decoder_for,
@@ -51,6 +56,8 @@ _EVENT_DECODER = decoder_for(
     )
 )
 _CANCEL_DECODER = decoder_for((CancelReply,))
+_JOBS_DECODER = decoder_for((JobList,))
+_LEASES_DECODER = decoder_for((LeaseList,))
 _ENDED_DECODER = decoder_for((LeaseEnded,))
 _REPLY_DECODER = decoder_for((LeaseReply,))
 
@@ -176,6 +183,31 @@ class XpupoolClient:
         subject = s.JOB_CANCEL.subject(tenant=self.tenant or self._space(tenant))
         reply = await self.nc.request(subject, encode(CancelJob(job_id=job_id)), timeout=5)
         result: CancelReply = _CANCEL_DECODER.decode(reply.data)
+        return result
+
+    async def _query(self, subject: str, command: msgspec.Struct) -> bytes:
+        reply = await self.nc.request(subject, encode(command), timeout=5)
+        data: bytes = reply.data
+        return data
+
+    async def jobs(self, limit: int = 50, *, tenant: str | None = None) -> JobList:
+        """The tenant's latest jobs, newest first, with their state and why they wait."""
+        subject = s.JOB_LIST.subject(tenant=self.tenant or self._space(tenant))
+        result: JobList = _JOBS_DECODER.decode(await self._query(subject, ListJobs(limit=limit)))
+        return result
+
+    async def leases(self, limit: int = 50, *, tenant: str | None = None) -> LeaseList:
+        """The tenant's live leases, newest first (no secrets)."""
+        subject = s.LEASE_LIST.subject(tenant=self.tenant or self._space(tenant))
+        data = await self._query(subject, ListLeases(limit=limit))
+        result: LeaseList = _LEASES_DECODER.decode(data)
+        return result
+
+    async def lease(self, lease_id: str, *, tenant: str | None = None) -> LeaseList:
+        """One of the tenant's leases by id (``error: unknown_lease`` if it is not one)."""
+        subject = s.LEASE_GET.subject(tenant=self.tenant or self._space(tenant))
+        data = await self._query(subject, GetLease(lease_id=lease_id))
+        result: LeaseList = _LEASES_DECODER.decode(data)
         return result
 
     async def close(self) -> None:

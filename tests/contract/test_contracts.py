@@ -50,6 +50,36 @@ EXAMPLES: list[msgspec.Struct] = [
     p.JobTimedOut(job_id="j1", tenant="t", waited_s=3.5),
     p.JobCancelled(job_id="j1", tenant="t", waited_s=1.5),
     p.CancelJob(job_id="j1"),
+    p.ListJobs(limit=10),
+    p.JobList(
+        ok=True,
+        jobs=[
+            p.JobInfo(
+                job_id="j1",
+                state=p.JobState.PENDING,
+                reason=p.JobReason.INSUFFICIENT_CAPACITY,
+                since=NOW,
+            )
+        ],
+    ),
+    p.GetLease(lease_id="l1"),
+    p.ListLeases(),
+    p.LeaseList(
+        ok=True,
+        leases=[
+            p.LeaseInfo(
+                lease_id="l1",
+                job_id="j1",
+                state=p.LeaseState.ACTIVE,
+                fencing_token=7,
+                slices=[SLICE],
+                host=[p.HostShare(node_id="n1", cpu_milli=1000)],
+                granted_at=NOW,
+                expires_at=NOW,
+            )
+        ],
+    ),
+    p.LeaseList(ok=False, error=p.QueryError.UNKNOWN_LEASE),
     p.CancelReply(ok=True, job_id="j1", outcome=p.CancelOutcome.CANCELLED),
     p.CancelReply(ok=False, job_id="j1", error=p.CancelError.JOB_ENDED, detail="it timed out"),
     p.JobReserved(
@@ -140,7 +170,7 @@ def test_payload_validates_against_published_schema(event: msgspec.Struct) -> No
 def test_every_event_type_maps_to_one_subject() -> None:
     """channel_of/subject_of resolve every payload, filling subject parameters."""
     for event in EXAMPLES:
-        if isinstance(event, p.LeaseReply | p.CancelReply):  # replies travel on inboxes
+        if isinstance(event, p.LeaseReply | p.CancelReply | p.JobList | p.LeaseList):  # replies
             continue
         subject = subject_of(event)
         assert "{" not in subject
@@ -231,7 +261,15 @@ def test_rejections_without_a_job_id_are_not_deduplicated_together() -> None:
     assert first and second and first != second and first.startswith("j1:rejected:")
 
 
-CLIENT_SENT = (p.JobRequested, p.RenewLease, p.ReleaseLease, p.CancelJob)
+CLIENT_SENT = (
+    p.JobRequested,
+    p.RenewLease,
+    p.ReleaseLease,
+    p.CancelJob,
+    p.ListJobs,
+    p.GetLease,
+    p.ListLeases,
+)
 
 
 @pytest.mark.parametrize(

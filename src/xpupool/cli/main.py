@@ -92,10 +92,45 @@ async def _submit(args: argparse.Namespace) -> int:
         return 0 if type(outcome).__name__ == "AllocationGranted" else 1
 
 
-async def _cancel(args: argparse.Namespace) -> int:
-    tenant = args.tenant or os.environ.get("XPUPOOL_TENANT")
+def _tenant(args: argparse.Namespace) -> str:
+    tenant: str | None = args.tenant or os.environ.get("XPUPOOL_TENANT")
     if not tenant:
-        raise UsageError("xpupool cancel needs the job's tenant: --tenant NAME or $XPUPOOL_TENANT")
+        raise UsageError(f"xpupool {args.command} needs a tenant: --tenant NAME or $XPUPOOL_TENANT")
+    return tenant
+
+
+async def _jobs(args: argparse.Namespace) -> int:
+    tenant = _tenant(args)
+    nats_url, _, _ = _urls(args)
+    async with connected(nats_url, tenant, **_nats_security(args)) as client:
+        listed = await client.jobs(args.limit)
+    if args.json or not listed.ok:
+        _print_json(listed)
+        return 0 if listed.ok else 1
+    for job in listed.jobs:
+        since = job.since.strftime("%Y-%m-%d %H:%M:%S") if job.since else "-"
+        why = job.reason.value if job.reason else ""
+        print(f"{job.job_id:<40} {job.state.value:<10} {since}  {job.lease_id or ''} {why}")
+    return 0
+
+
+async def _leases(args: argparse.Namespace) -> int:
+    tenant = _tenant(args)
+    nats_url, _, _ = _urls(args)
+    async with connected(nats_url, tenant, **_nats_security(args)) as client:
+        listed = await (client.lease(args.lease_id) if args.lease_id else client.leases(args.limit))
+    if args.json or not listed.ok:
+        _print_json(listed)
+        return 0 if listed.ok else 1
+    for lease in listed.leases:
+        where = ", ".join(f"{x.node_id}/{x.device_id}" for x in lease.slices) or "host only"
+        until = lease.expires_at.strftime("%H:%M:%S") if lease.expires_at else "-"
+        print(f"{lease.lease_id:<44} {lease.job_id:<32} {lease.state.value:<8} {until}  {where}")
+    return 0
+
+
+async def _cancel(args: argparse.Namespace) -> int:
+    tenant = _tenant(args)
     nats_url, _, _ = _urls(args)
     async with connected(nats_url, tenant, **_nats_security(args)) as client:
         reply = await client.cancel(args.job_id)
@@ -421,6 +456,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cancel.add_argument("job_id")
     cancel.add_argument("--tenant", help="the job's tenant (default $XPUPOOL_TENANT)")
+    jobs = sub.add_parser("jobs", help="your jobs, newest first: waiting (and why), running, ended")
+    jobs.add_argument("--tenant", help="default $XPUPOOL_TENANT")
+    jobs.add_argument("--limit", type=int, default=50)
+    jobs.add_argument("--json", action="store_true")
+    leases = sub.add_parser("leases", help="your live leases (or one, with --id)")
+    leases.add_argument("--tenant", help="default $XPUPOOL_TENANT")
+    leases.add_argument("--id", dest="lease_id", help="one lease, ended ones too")
+    leases.add_argument("--limit", type=int, default=50)
+    leases.add_argument("--json", action="store_true")
 
     status = sub.add_parser("status", help="devices per node with their free and used share")
     status.add_argument("--json", action="store_true")
@@ -544,6 +588,10 @@ def _run(args: argparse.Namespace) -> int:
             return asyncio.run(_run_job(args))
         case "cancel":
             return asyncio.run(_cancel(args))
+        case "jobs":
+            return asyncio.run(_jobs(args))
+        case "leases":
+            return asyncio.run(_leases(args))
         case "release" | "renew":
             return asyncio.run(_lease_command(args))
         case "status":

@@ -103,6 +103,8 @@ DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
         "smembers",
         "smismember",
         "zrange",
+        # tenant_jobs (redis-py sends ZREVRANGE for zrange(desc=True))
+        "zrevrange",
         "mget",
         "get",
         # note_pending
@@ -115,7 +117,15 @@ DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
         "zrangebyscore",
         "time",
     ),
-    access.LEASE_MANAGER: (*_RELAY_COMMANDS, "hgetall", "smembers", "time"),
+    # get_lease/leases; tenant_leases: its jobs (zrevrange), their live leases (smismember)
+    access.LEASE_MANAGER: (
+        *_RELAY_COMMANDS,
+        "hgetall",
+        "smembers",
+        "zrevrange",
+        "smismember",
+        "time",
+    ),
     access.TELEMETRY_COLLECTOR: ("hgetall", "smembers"),
 }
 

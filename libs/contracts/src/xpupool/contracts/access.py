@@ -72,6 +72,7 @@ def service_permissions(role: str) -> Permissions:
                 subscribe=(
                     inbox,
                     s.JOB_CANCEL.pattern,
+                    s.JOB_LIST.pattern,
                     s.ALLOC_ENDED.pattern,
                     s.NODE_REGISTERED.address,
                     s.DEVICE_HEALTH.address,
@@ -87,7 +88,13 @@ def service_permissions(role: str) -> Permissions:
                     # Replies to lease commands go to the requester's inbox, whoever it is.
                     "_INBOX.>",
                 ),
-                subscribe=(inbox, s.LEASE_RENEW.pattern, s.LEASE_RELEASE.pattern),
+                subscribe=(
+                    inbox,
+                    s.LEASE_RENEW.pattern,
+                    s.LEASE_RELEASE.pattern,
+                    s.LEASE_GET.pattern,
+                    s.LEASE_LIST.pattern,
+                ),
             )
         case "telemetry-collector":
             return Permissions(

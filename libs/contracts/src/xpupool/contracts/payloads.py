@@ -61,6 +61,17 @@ LeaseSecret = Annotated[
 ]
 
 __all__ = [
+    "GetLease",
+    "JobInfo",
+    "JobList",
+    "JobState",
+    "LeaseInfo",
+    "LeaseList",
+    "LeaseState",
+    "ListJobs",
+    "ListLeases",
+    "QueryError",
+    "MAX_QUERY_LIMIT",
     "AllocationGranted",
     "CancelError",
     "CancelJob",
@@ -250,6 +261,38 @@ class CancelOutcome(StrEnum):
     """The job was waiting: it left the pending queue and ended with ``JobCancelled``."""
     RELEASING = "releasing"
     """The job holds (or was about to hold) a lease: the lease ends ``released``."""
+
+
+class QueryError(StrEnum):
+    """Why a query was refused (``JobList.error``, ``LeaseList.error``)."""
+
+    UNKNOWN_LEASE = "unknown_lease"
+    """No lease of this tenant has this id (other tenants' leases are not revealed)."""
+    INVALID_REQUEST = "invalid_request"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    INTERNAL_ERROR = "internal_error"
+
+
+class JobState(StrEnum):
+    """Where a job stands (``JobInfo.state``)."""
+
+    PENDING = "pending"
+    RESERVED = "reserved"
+    """Slices are held for it; the lease is being granted."""
+    LEASED = "leased"
+    ENDED = "ended"
+    """Its lease ended (``LeaseInfo.end_reason`` says why)."""
+    REJECTED = "rejected"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+
+class LeaseState(StrEnum):
+    """Where a lease stands (``LeaseInfo.state``)."""
+
+    RESERVED = "reserved"
+    ACTIVE = "active"
+    ENDED = "ended"
 
 
 class EndReason(StrEnum):
@@ -445,6 +488,98 @@ class CancelReply(
     job_id: Name
     outcome: CancelOutcome | None = None
     error: CancelError | None = None
+    detail: Detail = ""
+
+
+#: Most entries one query answers (a reply must fit the server's max_payload).
+MAX_QUERY_LIMIT = 100
+
+
+class ListJobs(
+    Struct,
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+    tag_field="type",
+    tag="xpupool.job.list.v1",
+):
+    """The tenant's jobs, newest first: waiting (with why), running, and recently ended (the
+    ledger keeps a job's record for 7 days)."""
+
+    limit: Annotated[int, Meta(ge=1, le=MAX_QUERY_LIMIT)] = 50
+
+
+class JobInfo(Struct, frozen=True, kw_only=True):
+    """One job as the ledger knows it."""
+
+    job_id: str
+    state: JobState
+    reason: JobReason | None = None
+    """Why it waits (pending), or why it was rejected or timed out."""
+    detail: str = ""
+    since: Timestamp | None = None
+    """When it was admitted."""
+    lease_id: str | None = None
+
+
+class JobList(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.list_reply.v1"):
+    """Answer to ``ListJobs``."""
+
+    ok: bool
+    jobs: list[JobInfo] = field(default_factory=list)
+    error: QueryError | None = None
+    detail: Detail = ""
+
+
+class GetLease(
+    Struct,
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+    tag_field="type",
+    tag="xpupool.lease.get.v1",
+):
+    """One of the tenant's leases by id (ended ones too, while the ledger keeps them)."""
+
+    lease_id: Identifier
+
+
+class ListLeases(
+    Struct,
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+    tag_field="type",
+    tag="xpupool.lease.list.v1",
+):
+    """The tenant's live leases (reserved or active), newest first."""
+
+    limit: Annotated[int, Meta(ge=1, le=MAX_QUERY_LIMIT)] = 50
+
+
+class LeaseInfo(Struct, frozen=True, kw_only=True):
+    """One lease, without its secret."""
+
+    lease_id: str
+    job_id: str
+    state: LeaseState
+    fencing_token: int
+    slices: list[DeviceSlice] = field(default_factory=list)
+    host: list[HostShare] = field(default_factory=list)
+    granted_at: Timestamp | None = None
+    expires_at: Timestamp | None = None
+    end_reason: EndReason | None = None
+    ended_at: Timestamp | None = None
+
+
+class LeaseList(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.lease.list_reply.v1"
+):
+    """Answer to ``GetLease`` (one entry) and ``ListLeases``."""
+
+    ok: bool
+    leases: list[LeaseInfo] = field(default_factory=list)
+    error: QueryError | None = None
     detail: Detail = ""
 
 

@@ -246,6 +246,34 @@ JOB_CANCEL: Final = Channel(
     parameters=TENANT_PARAM,
 )
 
+JOB_LIST: Final = Channel(
+    TENANT_SPACE + ".{tenant}.jobs.list",
+    (p.ListJobs,),
+    "{tenant}'s jobs, newest first, with their state and why they wait (request/reply, JobList).",
+    sender="upstream",
+    receivers=("scheduler",),
+    reply=p.JobList,
+    parameters=TENANT_PARAM,
+)
+LEASE_GET: Final = Channel(
+    TENANT_SPACE + ".{tenant}.leases.get",
+    (p.GetLease,),
+    "One of {tenant}'s leases by id, without its secret (request/reply, LeaseList).",
+    sender="upstream",
+    receivers=("lease-manager",),
+    reply=p.LeaseList,
+    parameters=TENANT_PARAM,
+)
+LEASE_LIST: Final = Channel(
+    TENANT_SPACE + ".{tenant}.leases.list",
+    (p.ListLeases,),
+    "{tenant}'s live leases, newest first, without secrets (request/reply, LeaseList).",
+    sender="upstream",
+    receivers=("lease-manager",),
+    reply=p.LeaseList,
+    parameters=TENANT_PARAM,
+)
+
 # ---- what each tenant receives: its own events, in the tenant space ----------------------
 
 TENANT_JOB_REJECTED: Final = Channel(
@@ -395,6 +423,9 @@ CHANNELS: Final[tuple[Channel, ...]] = (
     LEASE_RENEW,
     LEASE_RELEASE,
     JOB_CANCEL,
+    JOB_LIST,
+    LEASE_GET,
+    LEASE_LIST,
     NODE_REGISTERED,
     NODE_HEARTBEAT,
     NODE_LOST,

@@ -634,20 +634,34 @@ class Ledger:
         """One lease, or None."""
         return (await self.get_leases([lease_id]))[0]
 
+    async def tenant_job_ids(self, tenant: str, limit: int) -> list[str]:
+        """The ids of ``tenant``'s latest jobs (newest first, at most ``limit``)."""
+        ids = await self._redis.zrange(self.key("tenant-jobs", tenant), 0, limit - 1, desc=True)
+        return [_str(i) for i in ids]
+
+    async def tenant_jobs(self, tenant: str, limit: int) -> list[JobRecord]:
+        """``tenant``'s latest jobs, newest first (those whose record the ledger still keeps)."""
+        job_ids = await self.tenant_job_ids(tenant, limit)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hgetall(self.key("job", job_id))
+            rows = await pipe.execute()
+        return [_job(j, row) for j, row in zip(job_ids, rows, strict=True) if row]
+
+    async def tenant_leases(self, tenant: str, limit: int) -> list[LeaseRecord]:
+        """``tenant``'s live leases (reserved or active), newest first, at most ``limit``: read
+        through its latest jobs (a tenant holds at most as many leases as it has jobs)."""
+        jobs = await self.tenant_jobs(tenant, 1000)
+        lease_ids = [j.lease_id for j in jobs if j.lease_id and j.state in ("reserved", "leased")]
+        leases = await self.live_leases(lease_ids)
+        return [lease for lease in leases if lease is not None and lease.tenant == tenant][:limit]
+
     async def get_job(self, job_id: str) -> JobRecord | None:
         """What the ledger knows about a job id."""
         row = await self._redis.hgetall(self.key("job", job_id))
         if not row:
             return None
-        r = {_str(a): _str(b) for a, b in row.items()}
-        return JobRecord(
-            job_id=job_id,
-            state=r.get("state", ""),
-            lease_id=r.get("lease_id") or None,
-            reason=r.get("reason", ""),
-            detail=r.get("detail", ""),
-            since_ms=_int(r.get("since_ms")) or None,
-        )
+        return _job(job_id, row)
 
     async def usage(self, scope: str) -> dict[str, float]:
         """A quota scope's counters."""
@@ -708,6 +722,18 @@ _USAGE_DECODER = msgspec.json.Decoder(list[UsageClaim])
 def _json_map(raw: str | None) -> str:
     """cjson writes an empty map as ``[]``; read that back as ``{}``."""
     return "{}" if not raw or raw == "[]" else raw
+
+
+def _job(job_id: str, row: dict[Any, Any]) -> JobRecord:
+    r = {_str(a): _str(b) for a, b in row.items()}
+    return JobRecord(
+        job_id=job_id,
+        state=r.get("state", ""),
+        lease_id=r.get("lease_id") or None,
+        reason=r.get("reason", ""),
+        detail=r.get("detail", ""),
+        since_ms=_int(r.get("since_ms")) or None,
+    )
 
 
 def _lease(lease_id: str, row: dict[Any, Any]) -> LeaseRecord:

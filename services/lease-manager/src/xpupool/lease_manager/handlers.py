@@ -16,13 +16,19 @@ from xpupool.contracts import (
     AllocationGranted,
     EndLease,
     EndReason,
+    GetLease,
     HostShare,
     JobReserved,
     LeaseEnded,
     LeaseError,
+    LeaseInfo,
+    LeaseList,
     LeaseRenewed,
     LeaseReply,
+    LeaseState,
+    ListLeases,
     NodeLost,
+    QueryError,
     ReleaseLease,
     RenewLease,
 )
@@ -83,6 +89,61 @@ async def release_lease(
     if not result.ok:
         return [_refusal(command.lease_id, tenant, result)]
     return [LeaseReply(ok=True, lease_id=command.lease_id)]
+
+
+def lease_info(lease: LeaseRecord) -> LeaseInfo:
+    """A lease as its tenant may see it: everything but the secret."""
+    states = {s.value: s for s in LeaseState}
+    reasons = {r.value: r for r in EndReason}
+    active = lease.state == LeaseState.ACTIVE.value
+    return LeaseInfo(
+        lease_id=lease.lease_id,
+        job_id=lease.job_id,
+        state=states.get(lease.state, LeaseState.ENDED),
+        fencing_token=lease.token,
+        slices=[s.to_contract() for s in lease.slices],
+        host=[
+            HostShare(node_id=node_id, cpu_milli=h.cpu_milli, memory_mib=h.memory_mib)
+            for node_id, h in sorted(lease.host.items())
+        ],
+        granted_at=_time(lease.granted_ms) if lease.granted_ms else None,
+        expires_at=_time(lease.expires_ms) if active and lease.expires_ms else None,
+        end_reason=reasons.get(lease.end_reason or ""),
+        ended_at=_time(lease.ended_ms) if lease.ended_ms else None,
+    )
+
+
+async def get_lease(command: GetLease, ledger: Ledger, *, tenant: str) -> Sequence[msgspec.Struct]:
+    """One of ``tenant``'s leases (the subject's, authenticated); another tenant's is as unknown
+    as one that never existed."""
+    lease = await ledger.get_lease(command.lease_id)
+    if lease is None or lease.tenant != tenant:
+        return [LeaseList(ok=False, error=QueryError.UNKNOWN_LEASE)]
+    return [LeaseList(ok=True, leases=[lease_info(lease)])]
+
+
+async def list_leases(
+    command: ListLeases, ledger: Ledger, *, tenant: str
+) -> Sequence[msgspec.Struct]:
+    """``tenant``'s live leases, newest first."""
+    leases = await ledger.tenant_leases(tenant, command.limit)
+    return [LeaseList(ok=True, leases=[lease_info(lease) for lease in leases])]
+
+
+def reject_invalid_query(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:
+    """A lease query that does not decode gets an error reply naming the field."""
+    error = (
+        QueryError.PAYLOAD_TOO_LARGE
+        if invalid.code == "payload_too_large"
+        else QueryError.INVALID_REQUEST
+    )
+    where = f"{invalid.field}: " if invalid.field else ""
+    return [LeaseList(ok=False, error=error, detail=f"{where}{invalid.detail}")]
+
+
+def query_reply_too_large(reply: msgspec.Struct) -> LeaseList:
+    """What a requester gets instead of a list that would not fit its server's max_payload."""
+    return LeaseList(ok=False, error=QueryError.INTERNAL_ERROR, detail="reply too large")
 
 
 def reject_invalid_command(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:

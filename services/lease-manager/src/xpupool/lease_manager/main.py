@@ -82,6 +82,20 @@ async def run(settings: LeaseManagerSettings) -> None:
                         stats=stats,
                         too_large_reply=handlers.reply_too_large,
                     )
+                for channel, query in (
+                    (subjects.LEASE_GET, handlers.get_lease),
+                    (subjects.LEASE_LIST, handlers.list_leases),
+                ):
+                    await serve_subject(
+                        bus.nc,
+                        channel,
+                        functools.partial(query, ledger=ledger),
+                        bus.publisher,
+                        queue=SERVICE,
+                        on_invalid=handlers.reject_invalid_query,
+                        stats=stats,
+                        too_large_reply=handlers.query_reply_too_large,
+                    )
                 relay = OutboxRelay(
                     ledger,
                     SERVICE,

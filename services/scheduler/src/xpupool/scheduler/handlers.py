@@ -32,12 +32,17 @@ from xpupool.contracts import (
     EndReason,
     Identifier,
     JobCancelled,
+    JobInfo,
+    JobList,
     JobPending,
     JobReason,
     JobRejected,
     JobRequested,
     JobReserved,
+    JobState,
     JobTimedOut,
+    ListJobs,
+    QueryError,
     decoder_for,
 )
 from xpupool.ledger import (
@@ -194,6 +199,45 @@ async def cancel_job(
     error = _CANCEL_ERRORS.get(result.reason, CancelError.INTERNAL_ERROR)
     detail = "" if error is CancelError.UNKNOWN_JOB else result.detail
     return [CancelReply(ok=False, job_id=command.job_id, error=error, detail=detail)]
+
+
+_JOB_STATES: Final = {s.value: s for s in JobState}
+
+
+async def list_jobs(
+    command: ListJobs, deps: SchedulerDeps, *, tenant: str
+) -> Sequence[msgspec.Struct]:
+    """``tenant``'s latest jobs (the subject's, authenticated), newest first, each with its
+    state and, while it waits, why."""
+    records = await deps.ledger.tenant_jobs(tenant, command.limit)
+    jobs = [
+        JobInfo(
+            job_id=r.job_id,
+            state=_JOB_STATES.get(r.state, JobState.ENDED),
+            reason=job_reason(r.reason) if r.state != "leased" else None,
+            detail=r.detail[:256] if r.state != "leased" else "",
+            since=datetime.fromtimestamp(r.since_ms / 1000, tz=UTC) if r.since_ms else None,
+            lease_id=r.lease_id,
+        )
+        for r in records
+    ]
+    return [JobList(ok=True, jobs=jobs)]
+
+
+def reject_invalid_list(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:
+    """A job query that does not decode gets an error reply naming the field."""
+    error = (
+        QueryError.PAYLOAD_TOO_LARGE
+        if invalid.code == "payload_too_large"
+        else QueryError.INVALID_REQUEST
+    )
+    where = f"{invalid.field}: " if invalid.field else ""
+    return [JobList(ok=False, error=error, detail=f"{where}{invalid.detail}")]
+
+
+def list_reply_too_large(reply: msgspec.Struct) -> JobList:
+    """What a requester gets instead of a list that would not fit its server's max_payload."""
+    return JobList(ok=False, error=QueryError.INTERNAL_ERROR, detail="reply too large")
 
 
 def reject_invalid_cancel(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:

@@ -113,6 +113,16 @@ async def run(settings: SchedulerSettings) -> None:
                 )
                 await serve_subject(
                     bus.nc,
+                    subjects.JOB_LIST,
+                    functools.partial(handlers.list_jobs, deps=deps),
+                    bus.publisher,
+                    queue=SERVICE,
+                    on_invalid=handlers.reject_invalid_list,
+                    stats=stats,
+                    too_large_reply=handlers.list_reply_too_large,
+                )
+                await serve_subject(
+                    bus.nc,
                     subjects.JOB_CANCEL,
                     functools.partial(handlers.cancel_job, deps=deps),
                     bus.publisher,

@@ -42,6 +42,12 @@ local since = now
 redis.call('HSET', jk, 'state', 'pending', 'since_ms', since, 'reason', ARGV[5], 'detail', ARGV[6],
   'tenant', tenant)
 redis.call('EXPIRE', jk, RETAIN_S)
+-- The tenant's jobs, newest last, for its queries: as long as job records live, at most 1,000.
+local tk = k('tenant-jobs', tenant)
+redis.call('ZADD', tk, since, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', tk, '-inf', since - RETAIN_S * 1000)
+redis.call('ZREMRANGEBYRANK', tk, 0, -1001)
+redis.call('EXPIRE', tk, RETAIN_S)
 redis.call('ZADD', k('pending'), 'NX', -tonumber(ARGV[2]) * 1e10 + since / 1000, ARGV[1])
 redis.call('HINCRBY', k('pending-count'), tenant, 1)
 redis.call('SET', k('pending-req', ARGV[1]), ARGV[3])

@@ -1,0 +1,111 @@
+"""Tenant queries by request/reply: its jobs, its leases, one lease; nobody else's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from tests.conftest import eventually
+from tests.e2e.conftest import Ready
+from xpupool.contracts import (
+    AllocationGranted,
+    JobRequested,
+    JobState,
+    LeaseState,
+    QueryError,
+)
+from xpupool.contracts import subjects as s
+from xpupool.devstack.stack import NodeSpec, Stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+OWNER, OTHER = "alpha", "beta"
+
+
+@pytest.fixture(params=["plain", "secure"])
+def stack_security(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def test_a_tenant_sees_its_jobs_and_leases_and_no_one_elses(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
+    stack = make_stack([NodeSpec("node-q", "1xA100-80GB")], tenants=[OWNER, OTHER])
+    await ready(stack, 1)
+    async with stack.client(OWNER) as owner, stack.client(OTHER) as other:
+        grant = await owner.submit_and_wait(JobRequested(job_id="q-run", tenant=OWNER))
+        assert isinstance(grant, AllocationGranted)
+        await owner.submit(JobRequested(job_id="q-wait", tenant=OWNER))
+
+        async def listed() -> dict[str, JobState]:
+            jobs = (await owner.jobs()).jobs
+            states = {j.job_id: j.state for j in jobs}
+            decided = any(j.reason and j.reason.value != "queued" for j in jobs)
+            return states if states.get("q-wait") is JobState.PENDING and decided else {}
+
+        assert await eventually(listed) == {"q-wait": JobState.PENDING, "q-run": JobState.LEASED}
+        (waiting, running) = (await owner.jobs()).jobs  # newest first
+        assert waiting.job_id == "q-wait" and waiting.reason is not None
+        assert waiting.reason.value == "insufficient_capacity"
+        assert running.lease_id == grant.lease_id and running.reason is None
+
+        leases = await owner.leases()
+        (lease,) = leases.leases
+        assert lease.lease_id == grant.lease_id and lease.state is LeaseState.ACTIVE
+        assert lease.fencing_token == grant.fencing_token and lease.slices == grant.slices
+        one = await owner.lease(grant.lease_id)
+        assert one.ok and one.leases == [lease]
+        assert grant.lease_secret and grant.lease_secret not in str(leases)
+
+        # Another tenant: nothing of alpha's, not even that the lease exists.
+        assert (await other.jobs()).jobs == []
+        assert (await other.leases()).leases == []
+        foreign = await other.lease(grant.lease_id)
+        assert not foreign.ok and foreign.error is QueryError.UNKNOWN_LEASE
+
+        # Ended leases can still be looked up by id.
+        assert (await owner.release(grant.lease_id, grant.fencing_token)).ok
+
+        async def ended() -> bool:
+            got = (await owner.lease(grant.lease_id)).leases
+            return bool(got) and got[0].state is LeaseState.ENDED
+
+        await eventually(ended)
+        (after,) = (await owner.lease(grant.lease_id)).leases
+        assert after.end_reason is not None and after.end_reason.value == "released"
+
+        # A malformed query is answered, naming the field.
+        raw = await owner.nc.request(s.JOB_LIST.subject(tenant=OWNER), b'{"limit": 0}', timeout=5)
+        bad = json.loads(raw.data)
+        assert bad["ok"] is False and bad["error"] == "invalid_request" and "limit" in bad["detail"]
+
+
+async def test_cli_jobs_and_leases(make_stack: Callable[..., Stack], ready: Ready) -> None:
+    stack = make_stack([NodeSpec("node-q", "1xA100-80GB")], tenants=[OWNER])
+    await ready(stack, 1)
+    async with stack.client(OWNER) as owner:
+        grant = await owner.submit_and_wait(JobRequested(job_id="cli-q", tenant=OWNER))
+        assert isinstance(grant, AllocationGranted)
+    env = dict(os.environ, XPUPOOL_TENANT=OWNER)
+    if stack.material is not None:
+        env.update(stack.tenant_env(OWNER))
+    else:
+        env["XPUPOOL_NATS_URL"] = stack.nats_url or ""
+    for command, needle in (("jobs", "cli-q"), ("leases", grant.lease_id)):
+        done = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "xpupool.cli.main",
+            command,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(done.communicate(), 60)
+        assert done.returncode == 0, err.decode()
+        assert needle in out.decode()
