@@ -29,6 +29,7 @@ from xpupool.contracts import (
     JobRequested,
     JobTimedOut,
     LeaseEnded,
+    LeaseEnding,
     LeaseList,
     LeaseRenewed,
     LeaseReply,
@@ -43,7 +44,7 @@ from xpupool.contracts import subjects as s
 from xpupool.contracts.access import tenant_inbox
 
 JobOutcome = AllocationGranted | JobRejected | JobTimedOut | JobCancelled
-TenantEvent = JobOutcome | JobPending | LeaseRenewed | LeaseEnded
+TenantEvent = JobOutcome | JobPending | LeaseRenewed | LeaseEnding | LeaseEnded
 _EVENT_DECODER = decoder_for(
     (
         AllocationGranted,
@@ -52,6 +53,7 @@ _EVENT_DECODER = decoder_for(
         JobCancelled,
         JobPending,
         LeaseRenewed,
+        LeaseEnding,
         LeaseEnded,
     )
 )

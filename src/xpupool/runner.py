@@ -39,6 +39,7 @@ from xpupool.contracts import (
     JobRequested,
     JobTimedOut,
     LeaseEnded,
+    LeaseEnding,
 )
 
 __all__ = [
@@ -159,6 +160,8 @@ class _Run:
         self.stop_signal = signal.SIGTERM
         self.lease_ended = asyncio.Event()
         self.end_reason = ""
+        self.warning: LeaseEnding | None = None
+        self.warned = asyncio.Event()
         self.grant: AllocationGranted | None = None
 
     def on_event(self, event: TenantEvent) -> None:
@@ -166,7 +169,12 @@ class _Run:
             return
         if isinstance(event, JobPending) and self.grant is None:
             self.status.waiting(event)
-        elif isinstance(event, LeaseEnded) and self.grant and event.lease_id == self.grant.lease_id:
+        # The job's lease events may arrive before ``wait_for_grant`` has resumed with the grant
+        # (a short maximum run time is warned right away): they are the job's, whatever came first.
+        elif isinstance(event, LeaseEnding) and self.warning is None:
+            self.warning = event
+            self.warned.set()
+        elif isinstance(event, LeaseEnded):
             self.end_reason = event.reason.value + (f" ({event.detail})" if event.detail else "")
             self.lease_ended.set()
 
@@ -260,14 +268,27 @@ class _Run:
         try:
             while not exited.done():
                 stopped = asyncio.ensure_future(self.stop.wait())
-                waiters: set[asyncio.Future[Any]] = {exited, stopped, ended}
+                warned = asyncio.ensure_future(self.warned.wait())
+                waiters: set[asyncio.Future[Any]] = {exited, stopped, ended, warned}
                 await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
                 stopped.cancel()
+                warned.cancel()
                 if exited.done():
                     break
                 if self.stop.is_set():
                     self.stop.clear()
                     _signal_group(child.pid, self.stop_signal)
+                    continue
+                if self.warned.is_set() and not self.lease_ended.is_set():
+                    # Warned before the lease ends (maximum run time): CMD gets SIGTERM now and
+                    # the time until the deadline to finish; the run counts as cut short.
+                    self.warned.clear()
+                    assert self.warning is not None
+                    self.status.done(
+                        f"lease {grant.lease_id} ends at {self.warning.deadline:%H:%M:%S} "
+                        f"({self.warning.reason.value}); sending SIGTERM"
+                    )
+                    _signal_group(child.pid, signal.SIGTERM)
                     continue
                 # The lease ended under CMD (or a renewal found it gone).
                 self.status.done(f"lease {grant.lease_id} ended: {self.end_reason}; stopping")
@@ -284,6 +305,9 @@ class _Run:
         code = _exit_code(exited.result())
         if not self.lease_ended.is_set():
             await self.release(grant)
+        if self.warning is not None:
+            self.status.done(f"stopped by {self.warning.reason.value} (command exited {code})")
+            return EXIT_LEASE_LOST
         return code
 
     async def renew_loop(self, grant: AllocationGranted) -> None:

@@ -49,6 +49,14 @@ EXAMPLES: list[msgspec.Struct] = [
     p.JobPending(job_id="j1", tenant="t", reason=p.JobReason.INSUFFICIENT_CAPACITY, since=NOW),
     p.JobTimedOut(job_id="j1", tenant="t", waited_s=3.5),
     p.JobCancelled(job_id="j1", tenant="t", waited_s=1.5),
+    p.LeaseEnding(
+        job_id="j1",
+        lease_id="l1",
+        tenant="t",
+        reason=p.EndReason.MAX_RUNTIME,
+        deadline=NOW,
+        fencing_token=7,
+    ),
     p.CancelJob(job_id="j1"),
     p.ListJobs(limit=10),
     p.JobList(

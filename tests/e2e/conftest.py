@@ -19,6 +19,7 @@ from xpupool.contracts import (
     JobRejected,
     JobTimedOut,
     LeaseEnded,
+    LeaseEnding,
     LeaseRenewed,
     decoder_for,
 )
@@ -35,6 +36,7 @@ Event = (
     | JobPending
     | JobTimedOut
     | JobCancelled
+    | LeaseEnding
 )
 
 
@@ -60,6 +62,7 @@ class EventLog:
                 JobPending,
                 JobTimedOut,
                 JobCancelled,
+                LeaseEnding,
             )
         )
 

@@ -161,3 +161,29 @@ def test_tenant_limits_and_priority_names_are_validated() -> None:
         parse_config({"priority_classes": {"urgent": 950, "normal": 500}})
     with pytest.raises(ConfigError, match="tenant_limits.x.colour"):
         parse_config({"tenant_limits": {"x": {"colour": 1}}})
+
+
+def test_a_tenant_on_several_queues_defaults_to_its_own_or_the_first():
+    """Queue-level ``tenants`` lists say who may charge a queue; a tenant listed on several
+    defaults to the queue named after it, else to the first listing it (not the last), and
+    the top-level ``tenants`` mapping overrides both."""
+    cfg = parse_config(
+        {
+            "queues": [
+                {"name": "long", "tenants": ["research", "ops"]},
+                {"name": "research", "tenants": ["research"], "max_runtime_s": 2.5},
+                {"name": "short", "tenants": ["ops"]},
+            ]
+        }
+    )
+    assert cfg.resolve_queue("research", None) == "research"
+    assert cfg.resolve_queue("ops", None) == "long"
+    research = cfg.queue("research")
+    assert research is not None and research.max_runtime_s == 2.5
+    mapped = parse_config(
+        {
+            "tenants": {"ops": "short"},
+            "queues": [{"name": "long", "tenants": ["ops"]}, {"name": "short"}],
+        }
+    )
+    assert mapped.resolve_queue("ops", None) == "short"

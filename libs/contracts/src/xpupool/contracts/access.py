@@ -84,7 +84,7 @@ def service_permissions(role: str) -> Permissions:
                     *_JS_API,
                     "xpupool.alloc.v1.>",
                     s.NODE_LOST.address,
-                    *_tenant_events("granted", "renewed", "ended.>"),
+                    *_tenant_events("granted", "renewed", "ending", "ended.>"),
                     # Replies to lease commands go to the requester's inbox, whoever it is.
                     "_INBOX.>",
                 ),

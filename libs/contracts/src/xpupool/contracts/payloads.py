@@ -101,6 +101,7 @@ __all__ = [
     "JobReserved",
     "JobTimedOut",
     "LeaseEnded",
+    "LeaseEnding",
     "LeaseOverused",
     "LeaseRenewed",
     "LeaseReply",
@@ -302,6 +303,8 @@ class EndReason(StrEnum):
     EXPIRED = "expired"
     PREEMPTED = "preempted"
     LOST = "lost"
+    MAX_RUNTIME = "max_runtime"
+    """It reached the request's or the queue's maximum run time."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -397,6 +400,9 @@ class JobRequested(
     queue: Identifier | None = None
     priority: Priority = Priority.NORMAL
     max_wait_s: Annotated[float, Meta(gt=0, le=30 * 24 * 3600)] | None = None
+    max_runtime_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] | None = None
+    """The longest the lease may live, renewals included (the queue's limit, if smaller, wins):
+    a ``LeaseEnding`` warning comes first, then the lease ends ``max_runtime``."""
     expected_duration_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] | None = None
     intent: Intent = Intent.CHEAPEST
     labels: Annotated[dict[LabelKey, LabelValue], Meta(max_length=32)] = field(default_factory=dict)
@@ -660,6 +666,21 @@ class LeaseRenewed(
     fencing_token: int
     expires_at: Timestamp
     tenant: str = ""
+
+
+class LeaseEnding(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.alloc.ending.v1"
+):
+    """Warning: the lease will end at ``deadline`` for ``reason`` (``max_runtime``), renewed or
+    not. Save your work; a release before then ends it ``released``."""
+
+    job_id: str
+    lease_id: str
+    tenant: str
+    reason: EndReason
+    deadline: Timestamp
+    fencing_token: int
+    detail: Detail = ""
 
 
 class LeaseEnded(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.alloc.ended.v1"):

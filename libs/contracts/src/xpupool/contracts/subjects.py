@@ -204,6 +204,14 @@ ALLOC_RENEWED: Final = Channel(
     receivers=("operators",),
     stream=EVENTS_STREAM,
 )
+ALLOC_ENDING: Final = Channel(
+    "xpupool.alloc.v1.ending",
+    (p.LeaseEnding,),
+    "Operator copy. A lease will end at its deadline (max_runtime), renewed or not.",
+    sender="lease-manager",
+    receivers=("operators",),
+    stream=EVENTS_STREAM,
+)
 ALLOC_ENDED: Final = Channel(
     "xpupool.alloc.v1.ended.{reason}",
     (p.LeaseEnded,),
@@ -212,7 +220,7 @@ ALLOC_ENDED: Final = Channel(
     sender="lease-manager",
     receivers=("operators", "scheduler"),
     stream=EVENTS_STREAM,
-    parameters={"reason": "released | expired | preempted | lost"},
+    parameters={"reason": "released | expired | preempted | lost | max_runtime"},
 )
 LEASE_RENEW: Final = Channel(
     TENANT_SPACE + ".{tenant}.leases.renew",
@@ -331,6 +339,15 @@ TENANT_ALLOC_RENEWED: Final = Channel(
     stream=TENANT_EVENTS_STREAM,
     parameters=TENANT_PARAM,
 )
+TENANT_ALLOC_ENDING: Final = Channel(
+    TENANT_SPACE + ".{tenant}.events.ending",
+    (p.LeaseEnding,),
+    "Warning: the lease ends at `deadline` (max_runtime) whatever the renewals; save your work.",
+    sender="lease-manager",
+    receivers=("upstream",),
+    stream=TENANT_EVENTS_STREAM,
+    parameters=TENANT_PARAM,
+)
 TENANT_ALLOC_ENDED: Final = Channel(
     TENANT_SPACE + ".{tenant}.events.ended.{reason}",
     (p.LeaseEnded,),
@@ -338,7 +355,7 @@ TENANT_ALLOC_ENDED: Final = Channel(
     sender="lease-manager",
     receivers=("upstream",),
     stream=TENANT_EVENTS_STREAM,
-    parameters={**TENANT_PARAM, "reason": "released | expired | preempted | lost"},
+    parameters={**TENANT_PARAM, "reason": "released | expired | preempted | lost | max_runtime"},
 )
 NODE_REGISTERED: Final = Channel(
     "xpupool.nodes.v1.registered",
@@ -406,6 +423,7 @@ TENANT_COPIES: Final[dict[str, Channel]] = {
     JOB_CANCELLED.address: TENANT_JOB_CANCELLED,
     ALLOC_GRANTED.address: TENANT_ALLOC_GRANTED,
     ALLOC_RENEWED.address: TENANT_ALLOC_RENEWED,
+    ALLOC_ENDING.address: TENANT_ALLOC_ENDING,
     ALLOC_ENDED.address: TENANT_ALLOC_ENDED,
 }
 
@@ -419,6 +437,7 @@ CHANNELS: Final[tuple[Channel, ...]] = (
     LEASE_END,
     ALLOC_GRANTED,
     ALLOC_RENEWED,
+    ALLOC_ENDING,
     ALLOC_ENDED,
     LEASE_RENEW,
     LEASE_RELEASE,
@@ -439,6 +458,7 @@ CHANNELS: Final[tuple[Channel, ...]] = (
     TENANT_JOB_CANCELLED,
     TENANT_ALLOC_GRANTED,
     TENANT_ALLOC_RENEWED,
+    TENANT_ALLOC_ENDING,
     TENANT_ALLOC_ENDED,
 )
 
@@ -546,6 +566,8 @@ def dedup_id(event: object) -> str | None:
             return f"{lease_id}:granted"
         case p.LeaseRenewed(lease_id=lease_id, expires_at=expires_at):
             return f"{lease_id}:renewed:{expires_at.timestamp():.3f}"
+        case p.LeaseEnding(lease_id=lease_id, reason=reason):
+            return f"{lease_id}:ending:{reason.value}"
         case p.LeaseEnded(lease_id=lease_id):
             return f"{lease_id}:ended"
         case p.EndLease(lease_id=lease_id, reason=reason):

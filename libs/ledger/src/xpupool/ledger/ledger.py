@@ -129,6 +129,8 @@ class Reservation(msgspec.Struct, frozen=True):
     slices: list[SliceClaim]
     host: dict[str, HostClaim] = msgspec.field(default_factory=dict)
     usage: list[UsageClaim] = msgspec.field(default_factory=list)
+    #: The longest the lease may live from its grant, renewals included (0: unbounded).
+    max_runtime_ms: int = 0
 
 
 class TakenSlice(msgspec.Struct, frozen=True):
@@ -212,6 +214,8 @@ class LeaseRecord:
     usage: list[UsageClaim] = field(default_factory=list)
     preempted_for: str = ""
     secret: str = field(default="", repr=False)
+    #: When the lease ends whatever the renewals (its maximum run time; None: unbounded).
+    deadline_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -502,8 +506,14 @@ class Ledger:
         return await self._run("end", lease_id, reason, "", "", "", detail)
 
     async def expire_due(self, limit: int = 256) -> ScriptResult:
-        """End leases and reservations whose term has passed."""
+        """End leases and reservations whose term has passed (``max_runtime`` for those at their
+        deadline, ``expired`` for the rest)."""
         return await self._run("expire", limit)
+
+    async def warn_deadlines(self, warning_ms: int, limit: int = 256) -> ScriptResult:
+        """Queue a ``LeaseEnding`` warning (once per lease) for every lease whose maximum run time
+        ends within ``warning_ms``."""
+        return await self._run("warn_deadlines", warning_ms, limit)
 
     # ---- reads -------------------------------------------------------------------------------
 
@@ -759,4 +769,5 @@ def _lease(lease_id: str, row: dict[Any, Any]) -> LeaseRecord:
         usage=_USAGE_DECODER.decode(r.get("usage") or "[]") if r.get("usage") != "{}" else [],
         preempted_for=r.get("preempted_for", ""),
         secret=r.get("secret", ""),
+        deadline_ms=_int(r.get("deadline_ms")) or None,
     )

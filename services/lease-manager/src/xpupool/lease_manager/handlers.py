@@ -20,6 +20,7 @@ from xpupool.contracts import (
     HostShare,
     JobReserved,
     LeaseEnded,
+    LeaseEnding,
     LeaseError,
     LeaseInfo,
     LeaseList,
@@ -209,6 +210,19 @@ async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgsp
                 tenant=lease.tenant,
                 fencing_token=lease.token,
                 expires_at=_time(expires_ms),
+            )
+        ]
+    if kind == "ending":
+        deadline_ms = int(fields.get("deadline_ms") or lease.deadline_ms or lease.expires_ms)
+        return [
+            LeaseEnding(
+                job_id=lease.job_id,
+                lease_id=lease.lease_id,
+                tenant=lease.tenant,
+                reason=EndReason(fields.get("reason") or EndReason.MAX_RUNTIME.value),
+                deadline=_time(deadline_ms),
+                fencing_token=lease.token,
+                detail="the lease ends at its maximum run time, renewed or not",
             )
         ]
     if kind == "ended":

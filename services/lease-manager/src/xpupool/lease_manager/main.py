@@ -24,12 +24,16 @@ from xpupool.obs import configure_logging, configure_tracing, get_logger, load_s
 SERVICE = "lease-manager"
 
 
-async def expire_leases(ledger: Ledger, interval_s: float, stop: asyncio.Event) -> None:
+async def expire_leases(
+    ledger: Ledger, interval_s: float, warning_s: float, stop: asyncio.Event
+) -> None:
     """End leases whose term passed on the ledger's clock; nothing outlives its term by more
-    than ``interval_s`` plus one script run."""
+    than ``interval_s`` plus one script run. Leases whose maximum run time ends within
+    ``warning_s`` are warned first (``LeaseEnding``, once each)."""
     log = get_logger()
     while not stop.is_set():
         try:
+            await ledger.warn_deadlines(int(warning_s * 1000))
             await ledger.expire_due()
         except Exception as error:  # noqa: BLE001  (Redis away: try again next tick)
             log.warning("expiry_failed", error=repr(error))
@@ -122,7 +126,12 @@ async def run(settings: LeaseManagerSettings) -> None:
                         stats=stats,
                     ),
                     relay.run(run_stop),
-                    expire_leases(ledger, settings.expiry_interval_s, run_stop),
+                    expire_leases(
+                        ledger,
+                        settings.expiry_interval_s,
+                        settings.max_runtime_warning_s,
+                        run_stop,
+                    ),
                     reap_nodes(
                         ledger, settings.node_grace_s, settings.node_check_interval_s, run_stop
                     ),

@@ -345,6 +345,7 @@ def reservation_of(
         owner=reserve.owner,
         ttl_ms=int(reserve.lease_ttl_s * 1000),
         hold_ms=int(hold_s * 1000),
+        max_runtime_ms=0 if reserve.max_runtime_s is None else int(reserve.max_runtime_s * 1000),
         slices=[
             SliceClaim(
                 device_id=s.device_id,

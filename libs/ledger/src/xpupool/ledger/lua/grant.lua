@@ -2,7 +2,8 @@
 -- ARGV[1]: lease_id, ARGV[2]: the lease secret its holder must present (random, from the caller:
 -- Lua has no source of secure randomness); a duplicate grant keeps the first secret.
 local lk = k('lease', ARGV[1])
-local l = redis.call('HMGET', lk, 'state', 'ttl_ms', 'token', 'expires_ms', 'job_id')
+local l = redis.call('HMGET', lk, 'state', 'ttl_ms', 'token', 'expires_ms', 'job_id',
+  'max_runtime_ms')
 if not l[1] then return fail('unknown_lease', ARGV[1]) end
 if l[1] == 'active' then
   return cjson.encode({ok = true, duplicate = true, token = tonumber(l[3]),
@@ -12,6 +13,12 @@ if l[1] ~= 'reserved' then return fail('lease_' .. l[1], ARGV[1]) end
 local now = now_ms()
 local token = redis.call('INCR', k('fence'))
 local expires = now + tonumber(l[2])
+local max_runtime = tonumber(l[6] or '0') or 0
+if max_runtime > 0 then
+  -- The term never runs past the maximum run time; renewals are capped there too.
+  expires = math.min(expires, now + max_runtime)
+  redis.call('HSET', lk, 'deadline_ms', now + max_runtime)
+end
 redis.call('HSET', lk, 'state', 'active', 'token', token, 'granted_ms', now, 'expires_ms', expires,
   'secret', ARGV[2])
 redis.call('ZADD', k('expiry'), expires, ARGV[1])

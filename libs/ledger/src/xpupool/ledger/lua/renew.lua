@@ -6,6 +6,8 @@ local refusal = holder_refusal(lk, ARGV[1], ARGV[2], ARGV[3], ARGV[4], now)
 if refusal then return refusal end
 local ttl = tonumber(ARGV[5] ~= '' and ARGV[5] or redis.call('HGET', lk, 'ttl_ms'))
 local expires = now + ttl
+local deadline = tonumber(redis.call('HGET', lk, 'deadline_ms') or '')
+if deadline then expires = math.min(expires, deadline) end
 redis.call('HSET', lk, 'expires_ms', expires)
 redis.call('ZADD', k('expiry'), expires, ARGV[1])
 redis.call('XADD', k('outbox', 'lease-manager'), '*', 'kind', 'renewed', 'lease_id', ARGV[1],

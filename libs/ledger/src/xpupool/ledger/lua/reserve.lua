@@ -78,7 +78,8 @@ local slices_json = #taken > 0 and cjson.encode(taken) or '[]'
 redis.call('HSET', lk, 'job_id', r.job_id, 'tenant', r.tenant, 'owner', r.owner,
   'queue', r.queue, 'priority', r.priority, 'state', 'reserved', 'slices', slices_json,
   'host', cjson.encode(r.host), 'usage', cjson.encode(r.usage), 'ttl_ms', r.ttl_ms,
-  'created_ms', now, 'expires_ms', now + r.hold_ms, 'token', 0)
+  'created_ms', now, 'expires_ms', now + r.hold_ms, 'token', 0,
+  'max_runtime_ms', r.max_runtime_ms or 0)
 redis.call('ZADD', k('expiry'), now + r.hold_ms, r.lease_id)
 redis.call('SADD', k('leases'), r.lease_id)
 redis.call('HSET', jk, 'state', 'reserved', 'lease_id', r.lease_id)

@@ -84,7 +84,8 @@ class QueueConfig:
     """One queue of the tree. ``None`` limits mean unlimited.
 
     ``over_quota`` allows borrowing idle capacity beyond the guarantee (reclaimable);
-    ``preemptible`` lets the queue's leases be preempted at all.
+    ``preemptible`` lets the queue's leases be preempted at all; ``max_runtime_s`` bounds how
+    long its leases live, renewals included (a request's own limit, if smaller, wins).
     """
 
     name: str
@@ -98,6 +99,7 @@ class QueueConfig:
     placement: str | None = None
     preemptible: bool = True
     children: tuple[str, ...] = ()
+    max_runtime_s: float | None = None
 
     @property
     def is_leaf(self) -> bool:
@@ -349,6 +351,7 @@ _QUEUE_KEYS = frozenset(
         "over_quota",
         "placement",
         "preemptible",
+        "max_runtime_s",
         "tenants",
         "children",
     }
@@ -494,7 +497,9 @@ def parse_config(
             tenant = c.string(t, f"{where}.tenants")
             queue_tenants.setdefault(name, set()).add(tenant)
             if tenant != "*":
-                tenants[tenant] = name
+                # A tenant listed on several queues defaults to the first (or, below, to the
+                # one named after it); ``tenants:`` at the top maps it explicitly.
+                tenants.setdefault(tenant, name)
         kids_raw = q.get("children", []) or []
         if not isinstance(kids_raw, list):
             raise c.fail(f"{where}.children", "must be a list of queues")
@@ -518,6 +523,11 @@ def parse_config(
             placement=policy,
             preemptible=c.boolean(q.get("preemptible", True), f"{where}.preemptible"),
             children=kids,
+            max_runtime_s=(
+                None
+                if q.get("max_runtime_s") is None
+                else c.number(q["max_runtime_s"], f"{where}.max_runtime_s", strict=True)
+            ),
         )
         return name
 
@@ -527,6 +537,10 @@ def parse_config(
     top_names = tuple(parse_queue(q, f"queues[{i}]", ROOT) for i, q in enumerate(top_raw))
     queues[ROOT] = QueueConfig(name=ROOT, parent=None, children=top_names)
 
+    for tenant in list(tenants):
+        own = queues.get(tenant)
+        if own is not None and own.is_leaf and tenant in queue_tenants.get(tenant, ()):
+            tenants[tenant] = tenant
     for tenant, qname in c.mapping(top.get("tenants", {}), "tenants").items():
         tenants[tenant] = c.string(qname, f"tenants.{tenant}")
     for tenant, qname in tenants.items():

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xpupool.contracts.payloads import DeviceSlice, JobRequested, JobReserved, Vendor
-from xpupool.scheduler.domain.config import SchedulerConfig, default_config
+from xpupool.scheduler.domain.config import QueueConfig, SchedulerConfig, default_config
 from xpupool.scheduler.domain.fairshare import (
     FairOrder,
     FairShareHistory,
@@ -94,6 +94,8 @@ class Reserve:
     capacity_units: float
     in_quota: bool
     policy: str
+    max_runtime_s: float | None = None
+    """The smaller of the request's and the leaf queue's maximum run time (None: unbounded)."""
 
     def to_event(self, lease_id: str) -> JobReserved:
         """The contract event for this reservation; ``lease_id`` is minted by the shell."""
@@ -203,7 +205,13 @@ def _reserve(
         capacity_units=units,
         in_quota=in_quota,
         policy=pl.policy,
+        max_runtime_s=_max_runtime(req.max_runtime_s, pool.config.queue(queue)),
     )
+
+
+def _max_runtime(requested: float | None, queue: QueueConfig | None) -> float | None:
+    limits = [x for x in (requested, queue.max_runtime_s if queue else None) if x is not None]
+    return min(limits) if limits else None
 
 
 def apply_decision(pool: WorkingPool, decision: Decision, now_s: float | None = None) -> None:
