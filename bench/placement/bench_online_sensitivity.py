@@ -14,8 +14,8 @@ from pathlib import Path
 
 from xpupool.placement import ShapeDistribution
 from xpupool.placement.online import OnlineXpupoolPolicy
-from xpupool.placement.replay import build_fgd_workload, replay_arrivals
-from xpupool.placement.trace import find_trace_dir, load_nodes, load_pods
+from xpupool.replay.arrivals import build_fgd_workload, replay_arrivals
+from xpupool.replay.trace import find_trace_dir, load_nodes, load_pods
 
 SETTINGS = ((1_000.0, 256), (5_000.0, 64), (5_000.0, 256), (5_000.0, 1024), (50_000.0, 256))
 """(half_life, rebuild_every) pairs; (5,000, 256) is the default."""

@@ -9,7 +9,7 @@ Usage (from the repository root):
 
 Prints one table: GPU allocation % at 100 % arrival (mean +- sd over the seeds) per policy
 (rows) and workload (columns: the default trace, then every variant of
-``xpupool.placement.variants.VARIANTS``, the constrained ones included), then the decision time
+``xpupool.replay.variants.VARIANTS``, the constrained ones included), then the decision time
 per pod of each policy (p50 / p99 over all pods of all seeds) and, for the scheduler's default
 (``xpupool-online``), its margin over FGD, BestFit and first-fit on each workload. With
 ``--protocol`` it first prints the full protocol table of the default trace (allocation at
@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from xpupool.placement import POLICIES, PolicyContext, ShapeDistribution, make_policy
-from xpupool.placement.replay import build_fgd_workload, replay_arrivals
 from xpupool.placement.state import MILLI, NodeSpec, PodDemand
-from xpupool.placement.trace import find_trace_dir, load_nodes, load_pods
-from xpupool.placement.variants import VARIANTS, make_variant
+from xpupool.replay.arrivals import build_fgd_workload, replay_arrivals
+from xpupool.replay.trace import find_trace_dir, load_nodes, load_pods
+from xpupool.replay.variants import VARIANTS, make_variant
 
 #: The scheduler's default and the policies it is held against in the margin table.
 DEFAULT = "xpupool-online"
@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
     if trace_dir is None:
         raise SystemExit("trace not found: expected ../shared/traces/alibaba-gpu-v2023")
     if args.protocol:
-        from xpupool.placement.replay_cli import main as replay_main
+        from xpupool.replay.cli import main as replay_main
 
         replay_main(["--policy", "all", "--seeds", args.seeds, "--jobs", str(args.jobs)])
         print()

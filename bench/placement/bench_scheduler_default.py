@@ -1,7 +1,7 @@
 """How the scheduler's own default placement does on the Alibaba trace, beside FGD on the very
 same arrivals.
 
-The scheduler side is ``xpupool.scheduler.trace_decisions.decide_arrivals``: the domain's
+The scheduler side is ``xpupool.replay.scheduler_default.decide_arrivals``: the domain's
 ``decide`` with the registry the service builds, the learned default ``xpupool``
 (``xpupool.scheduler.learned_policy``: intent tiers, then fragmentation against the request
 shapes it has seen; it is told nothing about the trace). Every pod of the FGD-protocol sequence,
@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from xpupool.placement import PolicyContext, ShapeDistribution, make_policy
-from xpupool.placement.replay import RecordedPolicy, RunResult, build_fgd_workload, replay_arrivals
-from xpupool.placement.trace import find_trace_dir, load_nodes, load_pods
-from xpupool.scheduler.trace_decisions import decide_arrivals
+from xpupool.replay.arrivals import RecordedPolicy, RunResult, build_fgd_workload, replay_arrivals
+from xpupool.replay.scheduler_default import decide_arrivals
+from xpupool.replay.trace import find_trace_dir, load_nodes, load_pods
 
 POINTS = (90, 95, 100, 110, 130)
 

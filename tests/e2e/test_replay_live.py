@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from xpupool.devstack.servers import NatsServer, RedisServer
-from xpupool.live_replay import replay_live
-from xpupool.placement.trace import find_trace_dir, load_nodes, load_pods
+from xpupool.replay.live import replay_live
+from xpupool.replay.trace import find_trace_dir, load_nodes, load_pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -34,7 +34,6 @@ from xpupool.placement.policies import (
     sigmoid_score,
 )
 from xpupool.placement.registry import make_policy
-from xpupool.placement.replay import build_fgd_workload
 from xpupool.placement.state import (
     MILLI,
     ClusterState,
@@ -44,8 +43,9 @@ from xpupool.placement.state import (
     Placement,
     PodDemand,
 )
-from xpupool.placement.trace import TracePod
-from xpupool.placement.variants import make_variant
+from xpupool.replay.arrivals import build_fgd_workload
+from xpupool.replay.trace import TracePod
+from xpupool.replay.variants import make_variant
 
 MODELS = ("A", "B", "C")
 

@@ -9,9 +9,9 @@ from xpupool.placement.frag import Shape
 from xpupool.placement.online import OnlineXpupoolPolicy, ShapeLearner
 from xpupool.placement.ours import XpupoolPolicy
 from xpupool.placement.policies import PolicyContext
-from xpupool.placement.replay import build_fgd_workload, replay_arrivals
 from xpupool.placement.state import ClusterState, NodeSpec, PodDemand
-from xpupool.placement.trace import TracePod
+from xpupool.replay.arrivals import build_fgd_workload, replay_arrivals
+from xpupool.replay.trace import TracePod
 
 SHARE = PodDemand(4_000, 1024, 1, 500)
 WHOLE = PodDemand(8_000, 1024, 1, 1000)

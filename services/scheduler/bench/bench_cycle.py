@@ -25,7 +25,7 @@ from xpupool.contracts import DeviceDemand, Health, JobRequested
 from xpupool.devices import SimulatedBackend, load_catalog, to_specs
 from xpupool.devstack.servers import RedisServer
 from xpupool.ledger import Ledger
-from xpupool.placement.trace import find_trace_dir, load_nodes
+from xpupool.replay.trace import find_trace_dir, load_nodes
 from xpupool.scheduler import handlers
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.domain import PoolSnapshot

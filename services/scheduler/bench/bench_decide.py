@@ -36,7 +36,7 @@ from xpupool.contracts.payloads import (
     JobRequested,
     Priority,
 )
-from xpupool.placement.trace import find_trace_dir  # noqa: E402
+from xpupool.replay.trace import find_trace_dir  # noqa: E402
 from xpupool.scheduler.domain import (
     DeviceState,
     LeaseSlice,

@@ -319,11 +319,15 @@ def _dev_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _delegate(module: str, argv: Sequence[str]) -> int:
-    import importlib
+def _delegate(command: str, argv: Sequence[str]) -> int:
+    # Imported here, not at the top: the other commands need neither numpy nor the services.
+    if command == "devices":
+        from xpupool.devices.cli import main as devices_main
 
-    entry = importlib.import_module(module)
-    return int(entry.main(list(argv)))
+        return devices_main(list(argv))
+    from xpupool.replay.cli import main as replay_main
+
+    return replay_main(list(argv))
 
 
 def _size(text: str) -> int:
@@ -560,11 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for index, word in enumerate(argv):
             if word in ("devices", "replay"):
-                module = {
-                    "devices": "xpupool.devices.cli",
-                    "replay": "xpupool.placement.replay_cli",
-                }[word]
-                return _delegate(module, argv[index + 1 :])
+                return _delegate(word, argv[index + 1 :])
             if not word.startswith("-"):
                 break
         args = build_parser().parse_args(argv)

@@ -12,8 +12,9 @@ from domain_builders import job, lease, node, snapshot
 
 from xpupool.contracts.payloads import GangSpec, Intent
 from xpupool.placement import PolicyContext, ShapeDistribution, make_policy
-from xpupool.placement.replay import RecordedPolicy, build_fgd_workload, replay_arrivals
-from xpupool.placement.trace import find_trace_dir, load_nodes, load_pods
+from xpupool.replay.arrivals import RecordedPolicy, build_fgd_workload, replay_arrivals
+from xpupool.replay.scheduler_default import decide_arrivals
+from xpupool.replay.trace import find_trace_dir, load_nodes, load_pods
 from xpupool.scheduler.domain import (
     PolicyRegistry,
     Reserve,
@@ -25,7 +26,6 @@ from xpupool.scheduler.domain import (
 )
 from xpupool.scheduler.domain.model import HostCharge, PoolSnapshot
 from xpupool.scheduler.learned_policy import LearnedPolicy
-from xpupool.scheduler.trace_decisions import decide_arrivals
 
 
 def _registry() -> tuple[PolicyRegistry, LearnedPolicy]:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from xpupool.placement import NodeSpec, PodDemand, PolicyContext, ShapeDistribution, make_policy
-from xpupool.placement.replay import build_fgd_workload, replay_arrivals
-from xpupool.placement.requests import job_request
+from xpupool.replay.arrivals import build_fgd_workload, replay_arrivals
+from xpupool.replay.requests import job_request
 from xpupool.scheduler.domain import (
     Reserve,
     WorkingPool,

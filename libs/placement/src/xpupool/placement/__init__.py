@@ -1,4 +1,8 @@
-"""Pure placement library: cluster state, policies, fragmentation metric, trace replay."""
+"""Pure placement library: cluster state, policies, the fragmentation metric, workload files.
+
+It imports no service and does no I/O beyond reading a workload file; the trace replay that
+measures its policies is ``xpupool.replay`` (the top-level package), which depends on it.
+"""
 
 from xpupool.placement.frag import FragEvaluator, Shape, ShapeDistribution
 from xpupool.placement.policies import Policy, PolicyContext

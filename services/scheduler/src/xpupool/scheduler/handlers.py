@@ -70,7 +70,6 @@ from xpupool.scheduler.domain import (
     WorkingPool,
     current_usage,
     decide_batch,
-    default_registry,
     update_history,
 )
 from xpupool.scheduler.learned_policy import LearnedPolicy
@@ -418,9 +417,7 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
         )
     read = time.perf_counter()
     # The learned default (kept across cycles) takes the classic ``xpupool`` policy's place.
-    registry = deps.default_policy.install(default_registry(config.placement))
-    for policy in deps.extra_policies:
-        registry = registry.with_policy(policy)
+    registry = deps.default_policy.cycle_registry(config.placement, deps.extra_policies)
     # One working pool per cycle: the usage it starts with (before decide_batch mutates it) is
     # what the fair-share history folds in, so building a second pool for it is wasted work.
     pool = WorkingPool(snapshot, config)

@@ -39,9 +39,11 @@ from xpupool.scheduler.domain.matching import Demand
 from xpupool.scheduler.domain.model import LeaseState
 from xpupool.scheduler.domain.placement import (
     Placement,
+    PlacementPolicy,
     PolicyRegistry,
     XpupoolPolicy,
     class_cost_key,
+    default_registry,
     place_in_class,
 )
 from xpupool.scheduler.domain.pool import WorkingPool
@@ -83,6 +85,17 @@ class LearnedPolicy(TracePolicy):
         """The default policy with the classic judgements configured by ``cfg``."""
         online = OnlineXpupoolPolicy(half_life, learn_on_choose=False)
         return cls(DEFAULT_POLICY_NAME, online, {}, XpupoolPolicy(cfg), online=online)
+
+    def cycle_registry(
+        self, cfg: PlacementConfig, extra: Sequence[PlacementPolicy] = ()
+    ) -> PolicyRegistry:
+        """The registry a scheduling cycle decides with (the service's and the replay's one way
+        to build it): the built-in policies configured by ``cfg``, this policy in the classic
+        ``xpupool``'s place, then ``extra`` (the trace policies)."""
+        registry = self.install(default_registry(cfg))
+        for policy in extra:
+            registry = registry.with_policy(policy)
+        return registry
 
     def install(self, registry: PolicyRegistry) -> PolicyRegistry:
         """``registry`` with this policy in place of the classic ``xpupool`` policy, whose

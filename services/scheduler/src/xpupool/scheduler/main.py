@@ -21,7 +21,7 @@ from xpupool.bus.lifecycle import (
 from xpupool.contracts import access, subjects
 from xpupool.ledger import OutboxRelay, open_ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
-from xpupool.placement.trace import load_pods
+from xpupool.placement.workload import load_demands
 from xpupool.scheduler import handlers
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.domain.config import BUILTIN_POLICIES
@@ -68,9 +68,7 @@ async def cycle_loop(
 def trace_policies(settings: SchedulerSettings) -> list[PlacementPolicy]:
     """The trace policies, told to expect the configured workload file (if any)."""
     workload = (
-        [p.demand for p in load_pods(Path(settings.placement_workload))]
-        if settings.placement_workload
-        else None
+        load_demands(Path(settings.placement_workload)) if settings.placement_workload else None
     )
     return list(
         make_trace_policies(

@@ -63,7 +63,8 @@ from xpupool.devstack.stack import ServiceProcess, Stack
 from xpupool.ledger import Ledger
 from xpupool.placement import PodDemand, PolicyContext, make_policy
 from xpupool.placement.frag import ShapeDistribution
-from xpupool.placement.replay import (
+from xpupool.placement.state import MILLI, NodeSpec
+from xpupool.replay.arrivals import (
     Outcome,
     RecordedPolicy,
     RecordingPolicy,
@@ -71,9 +72,8 @@ from xpupool.placement.replay import (
     build_fgd_workload,
     replay_arrivals,
 )
-from xpupool.placement.requests import job_request as pod_request
-from xpupool.placement.state import MILLI, NodeSpec
-from xpupool.placement.trace import TracePod, format_pods
+from xpupool.replay.requests import job_request as pod_request
+from xpupool.replay.trace import TracePod, format_pods
 from xpupool.scheduler.learned_policy import DEFAULT_POLICY_NAME as LEARNED_DEFAULT
 from xpupool.scheduler.learned_policy import ONLINE_POLICY
 from xpupool.scheduler.trace_policies import trace_policy_name

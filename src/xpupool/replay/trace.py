@@ -1,4 +1,5 @@
-"""Loading and writing the Alibaba GPU trace v2023 CSV files (openb_*)."""
+"""Loading and writing the Alibaba GPU trace v2023 CSV files (openb_*): node lists, and pod lists
+with their times (a pod's demand is read as ``xpupool.placement.workload`` reads it)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xpupool.placement.state import NodeSpec, PodDemand
+from xpupool.placement.workload import demand_of, number
 
 POD_COLUMNS = (
     "name",
@@ -42,19 +44,6 @@ class TracePod:
         return self.demand.name
 
 
-def _int(value: str | None, default: int = 0) -> int:
-    if value is None or value.strip() in ("", "nan", "NaN"):
-        return default
-    return int(float(value))
-
-
-def _models(spec: str | None) -> frozenset[str] | None:
-    if spec is None:
-        return None
-    parts = [p for p in spec.strip().split("|") if p and p.lower() != "nan"]
-    return frozenset(parts) if parts else None
-
-
 def parse_nodes(text: str) -> list[NodeSpec]:
     """Parse an ``openb_node_list_*.csv`` body (``sn,cpu_milli,memory_mib,gpu,model``)."""
     out: list[NodeSpec] = []
@@ -63,9 +52,9 @@ def parse_nodes(text: str) -> list[NodeSpec]:
         out.append(
             NodeSpec(
                 name=row["sn"],
-                cpu_milli=_int(row["cpu_milli"]),
-                memory_mib=_int(row["memory_mib"]),
-                num_gpu=_int(row.get("gpu")),
+                cpu_milli=number(row["cpu_milli"]),
+                memory_mib=number(row["memory_mib"]),
+                num_gpu=number(row.get("gpu")),
                 model="" if model.lower() == "nan" else model,
             )
         )
@@ -76,21 +65,12 @@ def parse_pods(text: str) -> list[TracePod]:
     """Parse an ``openb_pod_list_*.csv`` body."""
     out: list[TracePod] = []
     for row in csv.DictReader(io.StringIO(text)):
-        num_gpu = _int(row.get("num_gpu"))
-        demand = PodDemand(
-            cpu_milli=_int(row["cpu_milli"]),
-            memory_mib=_int(row["memory_mib"]),
-            num_gpu=num_gpu,
-            gpu_milli=_int(row.get("gpu_milli")) if num_gpu else 0,
-            allowed_models=_models(row.get("gpu_spec")) if num_gpu else None,
-            name=row["name"],
-        )
         out.append(
             TracePod(
-                demand=demand,
-                creation_time=_int(row.get("creation_time")),
-                deletion_time=_int(row.get("deletion_time")),
-                scheduled_time=_int(row.get("scheduled_time")),
+                demand=demand_of(row),
+                creation_time=number(row.get("creation_time")),
+                deletion_time=number(row.get("deletion_time")),
+                scheduled_time=number(row.get("scheduled_time")),
                 qos=row.get("qos") or "",
                 phase=row.get("pod_phase") or "",
             )

@@ -68,7 +68,7 @@ from typing import Final
 import numpy as np
 
 from xpupool.placement.state import MILLI, NodeSpec, PodDemand
-from xpupool.placement.trace import TracePod
+from xpupool.replay.trace import TracePod
 
 #: Constrained variants and the share of GPU pods each constrains.
 CONSTRAINED_FRACTIONS: Final = {

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from xpupool.placement.state import MILLI, ClusterState, NodeSpec, PodDemand
-from xpupool.placement.trace import TracePod, load_nodes, load_pods
-from xpupool.placement.variants import (
+from xpupool.replay.trace import TracePod, load_nodes, load_pods
+from xpupool.replay.variants import (
     CONSTRAINED_FRACTIONS,
     constrained,
     constraint_catalogue,
@@ -24,7 +24,7 @@ from xpupool.placement.variants import (
 
 
 @pytest.fixture(scope="module")
-def full_trace(trace_dir) -> tuple[list[NodeSpec], list[TracePod]]:  # type: ignore[no-untyped-def]
+def full_trace(trace_dir) -> tuple[list[NodeSpec], list[TracePod]]:
     """The whole node list and default pod list (the ratios need the real fleet)."""
     return (
         load_nodes(trace_dir / "openb_node_list_gpu_node.csv"),
@@ -50,7 +50,7 @@ def _demand_by_set(pods: Sequence[TracePod]) -> dict[frozenset[str], float]:
 
 
 @pytest.mark.parametrize("variant", sorted(CONSTRAINED_FRACTIONS))
-def test_fraction_and_hostable(variant: str, full_trace) -> None:  # type: ignore[no-untyped-def]
+def test_fraction_and_hostable(variant: str, full_trace) -> None:
     """Exactly the variant's share of GPU pods is constrained; each to a set a node can host."""
     nodes, pods = full_trace
     out = make_variant(variant, pods, 0, nodes)
@@ -67,7 +67,7 @@ def test_fraction_and_hostable(variant: str, full_trace) -> None:  # type: ignor
         assert state.feasible(d).any(), d
 
 
-def test_concentrated_on_minority_models(full_trace) -> None:  # type: ignore[no-untyped-def]
+def test_concentrated_on_minority_models(full_trace) -> None:
     """Minority models get far more constrained demand per GPU than the majority model."""
     nodes, pods = full_trace
     cap = _gpus_by_model(nodes)
@@ -85,7 +85,7 @@ def test_concentrated_on_minority_models(full_trace) -> None:  # type: ignore[no
     assert 0.08 < multi / sum(demand.values()) < 0.35
 
 
-def test_largest_minority_over_capacity(full_trace) -> None:  # type: ignore[no-untyped-def]
+def test_largest_minority_over_capacity(full_trace) -> None:
     """At 33 % the largest minority model alone is asked for more than it holds (as T4 is)."""
     nodes, pods = full_trace
     cap = _gpus_by_model(nodes)
@@ -103,7 +103,7 @@ def test_largest_minority_over_capacity(full_trace) -> None:  # type: ignore[no-
     assert 0.2 < ratios[0] < 0.5
 
 
-def test_deterministic_per_seed(small_nodes, small_pods) -> None:  # type: ignore[no-untyped-def]
+def test_deterministic_per_seed(small_nodes, small_pods) -> None:
     """Same seed, same variant; another seed, other constraints."""
     a = make_variant("constrained25", small_pods, 3, small_nodes)
     b = make_variant("constrained25", small_pods, 3, small_nodes)

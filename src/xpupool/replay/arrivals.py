@@ -25,7 +25,7 @@ from xpupool.placement.state import (
     Placement,
     PodDemand,
 )
-from xpupool.placement.trace import TracePod
+from xpupool.replay.trace import TracePod
 
 #: Arrival points (% of cluster GPU capacity) reported for allocation.
 ALLOC_POINTS = (90, 95, 100, 110, 130)

@@ -17,30 +17,33 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TextIO
+from typing import Final, TextIO
 
 import numpy as np
 
 from xpupool.placement.frag import ShapeDistribution
 from xpupool.placement.policies import PolicyContext
 from xpupool.placement.registry import BASELINES, DEFAULT_POLICY, POLICIES, make_policy
-from xpupool.placement.replay import (
+from xpupool.placement.state import MILLI, NodeSpec, PodDemand
+from xpupool.replay.arrivals import (
     ALLOC_POINTS,
     FRAG_POINTS,
     POD_KINDS,
     DynamicResult,
     PolicySummary,
+    RecordedPolicy,
     RunResult,
     build_fgd_workload,
     replay_arrivals,
     replay_dynamic,
     summarize,
 )
-from xpupool.placement.state import MILLI, NodeSpec, PodDemand
-from xpupool.placement.trace import TracePod, find_trace_dir, load_nodes, load_pods
-from xpupool.placement.variants import VARIANTS, make_variant
+from xpupool.replay.live import main_live
+from xpupool.replay.scheduler_default import decide_arrivals
+from xpupool.replay.trace import TracePod, find_trace_dir, load_nodes, load_pods
+from xpupool.replay.variants import VARIANTS, make_variant
 
 NODE_FILE = "openb_node_list_gpu_node.csv"
 POD_FILE = "openb_pod_list_default.csv"
@@ -76,9 +79,16 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
+#: ``--policy default``: the scheduler's own default placement exactly as the service wires it
+#: (the domain's ``decide`` with the registry a cycle builds, one object learning from the
+#: requests it decides; ``scheduler_default``), scored by the replay. Static protocol only.
+SCHEDULER_DEFAULT: Final = "default"
+
+
 def parse_policies(text: str) -> list[str]:
     """Comma-separated policy names; ``all`` = every registered policy (the baselines, ``xpupool``
-    told the workload, and ``xpupool-online``, the scheduler's default, learning it)."""
+    told the workload, and ``xpupool-online``, the placement the scheduler's default makes,
+    learning it); ``default`` = the scheduler's default itself (see ``SCHEDULER_DEFAULT``)."""
     names: list[str] = []
     for part in text.split(","):
         key = part.strip().lower()
@@ -86,11 +96,11 @@ def parse_policies(text: str) -> list[str]:
             continue
         if key == "all":
             names.extend([*BASELINES, DEFAULT_POLICY, *POLICIES])
-        elif key in POLICIES:
+        elif key in POLICIES or key == SCHEDULER_DEFAULT:
             names.append(key)
         else:
             raise argparse.ArgumentTypeError(
-                f"unknown policy {part!r}; known: {', '.join(POLICIES)}, all"
+                f"unknown policy {part!r}; known: {', '.join(POLICIES)}, all, {SCHEDULER_DEFAULT}"
             )
     return list(dict.fromkeys(names))
 
@@ -104,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         type=parse_policies,
         default=[DEFAULT_POLICY],
-        help=f"policy name(s), comma-separated, or 'all' (known: {', '.join(POLICIES)})",
+        help=f"policy name(s), comma-separated, or 'all' (known: {', '.join(POLICIES)}), or "
+        f"'{SCHEDULER_DEFAULT}': the scheduler's default as the service wires it",
     )
     p.add_argument("--seeds", type=parse_seeds, default=list(range(42, 52)), help="e.g. 42-51")
     p.add_argument("--ratio", type=float, default=1.3, help="inflation target (x GPU capacity)")
@@ -141,6 +152,18 @@ def _run_task(task: _Task) -> RunResult:
     ctx = PolicyContext(
         rng=np.random.default_rng(task.seed), workload=task.pods, typical=task.typical
     )
+    if task.policy == SCHEDULER_DEFAULT:
+        outcomes, seconds = decide_arrivals(task.nodes, workload)
+        scored = replay_arrivals(
+            task.nodes,
+            workload,
+            RecordedPolicy(SCHEDULER_DEFAULT, outcomes),
+            task.typical,
+            seed=task.seed,
+            record_placements=task.record,
+        )
+        # The time is the scheduler's (decide per pod), not the recording's.
+        return replace(scored, decision_ns=(np.asarray(seconds) * 1e9).astype(np.int64))
     policy = make_policy(task.policy, ctx)
     return replay_arrivals(
         task.nodes, workload, policy, task.typical, seed=task.seed, record_placements=task.record
@@ -304,14 +327,17 @@ def main(argv: list[str] | None = None) -> int:
         label = f"{label} -> {args.variant} (seed {args.variant_seed})"
     policies: list[str] = args.policy
     progress = sys.stderr if sys.stderr.isatty() else None
+    if SCHEDULER_DEFAULT in policies and (args.dynamic or args.live):
+        print(
+            f"xpupool replay: --policy {SCHEDULER_DEFAULT} replays the static protocol only; "
+            "live, the scheduler runs its default as xpupool-online",
+            file=sys.stderr,
+        )
+        return 2
     if args.dynamic:
         return _main_dynamic(args, nodes, trace_pods, policies, label)
     if args.live:
-        # The live path needs the services, the dev stack and the client: load it only here so
-        # the placement library keeps no dependency on them.
-        live = importlib.import_module("xpupool.live_replay")
-        code: int = live.main_live(nodes, trace_pods, policies, args.seeds, args.ratio, args.json)
-        return code
+        return main_live(nodes, trace_pods, policies, args.seeds, args.ratio, args.json)
     pods = [p.demand for p in trace_pods]
     results = run_static(
         nodes,

@@ -15,11 +15,17 @@ import pytest
 from xpupool.placement.frag import ShapeDistribution
 from xpupool.placement.policies import PolicyContext
 from xpupool.placement.registry import POLICIES, make_policy
-from xpupool.placement.replay import build_fgd_workload, replay_arrivals, replay_dynamic
-from xpupool.placement.replay_cli import main, parse_policies, parse_seeds
 from xpupool.placement.state import ClusterState, NodeSpec, Placement, PodDemand
-from xpupool.placement.trace import TracePod, format_pods, parse_pods
-from xpupool.placement.variants import VARIANTS, make_variant
+from xpupool.replay.arrivals import (
+    RecordedPolicy,
+    build_fgd_workload,
+    replay_arrivals,
+    replay_dynamic,
+)
+from xpupool.replay.cli import main, parse_policies, parse_seeds
+from xpupool.replay.scheduler_default import decide_arrivals
+from xpupool.replay.trace import TracePod, format_pods, parse_pods
+from xpupool.replay.variants import VARIANTS, make_variant
 
 
 def _pods(n: int = 50) -> list[PodDemand]:
@@ -98,7 +104,7 @@ def test_placements_csv_parses_back_and_revalidates(small_trace, tmp_path: Path)
     demands = {p.name: p.demand for p in parse_pods(pods_path.read_text())}
     rows = list(csv.DictReader(out.read_text().splitlines()))
     assert {r["policy"] for r in rows} == {"fgd", "xpupool"}
-    from xpupool.placement.trace import parse_nodes
+    from xpupool.replay.trace import parse_nodes
 
     nodes = parse_nodes(nodes_path.read_text())
     for policy in ("fgd", "xpupool"):
@@ -240,3 +246,25 @@ def test_variants_shape_the_workload(variant: str, small_nodes, small_pods) -> N
         for p in constrained:
             assert state.model_mask(p.allowed_models).any()
     assert [p.demand for p in parse_pods(format_pods(out))] == [p.demand for p in out]
+
+
+def test_policy_default_is_the_scheduler_deciding(small_trace, small_nodes, small_pods) -> None:
+    """``--policy default`` scores what the scheduler's own ``decide`` chose, pod by pod, with
+    the registry a scheduling cycle builds; ``--live`` refuses it (the live run is the
+    scheduler already)."""
+    nodes_path, pods_path = small_trace
+    args = ["--nodes", str(nodes_path), "--pods", str(pods_path), "--seeds", "42", "--jobs", "1"]
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main([*args, "--policy", "default", "--json"]) == 0
+    (entry,) = json.loads(buf.getvalue())["policies"]
+    demands = [p.demand for p in small_pods]
+    capacity = sum(n.num_gpu for n in small_nodes) * 1000
+    workload = build_fgd_workload(demands, 42, capacity)
+    outcomes, _ = decide_arrivals(small_nodes, workload)
+    typical = ShapeDistribution.typical(demands)
+    direct = replay_arrivals(small_nodes, workload, RecordedPolicy("d", outcomes), typical, seed=42)
+    assert entry["policy"] == "default"
+    assert entry["alloc_pct"]["100"]["mean"] == pytest.approx(direct.alloc_at(100))
+    assert entry["decision_us"]["p50"] > 1  # the scheduler's decide time, not a recording's
+    assert main([*args, "--policy", "default", "--live"]) == 2

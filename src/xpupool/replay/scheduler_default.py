@@ -1,6 +1,6 @@
 """The scheduler's own decisions on a trace's arrival sequence, for the replay's scoring.
 
-Each pod becomes a job request (``xpupool.placement.requests.job_request``) decided by the
+Each pod becomes a job request (``xpupool.replay.requests.job_request``) decided by the
 domain's ``decide`` against a working pool of the trace's nodes, with the registry the service
 builds (the learned default in place of the classic ``xpupool``), one call per pod as a cycle
 with one new request makes it. The outcomes feed ``RecordedPolicy`` so the replay scores them
@@ -13,17 +13,17 @@ import time
 from collections.abc import Sequence
 
 from xpupool.placement import NodeSpec, PodDemand
-from xpupool.placement.replay import Outcome
-from xpupool.placement.requests import job_request
+from xpupool.replay.arrivals import Outcome
+from xpupool.replay.requests import job_request
 from xpupool.scheduler.domain import (
     PolicyRegistry,
     Reserve,
     WorkingPool,
     decide,
     default_config,
-    default_registry,
 )
 from xpupool.scheduler.learned_policy import LearnedPolicy
+from xpupool.scheduler.settings import SchedulerSettings
 from xpupool.scheduler.trace_policies import trace_snapshot
 
 __all__ = ["decide_arrivals"]
@@ -36,9 +36,9 @@ def decide_arrivals(
 ) -> tuple[list[Outcome], list[float]]:
     """Every pod's outcome (node row and GPU slots, or None) and each decision's seconds."""
     config = default_config()
-    policies = registry or LearnedPolicy.create(config.placement).install(
-        default_registry(config.placement)
-    )
+    # As the service builds it (scheduler.main): one learned default for the whole run.
+    default = LearnedPolicy.create(half_life=SchedulerSettings().placement_shape_half_life)
+    policies = registry or default.cycle_registry(config.placement)
     pool = WorkingPool(trace_snapshot(nodes), config)
     row = {n.name: i for i, n in enumerate(nodes)}
     outcomes: list[Outcome] = []
