@@ -14,7 +14,7 @@ from pathlib import Path
 
 from xpupool.placement import ShapeDistribution
 from xpupool.placement.online import OnlineXpupoolPolicy
-from xpupool.replay.arrivals import build_fgd_workload, replay_arrivals
+from xpupool.replay.arrivals import build_fgd_workload, fgd_cluster, replay_arrivals
 from xpupool.replay.trace import find_trace_dir, load_nodes, load_pods
 
 SETTINGS = ((1_000.0, 256), (5_000.0, 64), (5_000.0, 256), (5_000.0, 1024), (50_000.0, 256))
@@ -36,11 +36,15 @@ def main() -> None:
     typical = ShapeDistribution.typical(original)
     capacity = sum(n.num_gpu for n in nodes) * 1000
     workloads = {seed: build_fgd_workload(original, seed, capacity) for seed in seeds}
+    clusters = {seed: fgd_cluster(nodes, seed) for seed in seeds}
     print("half_life  rebuild_every  alloc@100 per seed            mean")
     for half_life, rebuild_every in SETTINGS:
         allocs = [
             replay_arrivals(
-                nodes, workloads[seed], OnlineXpupoolPolicy(half_life, rebuild_every), typical
+                clusters[seed],
+                workloads[seed],
+                OnlineXpupoolPolicy(half_life, rebuild_every),
+                typical,
             ).alloc_at(100)
             for seed in seeds
         ]

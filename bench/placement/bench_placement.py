@@ -32,7 +32,7 @@ import numpy as np
 
 from xpupool.placement import POLICIES, PolicyContext, ShapeDistribution, make_policy
 from xpupool.placement.state import MILLI, NodeSpec, PodDemand
-from xpupool.replay.arrivals import build_fgd_workload, replay_arrivals
+from xpupool.replay.arrivals import build_fgd_workload, fgd_cluster, replay_arrivals
 from xpupool.replay.trace import find_trace_dir, load_nodes, load_pods
 from xpupool.replay.variants import VARIANTS, make_variant
 
@@ -66,10 +66,11 @@ class Outcome:
 def run(task: Task) -> Outcome:
     """Replay ``task`` under the FGD protocol (fragmentation against the typical shapes)."""
     typical = ShapeDistribution.typical(task.pods)
-    capacity = sum(n.num_gpu for n in task.nodes) * MILLI
+    nodes = fgd_cluster(task.nodes, task.seed)
+    capacity = sum(n.num_gpu for n in nodes) * MILLI
     workload = build_fgd_workload(task.pods, task.seed, capacity)
     ctx = PolicyContext(rng=np.random.default_rng(task.seed), workload=task.pods, typical=typical)
-    res = replay_arrivals(task.nodes, workload, make_policy(task.policy, ctx), typical, task.seed)
+    res = replay_arrivals(nodes, workload, make_policy(task.policy, ctx), typical, task.seed)
     return Outcome(task.trace, task.policy, task.seed, res.alloc_at(100), res.decision_ns.tolist())
 
 

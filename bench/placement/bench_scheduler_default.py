@@ -25,7 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from xpupool.placement import PolicyContext, ShapeDistribution, make_policy
-from xpupool.replay.arrivals import RecordedPolicy, RunResult, build_fgd_workload, replay_arrivals
+from xpupool.replay.arrivals import (
+    RecordedPolicy,
+    RunResult,
+    build_fgd_workload,
+    fgd_cluster,
+    replay_arrivals,
+)
 from xpupool.replay.scheduler_default import decide_arrivals
 from xpupool.replay.trace import find_trace_dir, load_nodes, load_pods
 
@@ -57,7 +63,9 @@ def main() -> None:
     ours: list[RunResult] = []
     fgd: list[RunResult] = []
     all_times: list[float] = []
+    plain_nodes = nodes
     for seed in range(int(first), int(last or first) + 1):
+        nodes = fgd_cluster(plain_nodes, seed)
         workload = build_fgd_workload(original, seed, capacity)
         ctx = PolicyContext(rng=np.random.default_rng(seed), workload=original, typical=typical)
         reference = replay_arrivals(nodes, workload, make_policy("fgd", ctx), typical, seed=seed)

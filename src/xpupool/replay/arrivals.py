@@ -11,7 +11,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -34,6 +34,37 @@ FRAG_POINTS = (50, 80, 100)
 #: Bins 0..MAX_BIN % arrival are kept per run.
 MAX_BIN = 135
 POD_KINDS = ("cpu", "share", "one", "multi")
+
+
+#: The stream of the run's seed the node renaming draws from (the arrival order uses its own).
+_RENAME_STREAM = 0x5EED
+
+
+def fgd_cluster(nodes: Sequence[NodeSpec], seed: int) -> list[NodeSpec]:
+    """The FGD protocol's cluster for one seed: every node renamed with a random prefix.
+
+    Before any pod arrives, the published simulator sorts the nodes by name and renames node
+    ``i`` to ``"%04d-" % perm[i] + name`` with ``perm = rand.Perm(n)`` from the run's seeded
+    ``math/rand`` (hkust-adsl/kubernetes-scheduler-simulator ``pkg/simulator/simulator.go``,
+    ``syncClusterResourceList``); its ``selectHost`` then gives equal scores to the smallest
+    name (``generic_scheduler.go``: "for reproducibility, choose the smallest lexicographical
+    order"). So every policy's ties go to a random node order drawn once per run, not to the
+    plain names. This matters wherever scores tie: GPU packing and clustering score CPU-only
+    pods 0 on every node, and in plain name order they land on the first nodes (0.7-0.8 points
+    below the published numbers; within 0.2 of them renamed). Rows keep their order.
+    """
+    rng = np.random.default_rng([seed, _RENAME_STREAM])
+    by_name = sorted(nodes, key=lambda n: n.name)
+    perm = rng.permutation(len(by_name))
+    width = max(4, len(str(max(len(by_name) - 1, 0))))
+    renamed = {n.name: f"{int(p):0{width}d}-{n.name}" for n, p in zip(by_name, perm, strict=True)}
+    return [replace(n, name=renamed[n.name]) for n in nodes]
+
+
+def trace_name(name: str) -> str:
+    """A node's name in the trace, from its name in an ``fgd_cluster`` (prefix removed)."""
+    prefix, sep, rest = name.partition("-")
+    return rest if sep and prefix.isdigit() else name
 
 
 def build_fgd_workload(

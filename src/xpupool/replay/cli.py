@@ -36,9 +36,11 @@ from xpupool.replay.arrivals import (
     RecordedPolicy,
     RunResult,
     build_fgd_workload,
+    fgd_cluster,
     replay_arrivals,
     replay_dynamic,
     summarize,
+    trace_name,
 )
 from xpupool.replay.live import main_live
 from xpupool.replay.scheduler_default import decide_arrivals
@@ -147,15 +149,16 @@ class _Task:
 
 
 def _run_task(task: _Task) -> RunResult:
-    capacity = sum(n.num_gpu for n in task.nodes) * MILLI
+    nodes = fgd_cluster(task.nodes, task.seed)
+    capacity = sum(n.num_gpu for n in nodes) * MILLI
     workload = build_fgd_workload(task.pods, task.seed, capacity, task.ratio)
     ctx = PolicyContext(
         rng=np.random.default_rng(task.seed), workload=task.pods, typical=task.typical
     )
     if task.policy == SCHEDULER_DEFAULT:
-        outcomes, seconds = decide_arrivals(task.nodes, workload)
+        outcomes, seconds = decide_arrivals(nodes, workload)
         scored = replay_arrivals(
-            task.nodes,
+            nodes,
             workload,
             RecordedPolicy(SCHEDULER_DEFAULT, outcomes),
             task.typical,
@@ -166,7 +169,7 @@ def _run_task(task: _Task) -> RunResult:
         return replace(scored, decision_ns=(np.asarray(seconds) * 1e9).astype(np.int64))
     policy = make_policy(task.policy, ctx)
     return replay_arrivals(
-        task.nodes, workload, policy, task.typical, seed=task.seed, record_placements=task.record
+        nodes, workload, policy, task.typical, seed=task.seed, record_placements=task.record
     )
 
 
@@ -268,7 +271,8 @@ def format_table(summaries: Sequence[PolicySummary], published: bool) -> str:
 
 
 def write_placements(path: Path, results: dict[str, list[RunResult]]) -> int:
-    """CSV ``seed,policy,pod,node,gpus,gpu_milli`` (GPU indices joined by '-')."""
+    """CSV ``seed,policy,pod,node,gpus,gpu_milli`` (GPU indices joined by '-'; ``node`` is the
+    trace's name, without the protocol's renaming prefix)."""
     count = 0
     with path.open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
@@ -281,7 +285,7 @@ def write_placements(path: Path, results: dict[str, list[RunResult]]) -> int:
                             r.seed,
                             r.policy,
                             rec.pod,
-                            rec.node,
+                            trace_name(rec.node),
                             "-".join(map(str, rec.gpus)),
                             rec.gpu_milli,
                         ]
@@ -383,7 +387,8 @@ def _main_dynamic(
         ctx = PolicyContext(
             rng=np.random.default_rng(args.seeds[0]), workload=plain, typical=typical
         )
-        results.append(replay_dynamic(nodes, pods, make_policy(name, ctx)))
+        cluster = fgd_cluster(nodes, args.seeds[0])
+        results.append(replay_dynamic(cluster, pods, make_policy(name, ctx)))
     summaries = [r.as_dict() for r in results]
     message = _plot(args.plot, results) if args.plot is not None else None
     if args.json:

@@ -70,6 +70,7 @@ from xpupool.replay.arrivals import (
     RecordingPolicy,
     RunResult,
     build_fgd_workload,
+    fgd_cluster,
     replay_arrivals,
 )
 from xpupool.replay.requests import job_request as pod_request
@@ -247,6 +248,7 @@ async def replay_live(
     progress: TextIO | None = None,
 ) -> LiveResult:
     """Run one live replay (see the module docstring) and the in-process runs to compare."""
+    nodes = fgd_cluster(nodes, seed)  # the protocol's renamed nodes, live and in process
     work = workdir or Path(tempfile.mkdtemp(prefix="xpupool-replay-"))
     work.mkdir(parents=True, exist_ok=True)
     original = [p.demand for p in trace_pods]

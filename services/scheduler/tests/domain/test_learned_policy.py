@@ -12,7 +12,12 @@ from domain_builders import job, lease, node, snapshot
 
 from xpupool.contracts.payloads import GangSpec, Intent
 from xpupool.placement import PolicyContext, ShapeDistribution, make_policy
-from xpupool.replay.arrivals import RecordedPolicy, build_fgd_workload, replay_arrivals
+from xpupool.replay.arrivals import (
+    RecordedPolicy,
+    build_fgd_workload,
+    fgd_cluster,
+    replay_arrivals,
+)
 from xpupool.replay.scheduler_default import decide_arrivals
 from xpupool.replay.trace import find_trace_dir, load_nodes, load_pods
 from xpupool.scheduler.domain import (
@@ -106,7 +111,7 @@ def test_the_default_allocates_at_least_as_much_as_fgd_on_a_reduced_trace() -> N
     trace) never allocate less than FGD at any reported arrival point (measured ahead by 2.1
     points at 100 %; seeds 42-47 all ahead by 0.5 to 2.2)."""
     assert TRACE is not None
-    nodes = load_nodes(TRACE / "openb_node_list_gpu_node.csv")[::10]
+    nodes = fgd_cluster(load_nodes(TRACE / "openb_node_list_gpu_node.csv")[::10], 42)
     pods = [p.demand for p in load_pods(TRACE / "openb_pod_list_default.csv")][::10]
     typical = ShapeDistribution.typical(pods)
     workload = build_fgd_workload(pods, 42, sum(n.num_gpu for n in nodes) * 1000)

@@ -125,53 +125,14 @@ class DotProdPolicy:
         return _place(state, pick_node(state, idx, scores), pod)
 
 
-class SimulatorNodeOrder:
-    """The order in which the published simulator breaks ties: node names with a random prefix.
-
-    Before any pod is scheduled, the simulator sorts the nodes by name and renames node ``i``
-    to ``"%04d-" % perm[i] + name`` with ``perm = rand.Perm(len(nodes))`` from its seeded
-    ``math/rand`` (``pkg/simulator/simulator.go``, ``syncClusterResourceList``); ``selectHost``
-    then gives equal scores to the smallest *renamed* node. So "first node by name" is first in a
-    random order of the nodes, drawn once per run. With ``rng`` None the plain name order is kept.
-
-    The order is drawn from a child of ``rng`` (``Generator.spawn``), so that it does not reuse
-    the words of a stream that produced the arrival order from the same seed.
-    """
-
-    def __init__(self, rng: np.random.Generator | None) -> None:
-        self._rng = rng.spawn(1)[0] if rng is not None else None
-        self._names: tuple[str, ...] | None = None
-        self._rank: IntArray = np.zeros(0, dtype=np.int64)
-
-    def rank(self, state: ClusterState) -> IntArray:
-        """Tie-break rank of every node of ``state`` (lower wins); fixed for a given cluster."""
-        if self._rng is None:
-            return state.name_rank
-        if self._names is not state.names and self._names != state.names:
-            by_name = np.argsort(state.name_rank, kind="stable")
-            rank = np.empty(state.num_nodes, dtype=np.int64)
-            rank[by_name] = self._rng.permutation(state.num_nodes)
-            self._names, self._rank = state.names, rank
-        return self._rank
-
-    def pick(self, state: ClusterState, idx: IntArray, scores: IntArray | FloatArray) -> int:
-        """Node of ``idx`` with the highest score; equal scores go to the lowest rank."""
-        cand = idx[scores == scores.max()]
-        return int(cand[np.argmin(self.rank(state)[cand])])
-
-
 class ClusteringPolicy:
     """GPU clustering: nodes hosting only the pod's class > mixed > idle > other classes.
 
     Within a tier, less free GPU scores higher (``25 x (8000 - free) / 8000``, integer maths).
-    CPU-only pods score 0 everywhere (``MinNodeScore``): the first feasible node in the tie order.
-    Ties follow :class:`SimulatorNodeOrder` (the plain name order if ``rng`` is None).
+    CPU-only pods score 0 everywhere, i.e. first feasible node by name.
     """
 
     name = "clustering"
-
-    def __init__(self, rng: np.random.Generator | None = None) -> None:
-        self.order = SimulatorNodeOrder(rng)
 
     def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
         """Node by class affinity tier, then by GPU fill."""
@@ -189,20 +150,13 @@ class ClusteringPolicy:
             base //= MAX_SPEC_GPU
             tier = np.where(same, np.where(kinds == 1, 3, 2), np.where(kinds == 0, 1, 0))
             scores = base + tier * (MAX_SCORE // 4)
-        return _place(state, self.order.pick(state, idx, scores), pod)
+        return _place(state, pick_node(state, idx, scores), pod)
 
 
 class PackingPolicy:
-    """GPU packing: partially used GPUs (fullest first) > free GPUs on used nodes > idle nodes.
-
-    CPU-only pods score 0 everywhere (``MinNodeScore``); ties follow :class:`SimulatorNodeOrder`
-    (the plain name order if ``rng`` is None).
-    """
+    """GPU packing: partially used GPUs (fullest first) > free GPUs on used nodes > idle nodes."""
 
     name = "packing"
-
-    def __init__(self, rng: np.random.Generator | None = None) -> None:
-        self.order = SimulatorNodeOrder(rng)
 
     def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
         """Node by the simulator's three-tier packing score; tightest GPU."""
@@ -213,7 +167,7 @@ class PackingPolicy:
             scores = np.zeros(len(idx), dtype=np.int64)
         else:
             scores = self._scores(state, idx, pod)
-        return _place(state, self.order.pick(state, idx, scores), pod)
+        return _place(state, pick_node(state, idx, scores), pod)
 
     @staticmethod
     def _scores(state: ClusterState, idx: IntArray, pod: PodDemand) -> IntArray:

@@ -27,8 +27,8 @@ POLICIES: Final[Mapping[str, PolicyFactory]] = MappingProxyType(
     {
         "random": lambda ctx: RandomPolicy(ctx.rng),
         "dotprod": lambda ctx: DotProdPolicy(),
-        "clustering": lambda ctx: ClusteringPolicy(ctx.rng),
-        "packing": lambda ctx: PackingPolicy(ctx.rng),
+        "clustering": lambda ctx: ClusteringPolicy(),
+        "packing": lambda ctx: PackingPolicy(),
         "bestfit": lambda ctx: BestFitPolicy(),
         "fgd": lambda ctx: FGDPolicy(ctx.typical_shapes()),
         "xpupool": lambda ctx: XpupoolPolicy.from_context(ctx),
