@@ -348,3 +348,13 @@ def test_every_reason_and_error_code_is_an_enum_in_the_schema() -> None:
         assert "$ref" in text and "enum" not in text or "enum" in text, (name, field)
         ref = text.split("#/$defs/")[1].split('"')[0] if "$ref" in text else None
         assert ref is None or "enum" in schema["$defs"][ref], (name, field)
+
+
+@pytest.mark.parametrize("errors", [p.LeaseError, p.CancelError, p.QueryError])
+def test_the_bus_refusal_codes_are_values_of_every_reply_error(errors: type) -> None:
+    """Services answer undecodable commands with ``Error(invalid.code)``: each code the bus can
+    give must be a value of every reply's error enum."""
+    from xpupool.bus import INVALID_REQUEST, PAYLOAD_TOO_LARGE
+
+    for code in (INVALID_REQUEST, PAYLOAD_TOO_LARGE):
+        assert errors(code).value == code

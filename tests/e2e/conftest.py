@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -27,6 +28,19 @@ from xpupool.devstack.stack import Stack
 from xpupool.ledger import Ledger
 
 Ready = Callable[[Stack, int], Awaitable[Ledger]]
+
+
+def cli_env(stack: Stack, tenant: str) -> dict[str, str]:
+    """The environment an ``xpupool`` command of ``tenant`` needs on ``stack``: the URLs, and on
+    a secure stack the tenant's credentials and CA."""
+    env = dict(os.environ, XPUPOOL_TENANT=tenant)
+    if stack.material is not None:
+        env.update(stack.tenant_env(tenant))
+    else:
+        env.update(XPUPOOL_NATS_URL=stack.nats_url or "", XPUPOOL_REDIS_URL=stack.redis_url or "")
+    return env
+
+
 EventT = TypeVar("EventT")
 Event = (
     AllocationGranted

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import eventually
-from tests.e2e.conftest import EventLog, Ready
+from tests.e2e.conftest import EventLog, Ready, cli_env
 from xpupool.contracts import AllocationGranted, JobRequested, LeaseEnded, LeaseEnding
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.ledger import audit
@@ -98,11 +97,7 @@ async def test_run_gives_cmd_sigterm_at_the_warning_and_exits_with_the_reason(
         "signal.signal(signal.SIGTERM, bye)\n"
         "time.sleep(60)\n"
     )
-    env = dict(os.environ, XPUPOOL_TENANT=TENANT)
-    if stack.material is not None:
-        env.update(stack.tenant_env(TENANT))
-    else:
-        env["XPUPOOL_NATS_URL"] = stack.nats_url or ""
+    env = cli_env(stack, TENANT)
     runner = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from collections.abc import Callable
 
 import pytest
 
 from tests.conftest import eventually
-from tests.e2e.conftest import Ready
+from tests.e2e.conftest import Ready, cli_env
 from xpupool.contracts import (
     AllocationGranted,
     JobRequested,
@@ -91,11 +90,7 @@ async def test_cli_jobs_and_leases(make_stack: Callable[..., Stack], ready: Read
     async with stack.client(OWNER) as owner:
         grant = await owner.submit_and_wait(JobRequested(job_id="cli-q", tenant=OWNER))
         assert isinstance(grant, AllocationGranted)
-    env = dict(os.environ, XPUPOOL_TENANT=OWNER)
-    if stack.material is not None:
-        env.update(stack.tenant_env(OWNER))
-    else:
-        env["XPUPOOL_NATS_URL"] = stack.nats_url or ""
+    env = cli_env(stack, OWNER)
     for command, needle in (("jobs", "cli-q"), ("leases", grant.lease_id)):
         done = await asyncio.create_subprocess_exec(
             sys.executable,

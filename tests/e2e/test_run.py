@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import eventually
-from tests.e2e.conftest import EventLog, Ready
+from tests.e2e.conftest import EventLog, Ready, cli_env
 from xpupool.client import XpupoolClient
 from xpupool.contracts import (
     AllocationGranted,
@@ -36,16 +35,6 @@ def stack_security(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def _env(stack: Stack) -> dict[str, str]:
-    env = dict(os.environ)
-    if stack.material is not None:
-        env.update(stack.tenant_env(TENANT))
-    else:
-        env.update(XPUPOOL_NATS_URL=stack.nats_url or "", XPUPOOL_REDIS_URL=stack.redis_url or "")
-    env["XPUPOOL_TENANT"] = TENANT
-    return env
-
-
 async def _start(stack: Stack, *args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
@@ -53,7 +42,7 @@ async def _start(stack: Stack, *args: str) -> asyncio.subprocess.Process:
         "xpupool.cli.main",
         "run",
         *args,
-        env=_env(stack),
+        env=cli_env(stack, TENANT),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

@@ -84,6 +84,11 @@ class InvalidMessage:
     params: dict[str, str]
     msg_id: str = ""
 
+    @property
+    def explained(self) -> str:
+        """``detail``, led by the offending field when one is to blame (``limit: ...``)."""
+        return f"{self.field}: {self.detail}" if self.field else self.detail
+
 
 def _msg_id(msg: Msg) -> str:
     return clip((msg.headers or {}).get(MSG_ID_HEADER, ""), 128)

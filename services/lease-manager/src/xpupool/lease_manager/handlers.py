@@ -132,14 +132,9 @@ async def list_leases(
 
 
 def reject_invalid_query(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:
-    """A lease query that does not decode gets an error reply naming the field."""
-    error = (
-        QueryError.PAYLOAD_TOO_LARGE
-        if invalid.code == "payload_too_large"
-        else QueryError.INVALID_REQUEST
-    )
-    where = f"{invalid.field}: " if invalid.field else ""
-    return [LeaseList(ok=False, error=error, detail=f"{where}{invalid.detail}")]
+    """A lease query that does not decode gets an error reply naming the field (the bus's
+    ``invalid_request`` / ``payload_too_large`` codes are the contract's error values)."""
+    return [LeaseList(ok=False, error=QueryError(invalid.code), detail=invalid.explained)]
 
 
 def query_reply_too_large(reply: msgspec.Struct) -> LeaseList:
@@ -149,13 +144,9 @@ def query_reply_too_large(reply: msgspec.Struct) -> LeaseList:
 
 def reject_invalid_command(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:
     """A renew/release that does not decode gets an error reply naming the field."""
-    error = (
-        LeaseError.PAYLOAD_TOO_LARGE
-        if invalid.code == "payload_too_large"
-        else LeaseError.INVALID_REQUEST
-    )
-    where = f"{invalid.field}: " if invalid.field else ""
-    return [LeaseReply(ok=False, lease_id="", error=error, detail=f"{where}{invalid.detail}")]
+    return [
+        LeaseReply(ok=False, lease_id="", error=LeaseError(invalid.code), detail=invalid.explained)
+    ]
 
 
 def reply_too_large(reply: msgspec.Struct) -> LeaseReply:

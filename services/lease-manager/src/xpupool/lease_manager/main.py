@@ -72,9 +72,13 @@ async def run(settings: LeaseManagerSettings) -> None:
                 bus = await open_bus(
                     bus_stack, bus_settings(access.LEASE_MANAGER, SERVICE, settings), SERVICE
                 )
-                for channel, handler in (
-                    (subjects.LEASE_RENEW, handlers.renew_lease),
-                    (subjects.LEASE_RELEASE, handlers.release_lease),
+                commands = (handlers.reject_invalid_command, handlers.reply_too_large)
+                queries = (handlers.reject_invalid_query, handlers.query_reply_too_large)
+                for channel, handler, (on_invalid, too_large) in (
+                    (subjects.LEASE_RENEW, handlers.renew_lease, commands),
+                    (subjects.LEASE_RELEASE, handlers.release_lease, commands),
+                    (subjects.LEASE_GET, handlers.get_lease, queries),
+                    (subjects.LEASE_LIST, handlers.list_leases, queries),
                 ):
                     await serve_subject(
                         bus.nc,
@@ -82,23 +86,9 @@ async def run(settings: LeaseManagerSettings) -> None:
                         functools.partial(handler, ledger=ledger),
                         bus.publisher,
                         queue=SERVICE,
-                        on_invalid=handlers.reject_invalid_command,
+                        on_invalid=on_invalid,
                         stats=stats,
-                        too_large_reply=handlers.reply_too_large,
-                    )
-                for channel, query in (
-                    (subjects.LEASE_GET, handlers.get_lease),
-                    (subjects.LEASE_LIST, handlers.list_leases),
-                ):
-                    await serve_subject(
-                        bus.nc,
-                        channel,
-                        functools.partial(query, ledger=ledger),
-                        bus.publisher,
-                        queue=SERVICE,
-                        on_invalid=handlers.reject_invalid_query,
-                        stats=stats,
-                        too_large_reply=handlers.query_reply_too_large,
+                        too_large_reply=too_large,
                     )
                 relay = OutboxRelay(
                     ledger,

@@ -224,14 +224,9 @@ async def list_jobs(
 
 
 def reject_invalid_list(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:
-    """A job query that does not decode gets an error reply naming the field."""
-    error = (
-        QueryError.PAYLOAD_TOO_LARGE
-        if invalid.code == "payload_too_large"
-        else QueryError.INVALID_REQUEST
-    )
-    where = f"{invalid.field}: " if invalid.field else ""
-    return [JobList(ok=False, error=error, detail=f"{where}{invalid.detail}")]
+    """A job query that does not decode gets an error reply naming the field (the bus's
+    ``invalid_request`` / ``payload_too_large`` codes are the contract's error values)."""
+    return [JobList(ok=False, error=QueryError(invalid.code), detail=invalid.explained)]
 
 
 def list_reply_too_large(reply: msgspec.Struct) -> JobList:
@@ -241,13 +236,9 @@ def list_reply_too_large(reply: msgspec.Struct) -> JobList:
 
 def reject_invalid_cancel(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:
     """A cancel that does not decode gets an error reply naming the field."""
-    error = (
-        CancelError.PAYLOAD_TOO_LARGE
-        if invalid.code == "payload_too_large"
-        else CancelError.INVALID_REQUEST
-    )
-    where = f"{invalid.field}: " if invalid.field else ""
-    return [CancelReply(ok=False, job_id="", error=error, detail=f"{where}{invalid.detail}")]
+    return [
+        CancelReply(ok=False, job_id="", error=CancelError(invalid.code), detail=invalid.explained)
+    ]
 
 
 def cancel_reply_too_large(reply: msgspec.Struct) -> CancelReply:

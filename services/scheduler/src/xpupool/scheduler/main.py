@@ -109,26 +109,30 @@ async def run(settings: SchedulerSettings) -> None:
                 bus = await open_bus(
                     bus_stack, bus_settings(access.SCHEDULER, SERVICE, settings), SERVICE
                 )
-                await serve_subject(
-                    bus.nc,
-                    subjects.JOB_LIST,
-                    functools.partial(handlers.list_jobs, deps=deps),
-                    bus.publisher,
-                    queue=SERVICE,
-                    on_invalid=handlers.reject_invalid_list,
-                    stats=stats,
-                    too_large_reply=handlers.list_reply_too_large,
-                )
-                await serve_subject(
-                    bus.nc,
-                    subjects.JOB_CANCEL,
-                    functools.partial(handlers.cancel_job, deps=deps),
-                    bus.publisher,
-                    queue=SERVICE,
-                    on_invalid=handlers.reject_invalid_cancel,
-                    stats=stats,
-                    too_large_reply=handlers.cancel_reply_too_large,
-                )
+                for channel, handler, on_invalid, too_large in (
+                    (
+                        subjects.JOB_LIST,
+                        handlers.list_jobs,
+                        handlers.reject_invalid_list,
+                        handlers.list_reply_too_large,
+                    ),
+                    (
+                        subjects.JOB_CANCEL,
+                        handlers.cancel_job,
+                        handlers.reject_invalid_cancel,
+                        handlers.cancel_reply_too_large,
+                    ),
+                ):
+                    await serve_subject(
+                        bus.nc,
+                        channel,
+                        functools.partial(handler, deps=deps),
+                        bus.publisher,
+                        queue=SERVICE,
+                        on_invalid=on_invalid,
+                        stats=stats,
+                        too_large_reply=too_large,
+                    )
                 for channel in (
                     subjects.ALLOC_ENDED,
                     subjects.NODE_REGISTERED,
