@@ -84,7 +84,15 @@ LEDGER_SCRIPTS: Final[Mapping[str, tuple[str, ...]]] = {
         "release_lock",
         "time_out_pending",
     ),
-    access.LEASE_MANAGER: ("grant", "renew", "end", "expire", "warn_deadlines", "reap_nodes"),
+    access.LEASE_MANAGER: (
+        "grant",
+        "renew",
+        "end",
+        "end_after",
+        "expire",
+        "warn_deadlines",
+        "reap_nodes",
+    ),
     access.TELEMETRY_COLLECTOR: ("register_node", "heartbeat", "set_health", "record_load"),
 }
 # What every ledger client needs: run the scripts (redis-py loads them on NOSCRIPT; pipelines

@@ -606,10 +606,9 @@ class JobReserved(
 
 
 class EndLease(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.lease.end.v1"):
-    """Internal command: the scheduler asks the lease-manager to end a lease (preemption).
-
-    ``grace_s`` lets a later lease-manager warn the holder before it reclaims the slices.
-    """
+    """Internal command: the scheduler asks the lease-manager to end a lease (preemption, a
+    cancel). With ``grace_s`` the holder is warned (``LeaseEnding``) and keeps the slices until
+    the deadline."""
 
     lease_id: str
     reason: EndReason
@@ -671,8 +670,9 @@ class LeaseRenewed(
 class LeaseEnding(
     Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.alloc.ending.v1"
 ):
-    """Warning: the lease will end at ``deadline`` for ``reason`` (``max_runtime``), renewed or
-    not. Save your work; a release before then ends it ``released``."""
+    """Warning: the lease will end at ``deadline`` for ``reason``, renewed or not: ``max_runtime``
+    (its maximum run time) or ``preempted`` (a preemption with the queue file's
+    ``preemption.grace_s``). Save your work; a release before then ends it ``released``."""
 
     job_id: str
     lease_id: str

@@ -207,7 +207,7 @@ ALLOC_RENEWED: Final = Channel(
 ALLOC_ENDING: Final = Channel(
     "xpupool.alloc.v1.ending",
     (p.LeaseEnding,),
-    "Operator copy. A lease will end at its deadline (max_runtime), renewed or not.",
+    "Operator copy. A lease will end at its deadline (max_runtime, or preempted with grace).",
     sender="lease-manager",
     receivers=("operators",),
     stream=EVENTS_STREAM,
@@ -342,7 +342,8 @@ TENANT_ALLOC_RENEWED: Final = Channel(
 TENANT_ALLOC_ENDING: Final = Channel(
     TENANT_SPACE + ".{tenant}.events.ending",
     (p.LeaseEnding,),
-    "Warning: the lease ends at `deadline` (max_runtime) whatever the renewals; save your work.",
+    "Warning: the lease ends at `deadline` (max_runtime, or preempted with a grace period) "
+    "whatever the renewals; save your work or release.",
     sender="lease-manager",
     receivers=("upstream",),
     stream=TENANT_EVENTS_STREAM,

@@ -448,9 +448,18 @@ class Ledger:
             mapping["nominated"] = "1" if nominated else "0"
         await self._redis.hset(self.key("job", job_id), mapping=mapping)  # type: ignore[arg-type]
 
-    async def request_preemption(self, lease_id: str, job_id: str) -> ScriptResult:
-        """Mark a lease as preempted for ``job_id`` and queue the EndLease command (outbox)."""
-        return await self._run("request_preemption", lease_id, job_id)
+    async def request_preemption(
+        self, lease_id: str, job_id: str, grace_ms: int = 0
+    ) -> ScriptResult:
+        """Mark a lease as preempted for ``job_id`` and queue the EndLease command (outbox),
+        which gives the holder ``grace_ms`` after its warning."""
+        return await self._run("request_preemption", lease_id, job_id, grace_ms)
+
+    async def end_after(self, lease_id: str, reason: str, grace_ms: int) -> ScriptResult:
+        """End a lease ``grace_ms`` from now for ``reason`` (a preemption with grace): its
+        holder is warned at once (``LeaseEnding`` through the outbox), renewals stop at the
+        deadline, and the expiry sweep ends it then; idempotent."""
+        return await self._run("end_after", lease_id, reason, grace_ms)
 
     async def drop_pending(
         self, job_id: str, reason: str, field_name: str | None, detail: str

@@ -54,8 +54,12 @@ async def grant_reservation(event: JobReserved, ledger: Ledger) -> Sequence[msgs
 
 
 async def end_lease(command: EndLease, ledger: Ledger) -> Sequence[msgspec.Struct]:
-    """End a lease on the scheduler's request (preemption); idempotent."""
-    await ledger.end(command.lease_id, command.reason.value, command.detail)
+    """End a lease on the scheduler's request (preemption, a cancel); idempotent. With a grace
+    period the holder is warned first and the lease ends at its deadline (or when released)."""
+    if command.grace_s > 0:
+        await ledger.end_after(command.lease_id, command.reason.value, int(command.grace_s * 1000))
+    else:
+        await ledger.end(command.lease_id, command.reason.value, command.detail)
     return []
 
 
@@ -213,7 +217,11 @@ async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgsp
                 reason=EndReason(fields.get("reason") or EndReason.MAX_RUNTIME.value),
                 deadline=_time(deadline_ms),
                 fencing_token=lease.token,
-                detail="the lease ends at its maximum run time, renewed or not",
+                detail=(
+                    "preempted: release before the deadline, or the slices are reclaimed then"
+                    if fields.get("reason") == EndReason.PREEMPTED.value
+                    else "the lease ends at its maximum run time, renewed or not"
+                ),
             )
         ]
     if kind == "ended":

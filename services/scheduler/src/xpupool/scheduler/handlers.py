@@ -446,7 +446,9 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
             case Preempt(victims=victims, detail=detail):
                 for lease_id in victims:
                     # The EndLease command leaves through the outbox, atomically with the mark.
-                    await ledger.request_preemption(lease_id, job_id)
+                    await ledger.request_preemption(
+                        lease_id, job_id, int(config.preemption.grace_s * 1000)
+                    )
                 events.extend(
                     await _waiting(
                         job,
@@ -510,6 +512,7 @@ async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgsp
                 lease_id=fields["lease_id"],
                 reason=EndReason.PREEMPTED,
                 detail=f"preempted for {fields.get('job_id', '')}",
+                grace_s=int(fields.get("grace_ms") or 0) / 1000,
                 requested_by=f"scheduler/{fields.get('job_id', '')}",
             )
         ]

@@ -5,10 +5,13 @@ local now = now_ms()
 local due = redis.call('ZRANGEBYSCORE', k('expiry'), '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 local ended = {}
 for _, lease_id in ipairs(due) do
-  local state, deadline = unpack(redis.call('HMGET', k('lease', lease_id), 'state', 'deadline_ms'))
+  local state, deadline, ending = unpack(redis.call('HMGET', k('lease', lease_id), 'state',
+    'deadline_ms', 'ending_reason'))
   local reason, detail = 'expired', 'not renewed in time'
   if state == 'reserved' then
     detail = 'reservation was never claimed'
+  elseif deadline and tonumber(deadline) <= now and ending then
+    reason, detail = ending, 'its grace period is over'
   elseif deadline and tonumber(deadline) <= now then
     reason, detail = 'max_runtime', 'reached its maximum run time'
   end

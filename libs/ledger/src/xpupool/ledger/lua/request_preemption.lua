@@ -1,6 +1,6 @@
 -- Mark a lease as being preempted for a job and queue the EndLease command in the scheduler's
 -- outbox, in one step: a scheduler that dies right after deciding cannot leave a victim marked
--- but never told. ARGV: lease_id, job_id
+-- but never told. ARGV: lease_id, job_id, grace_ms (the holder's warning before the end)
 local lk = k('lease', ARGV[1])
 local state = redis.call('HGET', lk, 'state')
 if not state or state == 'ended' then return fail('lease_gone', ARGV[1]) end
@@ -9,7 +9,7 @@ if redis.call('HGET', lk, 'preempted_for') == ARGV[2] then
 end
 redis.call('HSET', lk, 'preempted_for', ARGV[2])
 redis.call('XADD', k('outbox', 'scheduler'), '*', 'kind', 'end_lease', 'lease_id', ARGV[1],
-  'job_id', ARGV[2])
+  'job_id', ARGV[2], 'grace_ms', ARGV[3] or '0')
 bump()
 touched('lease', ARGV[1])
 return cjson.encode({ok = true})

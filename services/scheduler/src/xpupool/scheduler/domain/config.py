@@ -126,6 +126,9 @@ class PreemptionConfig:
     min_runtime_s: float = 300.0
     max_victims: int = 16
     max_candidate_nodes: int = 64
+    #: A victim is warned (``LeaseEnding``, reason ``preempted``) and keeps its slices this long
+    #: before they are reclaimed; releasing within it ends the lease ``released``.
+    grace_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,6 +417,7 @@ def parse_config(
         max_candidate_nodes=c.integer(
             pre.get("max_candidate_nodes", 64), "preemption.max_candidate_nodes", minimum=1
         ),
+        grace_s=c.number(pre.get("grace_s", 0.0), "preemption.grace_s"),
     )
     fs = c.mapping(
         top.get("fair_share", {}), "fair_share", frozenset(FairShareConfig.__dataclass_fields__)
