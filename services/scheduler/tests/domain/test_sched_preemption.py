@@ -78,10 +78,14 @@ def test_fewest_victims():
 
 
 def test_minimum_runtime_respected():
-    """A lease younger than the minimum runtime is not preempted."""
+    """A lease younger than the minimum runtime is not preempted, and the job says it waits for
+    that (not for capacity); a request that could not preempt it anyway waits for capacity."""
     snap = full_node(lease("fresh", ["n/0"], priority=100, started=NOW - 10))
     d = decide(job("j", priority="critical"), snap)
-    assert isinstance(d, Wait) and d.reason is Reason.INSUFFICIENT_CAPACITY
+    assert isinstance(d, Wait) and d.reason is Reason.WAITING_FOR_MIN_RUNTIME
+    assert "min_runtime_s" in d.detail
+    peer = decide(job("j", priority="low"), snap)  # equal priority: no preemption at all
+    assert isinstance(peer, Wait) and peer.reason is Reason.INSUFFICIENT_CAPACITY
 
 
 def test_non_preemptible_lease_and_queue():

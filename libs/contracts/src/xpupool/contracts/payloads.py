@@ -185,6 +185,8 @@ class JobReason(StrEnum):
     """Some of the gang's devices could be placed now, but not all of them together."""
     PREEMPTION_IN_PROGRESS = "preemption_in_progress"
     """Leases were preempted for this job and are still ending."""
+    WAITING_FOR_MIN_RUNTIME = "waiting_for_min_runtime"
+    """It may preempt leases, but not before they have run ``preemption.min_runtime_s``."""
     CAPACITY_INCOMING = "capacity_incoming"
     """It will fit once leases that are already ending give their slices back."""
     CAPACITY_RESERVED = "capacity_reserved"

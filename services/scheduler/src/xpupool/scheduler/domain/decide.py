@@ -18,7 +18,7 @@ never hands out the same capacity twice.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xpupool.contracts.payloads import DeviceSlice, JobRequested, JobReserved, Vendor
 from xpupool.scheduler.domain.config import QueueConfig, SchedulerConfig, default_config
@@ -368,6 +368,44 @@ def _why_host_waits(job: str, pool: WorkingPool, demand: Demand, policy: Placeme
     )
 
 
+def _min_runtime_wait(
+    pool: WorkingPool,
+    cfg: SchedulerConfig,
+    now_s: float,
+    demand: Demand,
+    policy: PlacementPolicy,
+    ranked: list[int],
+    queue: str,
+    priority: int,
+    in_quota: bool,
+) -> str | None:
+    """Why the job waits when it could preempt leases that are too young to be preempted: the
+    plan it would have without the minimum run time (None when there is none)."""
+    min_runtime = cfg.preemption.min_runtime_s
+    if not cfg.preemption.enabled or min_runtime <= 0:
+        return None
+    if not any(now_s - pl.state.started_at_s < min_runtime for pl in pool.leases.values()):
+        return None  # nothing too young: the plan above already considered every lease
+    patient = replace(cfg, preemption=replace(cfg.preemption, min_runtime_s=0.0))
+    plan = plan_preemption(
+        pool,
+        demand,
+        policy,
+        ranked,
+        queue=queue,
+        priority=priority,
+        in_quota=in_quota,
+        config=patient,
+        quota_ok=lambda ci: check_quota(pool, patient, queue, demand, ci).allowed,
+    )
+    if plan is None or not plan.victims:
+        return None
+    return (
+        f"would preempt {len(plan.victims)} lease(s) once they have run "
+        f"preemption.min_runtime_s ({min_runtime:g}s)"
+    )
+
+
 def _why_not(
     item: PendingRequest,
     pool: WorkingPool,
@@ -450,6 +488,11 @@ def _why_not(
             # anyone (a pool-wide policy rounds differently): place it, never "preempt nobody".
             return reserve
         return Preempt(job, plan.victims, reserve, f"preempting {len(plan.victims)} lease(s)")
+    young = _min_runtime_wait(
+        pool, cfg, ctx.now_s, demand, policy, ranked, queue, priority, in_quota
+    )
+    if young is not None:
+        return Wait(job, Reason.WAITING_FOR_MIN_RUNTIME, young)
 
     if not allowed:
         first = verdicts[ranked[0]]
