@@ -169,3 +169,14 @@ def test_never_fits_ignores_current_load_and_health():
     assert never_fits(job("j", count=2), pool) is None
     d = decide(job("j", count=2), snap)
     assert isinstance(d, Wait) and d.reason is Reason.NO_MATCHING_DEVICE
+
+
+def test_a_count_the_pool_holds_only_across_models_says_so():
+    """Three NVIDIA devices from a pool of 2 A100 and 2 T4: a request takes one model, and the
+    rejection says that and what the pool has, not just "the pool has 2 A100"."""
+    snap = snapshot(node("a", "A100", 2), node("t", "T4", 2))
+    d = decide(job("j", count=3, vendor=Vendor.NVIDIA), snap)
+    assert isinstance(d, Reject) and d.reason is Reason.EXCEEDS_POOL_CAPACITY
+    assert "of one model" in d.detail and "2 A100" in d.detail and "2 T4" in d.detail
+    d = decide(job("j", count=5, vendor=Vendor.NVIDIA), snap)  # not even all of them together
+    assert isinstance(d, Reject) and "of one model" not in d.detail

@@ -371,7 +371,32 @@ def never_fits(
             continue
         return None
     assert best is not None
-    return best[2]
+    rejection = best[2]
+    if rejection.reason is Reason.EXCEEDS_POOL_CAPACITY and dm.scope == "any":
+        return _one_model_rule(rejection, pool, dm)
+    return rejection
+
+
+def _one_model_rule(rejection: Rejection, pool: WorkingPool, dm: Demand) -> Rejection:
+    """The rejection of a request that the pool could hold only by mixing models: it says so.
+
+    Each request's devices are of one device class (one model), so that a job never sees two
+    kinds of device in one visible-device list; the plain "the pool has 2 A100" hid that the
+    pool holds more matching devices of other models."""
+    counts: dict[str, int] = {}
+    for ci in dm.classes:
+        model = pool.classes[ci].model
+        usable = sum(1 for i in pool.class_devs[ci] if _usable(pool, dm, i))
+        counts[model] = counts.get(model, 0) + usable
+    if sum(counts.values()) < dm.count or len(counts) < 2:
+        return rejection
+    have = ", ".join(f"{n} {m}" for m, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return Rejection(
+        Reason.EXCEEDS_POOL_CAPACITY,
+        "count",
+        f"{dm.count} devices asked; a request takes all its devices of one model and no "
+        f"matching model has {dm.count} (the pool has {have}): ask for fewer per request",
+    )
 
 
 def _host_never_fits(request: JobRequested, pool: WorkingPool) -> Rejection | None:
