@@ -18,7 +18,7 @@ never hands out the same capacity twice.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from xpupool.contracts.payloads import DeviceSlice, JobRequested, JobReserved, Vendor
 from xpupool.scheduler.domain.config import QueueConfig, SchedulerConfig, default_config
@@ -44,8 +44,8 @@ from xpupool.scheduler.domain.placement import (
     place_in_class,
     placeable_count,
 )
-from xpupool.scheduler.domain.pool import WorkingPool, domain_key
-from xpupool.scheduler.domain.preemption import plan_preemption
+from xpupool.scheduler.domain.pool import PoolLease, WorkingPool, domain_key
+from xpupool.scheduler.domain.preemption import can_preempt, plan_preemption
 from xpupool.scheduler.domain.quota import (
     QuotaVerdict,
     below_guarantee,
@@ -368,44 +368,6 @@ def _why_host_waits(job: str, pool: WorkingPool, demand: Demand, policy: Placeme
     )
 
 
-def _min_runtime_wait(
-    pool: WorkingPool,
-    cfg: SchedulerConfig,
-    now_s: float,
-    demand: Demand,
-    policy: PlacementPolicy,
-    ranked: list[int],
-    queue: str,
-    priority: int,
-    in_quota: bool,
-) -> str | None:
-    """Why the job waits when it could preempt leases that are too young to be preempted: the
-    plan it would have without the minimum run time (None when there is none)."""
-    min_runtime = cfg.preemption.min_runtime_s
-    if not cfg.preemption.enabled or min_runtime <= 0:
-        return None
-    if not any(now_s - pl.state.started_at_s < min_runtime for pl in pool.leases.values()):
-        return None  # nothing too young: the plan above already considered every lease
-    patient = replace(cfg, preemption=replace(cfg.preemption, min_runtime_s=0.0))
-    plan = plan_preemption(
-        pool,
-        demand,
-        policy,
-        ranked,
-        queue=queue,
-        priority=priority,
-        in_quota=in_quota,
-        config=patient,
-        quota_ok=lambda ci: check_quota(pool, patient, queue, demand, ci).allowed,
-    )
-    if plan is None or not plan.victims:
-        return None
-    return (
-        f"would preempt {len(plan.victims)} lease(s) once they have run "
-        f"preemption.min_runtime_s ({min_runtime:g}s)"
-    )
-
-
 def _why_not(
     item: PendingRequest,
     pool: WorkingPool,
@@ -469,6 +431,7 @@ def _why_not(
         )
 
     in_quota = any(v.in_quota for v in verdicts.values())
+    young: dict[str, PoolLease] = {}
     plan = plan_preemption(
         pool,
         demand,
@@ -479,6 +442,7 @@ def _why_not(
         in_quota=in_quota,
         config=cfg,
         quota_ok=quota_ok,
+        young=young,
     )
     if plan is not None:
         iq = check_quota(pool, cfg, queue, demand, plan.placement.class_index).in_quota
@@ -488,11 +452,43 @@ def _why_not(
             # anyone (a pool-wide policy rounds differently): place it, never "preempt nobody".
             return reserve
         return Preempt(job, plan.victims, reserve, f"preempting {len(plan.victims)} lease(s)")
-    young = _min_runtime_wait(
-        pool, cfg, ctx.now_s, demand, policy, ranked, queue, priority, in_quota
-    )
-    if young is not None:
-        return Wait(job, Reason.WAITING_FOR_MIN_RUNTIME, young)
+    if young:
+        # Leases only their minimum run time protects: would ending them (and the others the
+        # request may end) make it fit? Then it waits for them, not for capacity.
+        patient = plan_preemption(
+            pool,
+            demand,
+            policy,
+            ranked,
+            queue=queue,
+            priority=priority,
+            in_quota=in_quota,
+            config=cfg,
+            quota_ok=quota_ok,
+            candidates={
+                lid: pl
+                for lid, pl in pool.leases.items()
+                if lid in young
+                or (
+                    (pl.queue == queue or pl.over_quota)
+                    and can_preempt(
+                        pl,
+                        queue=queue,
+                        priority=priority,
+                        in_quota=in_quota,
+                        config=cfg,
+                        now_s=pool.now_s,
+                    )
+                )
+            },
+        )
+        if patient is not None and patient.victims:
+            return Wait(
+                job,
+                Reason.WAITING_FOR_MIN_RUNTIME,
+                f"would preempt {len(patient.victims)} lease(s) once they have run "
+                f"preemption.min_runtime_s ({cfg.preemption.min_runtime_s:g}s)",
+            )
 
     if not allowed:
         first = verdicts[ranked[0]]

@@ -47,12 +47,14 @@ def can_preempt(
     in_quota: bool,
     config: SchedulerConfig,
     now_s: float,
+    ignore_min_runtime: bool = False,
 ) -> bool:
-    """Whether a request (``queue``, ``priority``, ``in_quota``) may end ``victim``."""
+    """Whether a request (``queue``, ``priority``, ``in_quota``) may end ``victim`` (once it has
+    run ``preemption.min_runtime_s``, with ``ignore_min_runtime``)."""
     st = victim.state
     if st.terminating or not st.preemptible:
         return False
-    if now_s - st.started_at_s < config.preemption.min_runtime_s:
+    if not ignore_min_runtime and now_s - st.started_at_s < config.preemption.min_runtime_s:
         return False
     qc = config.queue(victim.queue)
     if qc is not None and not qc.preemptible:
@@ -96,24 +98,37 @@ def plan_preemption(
     config: SchedulerConfig,
     quota_ok: Callable[[int], bool],
     respect_holds: bool = True,
+    young: dict[str, PoolLease] | None = None,
+    candidates: dict[str, PoolLease] | None = None,
 ) -> PreemptionPlan | None:
     """The cheapest set of leases whose end lets ``demand`` fit, or ``None``.
 
     ``classes`` are tried in order; the first class with any plan wins (the intent's order is
     kept even under preemption). ``quota_ok(class_index)`` re-checks the queue's quota on the
     simulated pool, so preempting a lease of one's own queue can also make room under a limit.
+    ``young``, when given, collects the leases that only their minimum run time protects (in
+    the same pass over the leases); ``candidates`` replaces the pass (a plan over given leases).
     """
     cfg = config.preemption
     if not cfg.enabled:
         return None
-    candidates = {
-        lid: pl
-        for lid, pl in pool.leases.items()
-        if (pl.queue == queue or pl.over_quota)
-        and can_preempt(
-            pl, queue=queue, priority=priority, in_quota=in_quota, config=config, now_s=pool.now_s
-        )
-    }
+    if candidates is None:
+        candidates = {}
+        for lid, pl in pool.leases.items():
+            if not (pl.queue == queue or pl.over_quota) or not can_preempt(
+                pl,
+                queue=queue,
+                priority=priority,
+                in_quota=in_quota,
+                config=config,
+                now_s=pool.now_s,
+                ignore_min_runtime=True,
+            ):
+                continue
+            if pool.now_s - pl.state.started_at_s >= cfg.min_runtime_s:
+                candidates[lid] = pl
+            elif young is not None:
+                young[lid] = pl
     if not candidates:
         return None
     for ci in classes:
