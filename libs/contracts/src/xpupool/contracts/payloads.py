@@ -307,6 +307,8 @@ class EndReason(StrEnum):
     LOST = "lost"
     MAX_RUNTIME = "max_runtime"
     """It reached the request's or the queue's maximum run time."""
+    IDLE = "idle"
+    """Its devices showed no utilisation for the queue's ``idle_reclaim_s`` (opt-in)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -673,8 +675,9 @@ class LeaseEnding(
     Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.alloc.ending.v1"
 ):
     """Warning: the lease will end at ``deadline`` for ``reason``, renewed or not: ``max_runtime``
-    (its maximum run time) or ``preempted`` (a preemption with the queue file's
-    ``preemption.grace_s``). Save your work; a release before then ends it ``released``."""
+    (its maximum run time), ``preempted`` (a preemption with the queue file's
+    ``preemption.grace_s``) or ``idle`` (its devices did no work for the queue's
+    ``idle_reclaim_s``). Save your work; a release before then ends it ``released``."""
 
     job_id: str
     lease_id: str

@@ -207,7 +207,7 @@ ALLOC_RENEWED: Final = Channel(
 ALLOC_ENDING: Final = Channel(
     "xpupool.alloc.v1.ending",
     (p.LeaseEnding,),
-    "Operator copy. A lease will end at its deadline (max_runtime, or preempted with grace).",
+    "Operator copy. A lease will end at its deadline (max_runtime, preempted with grace, idle).",
     sender="lease-manager",
     receivers=("operators",),
     stream=EVENTS_STREAM,
@@ -220,7 +220,7 @@ ALLOC_ENDED: Final = Channel(
     sender="lease-manager",
     receivers=("operators", "scheduler"),
     stream=EVENTS_STREAM,
-    parameters={"reason": "released | expired | preempted | lost | max_runtime"},
+    parameters={"reason": "released | expired | preempted | lost | max_runtime | idle"},
 )
 LEASE_RENEW: Final = Channel(
     TENANT_SPACE + ".{tenant}.leases.renew",
@@ -342,8 +342,8 @@ TENANT_ALLOC_RENEWED: Final = Channel(
 TENANT_ALLOC_ENDING: Final = Channel(
     TENANT_SPACE + ".{tenant}.events.ending",
     (p.LeaseEnding,),
-    "Warning: the lease ends at `deadline` (max_runtime, or preempted with a grace period) "
-    "whatever the renewals; save your work or release.",
+    "Warning: the lease ends at `deadline` (max_runtime, preempted with a grace period, or "
+    "idle) whatever the renewals; save your work or release.",
     sender="lease-manager",
     receivers=("upstream",),
     stream=TENANT_EVENTS_STREAM,
@@ -356,7 +356,10 @@ TENANT_ALLOC_ENDED: Final = Channel(
     sender="lease-manager",
     receivers=("upstream",),
     stream=TENANT_EVENTS_STREAM,
-    parameters={**TENANT_PARAM, "reason": "released | expired | preempted | lost | max_runtime"},
+    parameters={
+        **TENANT_PARAM,
+        "reason": "released | expired | preempted | lost | max_runtime | idle",
+    },
 )
 NODE_REGISTERED: Final = Channel(
     "xpupool.nodes.v1.registered",

@@ -131,6 +131,8 @@ class Reservation(msgspec.Struct, frozen=True):
     usage: list[UsageClaim] = msgspec.field(default_factory=list)
     #: The longest the lease may live from its grant, renewals included (0: unbounded).
     max_runtime_ms: int = 0
+    #: Reclaim the lease after its devices did no work this long (0: never; the queue opts in).
+    idle_after_ms: int = 0
 
 
 class TakenSlice(msgspec.Struct, frozen=True):
@@ -518,6 +520,11 @@ class Ledger:
         """End leases and reservations whose term has passed (``max_runtime`` for those at their
         deadline, ``expired`` for the rest)."""
         return await self._run("expire", limit)
+
+    async def reclaim_idle(self, warning_ms: int, limit: int = 1024) -> ScriptResult:
+        """Warn, then end ``idle`` after ``warning_ms``, every watched lease whose devices did no
+        work for its queue's idle time (``ended`` lists the leases warned now)."""
+        return await self._run("reclaim_idle", warning_ms, limit)
 
     async def warn_deadlines(self, warning_ms: int, limit: int = 256) -> ScriptResult:
         """Queue a ``LeaseEnding`` warning (once per lease) for every lease whose maximum run time

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Final
 
 import msgspec
 
@@ -42,6 +43,12 @@ _LEASE_ERRORS = {e.value: e for e in LeaseError}
 
 def _time(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+_ENDING_DETAIL: Final = {
+    EndReason.PREEMPTED.value: "preempted: release before the deadline, or the slices go then",
+    EndReason.IDLE.value: "its devices did no work for the queue's idle_reclaim_s: reclaimed then",
+}
 
 
 async def grant_reservation(event: JobReserved, ledger: Ledger) -> Sequence[msgspec.Struct]:
@@ -217,10 +224,9 @@ async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgsp
                 reason=EndReason(fields.get("reason") or EndReason.MAX_RUNTIME.value),
                 deadline=_time(deadline_ms),
                 fencing_token=lease.token,
-                detail=(
-                    "preempted: release before the deadline, or the slices are reclaimed then"
-                    if fields.get("reason") == EndReason.PREEMPTED.value
-                    else "the lease ends at its maximum run time, renewed or not"
+                detail=_ENDING_DETAIL.get(
+                    fields.get("reason") or "",
+                    "the lease ends at its maximum run time, renewed or not",
                 ),
             )
         ]

@@ -25,15 +25,17 @@ SERVICE = "lease-manager"
 
 
 async def expire_leases(
-    ledger: Ledger, interval_s: float, warning_s: float, stop: asyncio.Event
+    ledger: Ledger, interval_s: float, warning_s: float, idle_warning_s: float, stop: asyncio.Event
 ) -> None:
     """End leases whose term passed on the ledger's clock; nothing outlives its term by more
     than ``interval_s`` plus one script run. Leases whose maximum run time ends within
-    ``warning_s`` are warned first (``LeaseEnding``, once each)."""
+    ``warning_s`` are warned first (``LeaseEnding``, once each); leases idle past their queue's
+    ``idle_reclaim_s`` are warned and end ``idle_warning_s`` later."""
     log = get_logger()
     while not stop.is_set():
         try:
             await ledger.warn_deadlines(int(warning_s * 1000))
+            await ledger.reclaim_idle(int(idle_warning_s * 1000))
             await ledger.expire_due()
         except Exception as error:  # noqa: BLE001  (Redis away: try again next tick)
             log.warning("expiry_failed", error=repr(error))
@@ -120,6 +122,7 @@ async def run(settings: LeaseManagerSettings) -> None:
                         ledger,
                         settings.expiry_interval_s,
                         settings.max_runtime_warning_s,
+                        settings.idle_warning_s,
                         run_stop,
                     ),
                     reap_nodes(

@@ -23,5 +23,7 @@ class LeaseManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
     expiry_interval_s: float = 0.25
     # How long before its maximum run time a lease's holder is warned (LeaseEnding).
     max_runtime_warning_s: float = 60.0
+    # How long an idle lease's holder is warned before the lease is reclaimed (idle_reclaim_s).
+    idle_warning_s: float = 60.0
     node_grace_s: float = 15.0
     node_check_interval_s: float = 1.0

@@ -336,6 +336,7 @@ def reservation_of(
         ttl_ms=int(reserve.lease_ttl_s * 1000),
         hold_ms=int(hold_s * 1000),
         max_runtime_ms=0 if reserve.max_runtime_s is None else int(reserve.max_runtime_s * 1000),
+        idle_after_ms=0 if reserve.idle_reclaim_s is None else int(reserve.idle_reclaim_s * 1000),
         slices=[
             SliceClaim(
                 device_id=s.device_id,

@@ -139,7 +139,12 @@ async def _tick(deps: CollectorDeps) -> tuple[list[msgspec.Struct], str]:
     log = get_logger().bind(node_id=node_id)
     devices = await deps.ledger.node_devices(node_id)
     if isinstance(deps.backend, SimulatedBackend):
-        _follow_leases(deps.backend, devices, deps.settings.sim_overuse_factor)
+        _follow_leases(
+            deps.backend,
+            devices,
+            deps.settings.sim_overuse_factor,
+            deps.settings.sim_busy_factor,
+        )
     # Only a device shared by several leases needs its processes (the one-holder rule charges
     # all its memory); discover() reads them, at a higher cost than sample() on some backends.
     need_processes = any(d.holders > 1 and not d.exclusive for d in devices)
@@ -192,16 +197,22 @@ async def _tick(deps: CollectorDeps) -> tuple[list[msgspec.Struct], str]:
 
 
 def _follow_leases(
-    backend: SimulatedBackend, devices: Sequence[DeviceRecord], overuse_factor: float
+    backend: SimulatedBackend,
+    devices: Sequence[DeviceRecord],
+    overuse_factor: float,
+    busy_factor: float = 1.0,
 ) -> None:
-    """Make simulated devices as busy as the ledger has leased them (times the over-use
-    factor), so telemetry, metrics and over-use detection see plausible load."""
+    """Make simulated devices as busy as the ledger has leased them (memory times the over-use
+    factor, compute times the busy factor), so telemetry, metrics, over-use detection and idle
+    reclaim see plausible load."""
     present = set(backend.device_ids)
     for d in devices:
         if d.spec.device_id in present:
             leased = d.memory_total_mib - d.memory_free_mib
             backend.set_load(
-                d.spec.device_id, int(leased * overuse_factor), 100 - d.compute_free_pct
+                d.spec.device_id,
+                int(leased * overuse_factor),
+                round((100 - d.compute_free_pct) * busy_factor),
             )
 
 

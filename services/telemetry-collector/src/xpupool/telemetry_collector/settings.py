@@ -51,3 +51,6 @@ class CollectorSettings(msgspec.Struct, frozen=True, kw_only=True):
     # Simulated devices report the memory leased on them times this factor; above 1 every
     # share lease over-uses (demos and tests of over-use detection).
     sim_overuse_factor: float = 1.0
+    # Simulated devices are as busy as leased times this factor; 0 makes every lease idle
+    # (demos and tests of idle reclaim).
+    sim_busy_factor: float = 1.0

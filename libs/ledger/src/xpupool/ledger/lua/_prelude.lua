@@ -89,6 +89,26 @@ local function job_outcome(job_id)
   return nil
 end
 
+-- Starts a lease's announced end (a preemption with grace, idle reclaim): its deadline becomes
+-- now + grace_ms (or stays, if sooner), renewals stop there, the holder is warned once through
+-- the lease-manager's outbox (LeaseEnding), and the expiry sweep ends it at the deadline for
+-- ``reason``. Returns false when the lease is already ending.
+local function begin_ending(lease_id, reason, grace_ms, now)
+  local lk = k('lease', lease_id)
+  local l = redis.call('HMGET', lk, 'deadline_ms', 'expires_ms', 'ending_reason')
+  if l[3] then return false end
+  local deadline = now + grace_ms
+  if l[1] then deadline = math.min(deadline, tonumber(l[1])) end
+  local expires = math.min(tonumber(l[2]), deadline)
+  redis.call('HSET', lk, 'deadline_ms', deadline, 'ending_reason', reason, 'expires_ms', expires,
+    'warned', 1)
+  redis.call('ZADD', k('expiry'), expires, lease_id)
+  redis.call('XADD', k('outbox', 'lease-manager'), '*', 'kind', 'ending', 'lease_id', lease_id,
+    'reason', reason, 'deadline_ms', deadline)
+  touched('lease', lease_id)
+  return true
+end
+
 -- Ends one lease: gives every slice, host share and quota unit back, records why, and queues the
 -- terminal event in the lease-manager's outbox. Idempotent: an ended lease stays ended.
 local function end_lease(lease_id, reason, detail, now)
@@ -120,6 +140,7 @@ local function end_lease(lease_id, reason, detail, now)
     redis.call('HINCRBYFLOAT', k('usage', u.scope), u.field, 0 - tonumber(u.inc))
   end
   redis.call('ZREM', k('expiry'), lease_id)
+  redis.call('ZREM', k('idle-watch'), lease_id)
   redis.call('SREM', k('leases'), lease_id)
   redis.call('HSET', lk, 'state', 'ended', 'end_reason', reason, 'end_detail', detail or '',
     'ended_ms', now)

@@ -3,7 +3,7 @@
 -- Lua has no source of secure randomness); a duplicate grant keeps the first secret.
 local lk = k('lease', ARGV[1])
 local l = redis.call('HMGET', lk, 'state', 'ttl_ms', 'token', 'expires_ms', 'job_id',
-  'max_runtime_ms')
+  'max_runtime_ms', 'idle_after_ms')
 if not l[1] then return fail('unknown_lease', ARGV[1]) end
 if l[1] == 'active' then
   return cjson.encode({ok = true, duplicate = true, token = tonumber(l[3]),
@@ -22,6 +22,7 @@ end
 redis.call('HSET', lk, 'state', 'active', 'token', token, 'granted_ms', now, 'expires_ms', expires,
   'secret', ARGV[2])
 redis.call('ZADD', k('expiry'), expires, ARGV[1])
+if tonumber(l[7] or '0') > 0 then redis.call('ZADD', k('idle-watch'), now, ARGV[1]) end
 redis.call('HSET', k('job', l[5]), 'state', 'leased')
 redis.call('XADD', k('outbox', 'lease-manager'), '*', 'kind', 'granted', 'lease_id', ARGV[1])
 bump()

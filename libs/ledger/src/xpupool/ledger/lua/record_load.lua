@@ -7,6 +7,10 @@ for i = 1, #ARGV, 3 do
     redis.call('HSET', dk, 'util', ARGV[i + 1])
     touched('dev', ARGV[i])
   end
+  -- When it last did any work: what idle reclaim measures a lease's devices by.
+  if ARGV[i + 1] ~= '' and tonumber(ARGV[i + 1]) > 0 then
+    redis.call('HSET', dk, 'active_ms', now_ms())
+  end
   if ARGV[i + 2] ~= '' then redis.call('HSET', dk, 'mem_used', ARGV[i + 2]) end
 end
 return cjson.encode({ok = true})

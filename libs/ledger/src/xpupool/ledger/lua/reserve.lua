@@ -79,7 +79,7 @@ redis.call('HSET', lk, 'job_id', r.job_id, 'tenant', r.tenant, 'owner', r.owner,
   'queue', r.queue, 'priority', r.priority, 'state', 'reserved', 'slices', slices_json,
   'host', cjson.encode(r.host), 'usage', cjson.encode(r.usage), 'ttl_ms', r.ttl_ms,
   'created_ms', now, 'expires_ms', now + r.hold_ms, 'token', 0,
-  'max_runtime_ms', r.max_runtime_ms or 0)
+  'max_runtime_ms', r.max_runtime_ms or 0, 'idle_after_ms', r.idle_after_ms or 0)
 redis.call('ZADD', k('expiry'), now + r.hold_ms, r.lease_id)
 redis.call('SADD', k('leases'), r.lease_id)
 redis.call('HSET', jk, 'state', 'reserved', 'lease_id', r.lease_id)

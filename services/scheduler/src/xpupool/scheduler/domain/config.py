@@ -100,6 +100,8 @@ class QueueConfig:
     preemptible: bool = True
     children: tuple[str, ...] = ()
     max_runtime_s: float | None = None
+    #: Opt-in idle reclaim: a lease whose devices do no work this long is warned, then ended.
+    idle_reclaim_s: float | None = None
 
     @property
     def is_leaf(self) -> bool:
@@ -355,6 +357,7 @@ _QUEUE_KEYS = frozenset(
         "placement",
         "preemptible",
         "max_runtime_s",
+        "idle_reclaim_s",
         "tenants",
         "children",
     }
@@ -531,6 +534,11 @@ def parse_config(
                 None
                 if q.get("max_runtime_s") is None
                 else c.number(q["max_runtime_s"], f"{where}.max_runtime_s", strict=True)
+            ),
+            idle_reclaim_s=(
+                None
+                if q.get("idle_reclaim_s") is None
+                else c.number(q["idle_reclaim_s"], f"{where}.idle_reclaim_s", strict=True)
             ),
         )
         return name

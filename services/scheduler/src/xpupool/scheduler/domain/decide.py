@@ -96,6 +96,8 @@ class Reserve:
     policy: str
     max_runtime_s: float | None = None
     """The smaller of the request's and the leaf queue's maximum run time (None: unbounded)."""
+    idle_reclaim_s: float | None = None
+    """The leaf queue's idle reclaim time (None: the queue did not opt in)."""
 
     def to_event(self, lease_id: str) -> JobReserved:
         """The contract event for this reservation; ``lease_id`` is minted by the shell."""
@@ -193,6 +195,7 @@ def _reserve(
             )
         )
     host = tuple(HostCharge(pool.nodes[ni].node_id, cpu, mem) for ni, cpu, mem in pl.host)
+    leaf = pool.config.queue(queue)
     return Reserve(
         job_id=req.job_id,
         tenant=req.tenant or "",
@@ -205,7 +208,8 @@ def _reserve(
         capacity_units=units,
         in_quota=in_quota,
         policy=pl.policy,
-        max_runtime_s=_max_runtime(req.max_runtime_s, pool.config.queue(queue)),
+        max_runtime_s=_max_runtime(req.max_runtime_s, leaf),
+        idle_reclaim_s=leaf.idle_reclaim_s if leaf else None,
     )
 
 
