@@ -3,6 +3,8 @@ and ends ``preempted`` then, or ``released`` if it gives them back in time."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import eventually
-from tests.e2e.conftest import EventLog, Ready
+from tests.e2e.conftest import EventLog, Ready, cli_env
 from xpupool.contracts import (
     AllocationGranted,
     EndReason,
@@ -22,6 +24,7 @@ from xpupool.contracts import (
 )
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.ledger import audit
+from xpupool.runner import EXIT_LEASE_LOST
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -90,3 +93,47 @@ async def test_the_victim_is_warned_and_keeps_its_slices_for_the_grace(
         assert any(p.reason == "preemption_in_progress" for p in log.of(JobPending, "urgent"))
         assert len(log.of(LeaseEnding, "victim")) == 1
     assert await audit(ledger) == []
+
+
+async def test_run_passes_the_preemption_warning_to_cmd_and_exits_with_the_reason(
+    make_stack: Callable[..., Stack], ready: Ready, tmp_path: Path
+) -> None:
+    """``xpupool run`` on a preempted lease: CMD gets SIGTERM at the warning, the runner exits
+    75 saying why, and the preempting job is granted."""
+    stack = _stack(make_stack, tmp_path)
+    await ready(stack, 1)
+    marker = tmp_path / "terminated"
+    script = (
+        "import signal, sys, time\n"
+        "def bye(*_):\n"
+        f"    open({str(marker)!r}, 'w').write('term'); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    runner = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "xpupool.cli.main",
+        "run",
+        "--priority",
+        "low",
+        "--",
+        sys.executable,
+        "-c",
+        script,
+        env=cli_env(stack, "batch"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert runner.stdout is not None
+    assert (await asyncio.wait_for(runner.stdout.readline(), 30)).strip() == b"ready"
+    async with stack.client("batch") as client:
+        urgent = await client.submit_and_wait(
+            JobRequested(job_id="urgent", tenant="batch", priority=Priority.HIGH), timeout_s=30
+        )
+        assert isinstance(urgent, AllocationGranted), urgent
+    _, err = await asyncio.wait_for(runner.communicate(), 30)
+    assert runner.returncode == EXIT_LEASE_LOST, err.decode()
+    assert "(preempted); sending SIGTERM" in err.decode()
+    assert marker.read_text() == "term"
