@@ -153,7 +153,7 @@ _COLLECTOR_WRITES: Final[tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = 
     (("srem",), ("dev-leases:*", "node-leases:*", "leases")),
     (("del",), ("dev:*", "dev-leases:*")),
     (("expire",), ("lease:*",)),
-    (("zrem",), ("expiry", "idle-watch")),
+    (("zrem",), ("expiry", "idle-watch", "deadlines")),
     (("zadd", "zremrangebyrank"), ("changes",)),
     (("incr",), ("changes-seq", "ver")),
     (("set",), ("changes-epoch", "changes-floor")),

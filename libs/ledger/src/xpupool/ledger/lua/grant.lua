@@ -18,11 +18,13 @@ if max_runtime > 0 then
   -- The term never runs past the maximum run time; renewals are capped there too.
   expires = math.min(expires, now + max_runtime)
   redis.call('HSET', lk, 'deadline_ms', now + max_runtime)
+  redis.call('ZADD', k('deadlines'), now + max_runtime, ARGV[1])
 end
 redis.call('HSET', lk, 'state', 'active', 'token', token, 'granted_ms', now, 'expires_ms', expires,
   'secret', ARGV[2])
 redis.call('ZADD', k('expiry'), expires, ARGV[1])
-if tonumber(l[7] or '0') > 0 then redis.call('ZADD', k('idle-watch'), now, ARGV[1]) end
+local idle_after = tonumber(l[7] or '0') or 0
+if idle_after > 0 then redis.call('ZADD', k('idle-watch'), now + idle_after, ARGV[1]) end
 redis.call('HSET', k('job', l[5]), 'state', 'leased')
 redis.call('XADD', k('outbox', 'lease-manager'), '*', 'kind', 'granted', 'lease_id', ARGV[1])
 bump()

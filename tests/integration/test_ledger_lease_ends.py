@@ -1,0 +1,66 @@
+"""The ledger's announced lease ends (maximum run time, idle reclaim) on a real redis-server:
+each sweep reads only the leases due, and a sweep smaller than the watch list reaches them all."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.integration.ledger_builders import device_spec, reservation
+from xpupool.contracts import DeviceSample
+from xpupool.ledger import Ledger, SliceClaim
+
+pytestmark = pytest.mark.integration
+
+
+async def _granted(ledger: Ledger, count: int, **kwargs: object) -> list[str]:
+    await ledger.register_node("n1", [device_spec("n1", i) for i in range(count)])
+    leases = []
+    for i in range(count):
+        claim = SliceClaim(device_id=f"n1/nvidia{i}", memory_mib=81920, compute_pct=100, whole=True)
+        assert (await ledger.reserve(reservation(f"j{i}", claim, **kwargs))).ok
+        assert (await ledger.grant(f"lease-j{i}")).ok
+        leases.append(f"lease-j{i}")
+    return leases
+
+
+async def test_idle_leases_beyond_one_sweep_are_all_reclaimed(ledger: Ledger) -> None:
+    leases = await _granted(ledger, 3, idle_after_ms=200)
+    await asyncio.sleep(0.3)
+    warned: list[str] = []
+    for _ in range(3):  # one lease per sweep: each sweep must reach a new one
+        warned += (await ledger.reclaim_idle(warning_ms=60_000, limit=1)).ended
+    assert sorted(warned) == leases
+    assert (await ledger.reclaim_idle(warning_ms=60_000)).ended == []  # warned once each
+    for lease_id in leases:
+        lease = await ledger.get_lease(lease_id)
+        assert lease is not None and lease.state == "active"  # ends at the deadline, not now
+
+
+async def test_a_busy_lease_is_looked_at_again_only_when_it_could_be_idle(ledger: Ledger) -> None:
+    (lease_id,) = await _granted(ledger, 1, idle_after_ms=400)
+    await asyncio.sleep(0.2)
+    await ledger.record_load([DeviceSample(device_id="n1/nvidia0", util_pct=80.0)])
+    await asyncio.sleep(0.25)  # 450 ms after the grant, 250 after the work
+    assert (await ledger.reclaim_idle(warning_ms=60_000)).ended == []
+    await asyncio.sleep(0.25)  # 500 ms after the work
+    assert (await ledger.reclaim_idle(warning_ms=60_000)).ended == [lease_id]
+
+
+async def test_max_runtime_warnings_read_only_leases_with_a_deadline(ledger: Ledger) -> None:
+    bounded = await _granted(ledger, 2, max_runtime_ms=300)
+    assert (await ledger.warn_deadlines(warning_ms=100)).ended == []  # 300 ms away
+    await asyncio.sleep(0.25)
+    assert (
+        sorted(
+            (await ledger.warn_deadlines(warning_ms=100, limit=1)).ended
+            + (await ledger.warn_deadlines(warning_ms=100, limit=1)).ended
+        )
+        == bounded
+    )
+    await asyncio.sleep(0.2)
+    assert sorted((await ledger.expire_due()).ended) == bounded
+    for lease_id in bounded:
+        lease = await ledger.get_lease(lease_id)
+        assert lease is not None and lease.end_reason == "max_runtime"
