@@ -17,6 +17,7 @@ never hands out the same capacity twice.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,7 +46,7 @@ from xpupool.scheduler.domain.placement import (
     placeable_count,
 )
 from xpupool.scheduler.domain.pool import PoolLease, WorkingPool, domain_key
-from xpupool.scheduler.domain.preemption import can_preempt, plan_preemption
+from xpupool.scheduler.domain.preemption import plan_preemption
 from xpupool.scheduler.domain.quota import (
     QuotaVerdict,
     below_guarantee,
@@ -435,8 +436,8 @@ def _why_not(
         )
 
     in_quota = any(v.in_quota for v in verdicts.values())
-    young: dict[str, PoolLease] = {}
-    plan = plan_preemption(
+    plan_for = functools.partial(
+        plan_preemption,
         pool,
         demand,
         policy,
@@ -446,8 +447,10 @@ def _why_not(
         in_quota=in_quota,
         config=cfg,
         quota_ok=quota_ok,
-        young=young,
     )
+    eligible: dict[str, PoolLease] = {}
+    young: dict[str, PoolLease] = {}
+    plan = plan_for(ready=eligible, young=young)
     if plan is not None:
         iq = check_quota(pool, cfg, queue, demand, plan.placement.class_index).in_quota
         reserve = _reserve(pool, req, queue, priority, plan.placement, iq)
@@ -459,33 +462,7 @@ def _why_not(
     if young:
         # Leases only their minimum run time protects: would ending them (and the others the
         # request may end) make it fit? Then it waits for them, not for capacity.
-        patient = plan_preemption(
-            pool,
-            demand,
-            policy,
-            ranked,
-            queue=queue,
-            priority=priority,
-            in_quota=in_quota,
-            config=cfg,
-            quota_ok=quota_ok,
-            candidates={
-                lid: pl
-                for lid, pl in pool.leases.items()
-                if lid in young
-                or (
-                    (pl.queue == queue or pl.over_quota)
-                    and can_preempt(
-                        pl,
-                        queue=queue,
-                        priority=priority,
-                        in_quota=in_quota,
-                        config=cfg,
-                        now_s=pool.now_s,
-                    )
-                )
-            },
-        )
+        patient = plan_for(candidates=eligible | young)
         if patient is not None and patient.victims:
             return Wait(
                 job,

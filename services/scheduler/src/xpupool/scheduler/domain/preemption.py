@@ -98,6 +98,7 @@ def plan_preemption(
     config: SchedulerConfig,
     quota_ok: Callable[[int], bool],
     respect_holds: bool = True,
+    ready: dict[str, PoolLease] | None = None,
     young: dict[str, PoolLease] | None = None,
     candidates: dict[str, PoolLease] | None = None,
 ) -> PreemptionPlan | None:
@@ -106,8 +107,9 @@ def plan_preemption(
     ``classes`` are tried in order; the first class with any plan wins (the intent's order is
     kept even under preemption). ``quota_ok(class_index)`` re-checks the queue's quota on the
     simulated pool, so preempting a lease of one's own queue can also make room under a limit.
-    ``young``, when given, collects the leases that only their minimum run time protects (in
-    the same pass over the leases); ``candidates`` replaces the pass (a plan over given leases).
+    ``ready`` and ``young``, when given, collect the leases the request may end and those only
+    their minimum run time protects (in the same pass over the leases); ``candidates`` replaces
+    the pass (a plan over given leases).
     """
     cfg = config.preemption
     if not cfg.enabled:
@@ -129,6 +131,8 @@ def plan_preemption(
                 candidates[lid] = pl
             elif young is not None:
                 young[lid] = pl
+        if ready is not None:
+            ready.update(candidates)
     if not candidates:
         return None
     for ci in classes:
