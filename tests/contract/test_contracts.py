@@ -149,6 +149,43 @@ EXAMPLES: list[msgspec.Struct] = [
         used_memory_mib=2048,
         at=NOW,
     ),
+    p.ScaleDecision(
+        decision_id="d1",
+        pool="a100",
+        action=p.ScaleAction.SCALE_UP,
+        reason=p.ScaleReason.PENDING_DEMAND,
+        count=2,
+        size_before=1,
+        size_after=3,
+        demand=p.ScaleDemand(job_ids=["j1", "j2"], jobs=2, devices=16, capacity_units=16.0),
+        cost_per_hour_delta=28.8,
+        request_id="r1",
+        at=NOW,
+    ),
+    p.NodeProvisioning(
+        request_id="r1",
+        decision_id="d1",
+        pool="a100",
+        provider="simulated",
+        count=2,
+        job_ids=["j1", "j2"],
+        expected_ready_at=NOW,
+        at=NOW,
+    ),
+    p.NodeReady(pool="a100", node_id="a100-1", request_id="r1", provisioned_s=180.0, at=NOW),
+    p.NodeDraining(
+        pool="a100",
+        node_id="a100-1",
+        decision_id="d2",
+        policy=p.DrainPolicy.PREEMPT,
+        grace_s=60.0,
+        leases=1,
+        at=NOW,
+    ),
+    p.NodeRemoved(pool="a100", node_id="a100-1", decision_id="d3", request_id="r2", at=NOW),
+    p.ScaleFailed(
+        pool="a100", request_id="r3", action=p.ScaleAction.SCALE_UP, error="quota", at=NOW
+    ),
 ]
 
 

@@ -117,6 +117,16 @@ __all__ = [
     "LeaseSecret",
     "ReleaseLease",
     "RenewLease",
+    "DrainPolicy",
+    "NodeDraining",
+    "NodeProvisioning",
+    "NodeReady",
+    "NodeRemoved",
+    "ScaleAction",
+    "ScaleDecision",
+    "ScaleDemand",
+    "ScaleFailed",
+    "ScaleReason",
     "TelemetrySampled",
     "Timestamp",
     "Vendor",
@@ -851,6 +861,157 @@ class LeaseOverused(
     job_id: str
     granted_memory_mib: int
     used_memory_mib: int
+    at: Timestamp
+
+
+# --------------------------------------------------------------------------------------------
+# Autoscaling (autoscaler -> operators, scheduler): every decision says why and for what demand
+# --------------------------------------------------------------------------------------------
+
+
+class ScaleAction(StrEnum):
+    """What a scale decision does to a pool. Public API: add, never rename."""
+
+    SCALE_UP = "scale_up"
+    """Nodes are requested from the pool's provider."""
+    DRAIN = "drain"
+    """Nodes stop taking new grants: the first step of scaling down."""
+    UNDRAIN = "undrain"
+    """Demand came back before a draining node was removed: it takes grants again."""
+    PREEMPT = "preempt"
+    """A draining node's leases are ended with the pool's grace period (drain policy preempt)."""
+    REMOVE = "remove"
+    """Drained nodes (no lease left) are given back to the provider."""
+
+
+class ScaleReason(StrEnum):
+    """Why the autoscaler decided what it did. Public API: add, never rename."""
+
+    PENDING_DEMAND = "pending_demand"
+    """Pending requests that the added capacity would let the scheduler place."""
+    FORECAST = "forecast"
+    """Predictive mode: the demand forecast at the provisioning horizon exceeds capacity."""
+    BELOW_MIN_SIZE = "below_min_size"
+    """The pool has fewer nodes than its ``min_size``."""
+    IDLE = "idle"
+    """Idle past the pool's cool-down while recent demand stayed below the low watermark."""
+    DEMAND_RETURNED = "demand_returned"
+    """Demand the pool could serve came back while the node was draining."""
+    DRAINED = "drained"
+    """The draining node holds no lease any more."""
+    DRAIN_GRACE = "drain_grace"
+    """The pool's drain policy preempts the leases left on a draining node, with a grace."""
+
+
+class DrainPolicy(StrEnum):
+    """How a pool's nodes are emptied before removal."""
+
+    WAIT = "wait"
+    """Wait until every lease on the node has ended by itself."""
+    PREEMPT = "preempt"
+    """Preempt the remaining leases with the pool's grace period (``LeaseEnding`` first)."""
+
+
+class ScaleDemand(Struct, frozen=True, kw_only=True):
+    """The demand a decision answers: the pending jobs it serves (``job_ids`` lists at most
+    1,024 of them, ``jobs`` counts all), their devices and normalised capacity units, and for
+    a predictive decision the forecast it acted on."""
+
+    job_ids: Annotated[list[Name], Meta(max_length=1024)] = field(default_factory=list)
+    jobs: int = 0
+    devices: float = 0.0
+    capacity_units: float = 0.0
+    forecast_devices: float | None = None
+
+
+class ScaleDecision(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.scale.decision.v1"
+):
+    """One decision of the autoscaler about one pool, with its reason and the demand it answers.
+
+    ``size_before``/``size_after`` count the pool's nodes that are ready or being provisioned
+    and not draining; ``cost_per_hour_delta`` is what the decision adds (negative: saves)."""
+
+    decision_id: Name
+    pool: Name
+    action: ScaleAction
+    reason: ScaleReason
+    detail: Detail = ""
+    count: int = 0
+    node_ids: Annotated[list[Name], Meta(max_length=1024)] = field(default_factory=list)
+    size_before: int = 0
+    size_after: int = 0
+    demand: ScaleDemand = field(default_factory=ScaleDemand)
+    cost_per_hour_delta: float = 0.0
+    request_id: Name | None = None
+    at: Timestamp
+
+
+class NodeProvisioning(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.scale.provisioning.v1"
+):
+    """A provider was asked for ``count`` nodes of ``pool`` (``request_id`` is its idempotency
+    key); the scheduler counts them as incoming capacity until they are ready or failed.
+    ``node_ids`` are known only where the provider names nodes up front."""
+
+    request_id: Name
+    decision_id: Name
+    pool: Name
+    provider: Name
+    count: int
+    node_ids: Annotated[list[Name], Meta(max_length=1024)] = field(default_factory=list)
+    job_ids: Annotated[list[Name], Meta(max_length=1024)] = field(default_factory=list)
+    expected_ready_at: Timestamp | None = None
+    at: Timestamp
+
+
+class NodeReady(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.scale.ready.v1"):
+    """A provisioned node sent its first telemetry: its devices are schedulable now."""
+
+    pool: Name
+    node_id: Name
+    request_id: Name | None = None
+    provisioned_s: float | None = None
+    at: Timestamp
+
+
+class NodeDraining(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.scale.draining.v1"
+):
+    """A node takes no new grants; it is removed once no lease remains on it (or, with
+    ``policy`` preempt, its leases are ended with ``grace_s`` first)."""
+
+    pool: Name
+    node_id: Name
+    decision_id: Name
+    policy: DrainPolicy = DrainPolicy.WAIT
+    grace_s: float = 0.0
+    leases: int = 0
+    at: Timestamp
+
+
+class NodeRemoved(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.scale.removed.v1"
+):
+    """A drained node was given back to its provider."""
+
+    pool: Name
+    node_id: Name
+    decision_id: Name
+    request_id: Name
+    at: Timestamp
+
+
+class ScaleFailed(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.scale.failed.v1"
+):
+    """A provider could not carry out a request; the autoscaler retries with the same
+    ``request_id`` (providers are idempotent by it)."""
+
+    pool: Name
+    request_id: Name
+    action: ScaleAction
+    error: Detail
     at: Timestamp
 
 

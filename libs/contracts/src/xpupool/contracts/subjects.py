@@ -112,6 +112,7 @@ EVENTS_STREAM: Final = Stream(
         "xpupool.nodes.v1.registered",
         "xpupool.nodes.v1.lost",
         "xpupool.devices.v1.>",
+        "xpupool.scale.v1.>",
     ),
     work_queue=False,
     description="Public outcome events, kept for a week for any number of subscribers.",
@@ -410,6 +411,55 @@ LEASE_OVERUSED: Final = Channel(
     receivers=("operators", "lease-manager"),
     stream=EVENTS_STREAM,
 )
+SCALE_DECISION: Final = Channel(
+    "xpupool.scale.v1.decision",
+    (p.ScaleDecision,),
+    "An autoscaler decision about one pool (scale up, drain, undrain, preempt, remove), with its "
+    "reason and the demand it answers (job ids, devices, capacity units, forecast).",
+    sender="autoscaler",
+    receivers=("operators",),
+    stream=EVENTS_STREAM,
+)
+SCALE_PROVISIONING: Final = Channel(
+    "xpupool.scale.v1.provisioning",
+    (p.NodeProvisioning,),
+    "Nodes were requested from a pool's provider: capacity incoming for the listed jobs.",
+    sender="autoscaler",
+    receivers=("scheduler", "operators"),
+    stream=EVENTS_STREAM,
+)
+SCALE_READY: Final = Channel(
+    "xpupool.scale.v1.ready",
+    (p.NodeReady,),
+    "A provisioned node sent its first telemetry; its devices are schedulable.",
+    sender="autoscaler",
+    receivers=("scheduler", "operators"),
+    stream=EVENTS_STREAM,
+)
+SCALE_DRAINING: Final = Channel(
+    "xpupool.scale.v1.draining",
+    (p.NodeDraining,),
+    "A node takes no new grants until it is removed or undrained.",
+    sender="autoscaler",
+    receivers=("scheduler", "lease-manager", "operators"),
+    stream=EVENTS_STREAM,
+)
+SCALE_REMOVED: Final = Channel(
+    "xpupool.scale.v1.removed",
+    (p.NodeRemoved,),
+    "A drained node was given back to its provider.",
+    sender="autoscaler",
+    receivers=("scheduler", "operators"),
+    stream=EVENTS_STREAM,
+)
+SCALE_FAILED: Final = Channel(
+    "xpupool.scale.v1.failed",
+    (p.ScaleFailed,),
+    "A provider request failed; it is retried with the same request id.",
+    sender="autoscaler",
+    receivers=("operators",),
+    stream=EVENTS_STREAM,
+)
 SIM_FAULT: Final = Channel(
     "xpupool.sim.v1.fault.{node_id}",
     (p.InjectFault,),
@@ -455,6 +505,12 @@ CHANNELS: Final[tuple[Channel, ...]] = (
     TELEMETRY,
     DEVICE_HEALTH,
     LEASE_OVERUSED,
+    SCALE_DECISION,
+    SCALE_PROVISIONING,
+    SCALE_READY,
+    SCALE_DRAINING,
+    SCALE_REMOVED,
+    SCALE_FAILED,
     SIM_FAULT,
     TENANT_JOB_REJECTED,
     TENANT_JOB_PENDING,
@@ -576,4 +632,15 @@ def dedup_id(event: object) -> str | None:
             return f"{lease_id}:ended"
         case p.EndLease(lease_id=lease_id, reason=reason):
             return f"{lease_id}:end:{reason.value}"
+        case p.ScaleDecision(decision_id=decision_id):
+            return f"scale:{decision_id}"
+        case p.NodeProvisioning(request_id=request_id):
+            # A replica that takes over re-announces in-flight requests: one event per request.
+            return f"scale:{request_id}:provisioning"
+        case p.NodeReady(node_id=node_id, request_id=request_id) if request_id:
+            return f"scale:{node_id}:ready:{request_id}"
+        case p.NodeDraining(node_id=node_id, decision_id=decision_id):
+            return f"scale:{node_id}:draining:{decision_id}"
+        case p.NodeRemoved(node_id=node_id, request_id=request_id):
+            return f"scale:{node_id}:removed:{request_id}"
     return None
