@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 from xpupool.placement import ShapeDistribution
-from xpupool.placement.online import OnlineXpupoolPolicy
+from xpupool.placement.online import OnlineFragmentationPolicy
 from xpupool.replay.arrivals import build_fgd_workload, fgd_cluster, replay_arrivals
 from xpupool.replay.trace import find_trace_dir, load_nodes, load_pods
 
@@ -43,7 +43,7 @@ def main() -> None:
             replay_arrivals(
                 clusters[seed],
                 workloads[seed],
-                OnlineXpupoolPolicy(half_life, rebuild_every),
+                OnlineFragmentationPolicy(half_life, rebuild_every),
                 typical,
             ).alloc_at(100)
             for seed in seeds

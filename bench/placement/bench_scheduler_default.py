@@ -3,7 +3,7 @@ same arrivals.
 
 The scheduler side is ``xpupool.replay.scheduler_default.decide_arrivals``: the domain's
 ``decide`` with the registry the service builds, the learned default ``xpupool``
-(``xpupool.scheduler.learned_policy``: intent tiers, then fragmentation against the request
+(``xpupool.placement.default``: intent tiers, then fragmentation against the request
 shapes it has seen; it is told nothing about the trace). Every pod of the FGD-protocol sequence,
 CPU-only ones included (host-only requests, ``count: 0``), is turned into a job request and
 decided against a working pool of the trace's 1,213 nodes, one decision per call as a cycle with

@@ -15,7 +15,7 @@ import pytest
 from xpupool.placement.frag import ShapeDistribution
 from xpupool.placement.policies import PolicyContext
 from xpupool.placement.registry import POLICIES, make_policy
-from xpupool.placement.state import ClusterState, NodeSpec, Placement, PodDemand
+from xpupool.placement.state import ClusterState, NodeChoice, NodeSpec, PodDemand
 from xpupool.replay.arrivals import (
     RecordedPolicy,
     build_fgd_workload,
@@ -92,7 +92,7 @@ def test_placements_csv_parses_back_and_revalidates(small_trace, tmp_path: Path)
         "--seeds",
         "42",
         "--policy",
-        "fgd,xpupool",
+        "fgd,xpupool-static",
         "--placements",
         str(out),
         "--jobs",
@@ -103,17 +103,17 @@ def test_placements_csv_parses_back_and_revalidates(small_trace, tmp_path: Path)
         assert main(args) == 0
     demands = {p.name: p.demand for p in parse_pods(pods_path.read_text())}
     rows = list(csv.DictReader(out.read_text().splitlines()))
-    assert {r["policy"] for r in rows} == {"fgd", "xpupool"}
+    assert {r["policy"] for r in rows} == {"fgd", "xpupool-static"}
     from xpupool.replay.trace import parse_nodes
 
     nodes = parse_nodes(nodes_path.read_text())
-    for policy in ("fgd", "xpupool"):
+    for policy in ("fgd", "xpupool-static"):
         state = ClusterState.from_nodes(nodes)
         index = {name: i for i, name in enumerate(state.names)}
         for r in (r for r in rows if r["policy"] == policy):
             pod = demands[r["pod"]]
             gpus = tuple(int(g) for g in r["gpus"].split("-")) if r["gpus"] else ()
-            pl = Placement.for_pod(index[r["node"]], gpus, pod)
+            pl = NodeChoice.for_pod(index[r["node"]], gpus, pod)
             assert int(r["gpu_milli"]) == pl.gpu_milli
             assert state.fits(pl, pod)
             state.allocate(pl)
@@ -133,7 +133,7 @@ def test_cli_json_on_reduced_trace(small_trace) -> None:
                 "--seeds",
                 "42-43",
                 "--policy",
-                "bestfit,xpupool",
+                "bestfit,xpupool-static",
                 "--json",
                 "--jobs",
                 "1",
@@ -141,7 +141,7 @@ def test_cli_json_on_reduced_trace(small_trace) -> None:
         )
     assert rc == 0
     data = json.loads(buf.getvalue())
-    assert [p["policy"] for p in data["policies"]] == ["bestfit", "xpupool"]
+    assert [p["policy"] for p in data["policies"]] == ["bestfit", "xpupool-static"]
     pol = data["policies"][1]
     assert set(pol["alloc_pct"]) == {"90", "95", "100", "110", "130"}
     assert set(pol["frag_amount_pct"]) == {"50", "80", "100"}
@@ -197,7 +197,7 @@ def test_all_policies_include_the_online_default() -> None:
     assert "xpupool-online" in POLICIES
 
 
-@pytest.mark.parametrize("policy", ["xpupool", "xpupool-online"])
+@pytest.mark.parametrize("policy", ["xpupool-static", "xpupool-online"])
 def test_dynamic_cli_on_reduced_trace(small_trace, policy: str) -> None:
     """--dynamic reports wait percentiles and utilisation; --plot without matplotlib says so."""
     nodes_path, pods_path = small_trace

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from xpupool.placement.registry import make_policy
-from xpupool.placement.state import ClusterState, NodeSpec, Placement, PodDemand
+from xpupool.placement.state import ClusterState, NodeChoice, NodeSpec, PodDemand
 from xpupool.replay.arrivals import fgd_cluster
 
 CPU_POD = PodDemand(16_000, 1_000)
@@ -68,6 +68,6 @@ def test_scores_still_win_over_the_tie_order() -> None:
         nodes = fgd_cluster(SPECS, seed)
         st = ClusterState.from_nodes(nodes)
         used = _tie_order(nodes)[-1]  # last in the tie order
-        st.allocate(Placement.for_pod(used, (0,), PodDemand(1_000, 0, 1, 500)))
+        st.allocate(NodeChoice.for_pod(used, (0,), PodDemand(1_000, 0, 1, 500)))
         pl = make_policy("packing").choose(st, PodDemand(1_000, 0, 1, 300))
         assert pl is not None and pl.node == used and pl.gpus == (0,)

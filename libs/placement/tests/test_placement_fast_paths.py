@@ -23,7 +23,7 @@ from xpupool.placement.frag import (
     ShapeDistribution,
     group_rows,
 )
-from xpupool.placement.ours import XpupoolPolicy
+from xpupool.placement.ours import FragmentationPolicy
 from xpupool.placement.policies import (
     MAX_SPEC_CPU,
     MAX_SPEC_GPU,
@@ -39,8 +39,8 @@ from xpupool.placement.state import (
     ClusterState,
     FloatArray,
     IntArray,
+    NodeChoice,
     NodeSpec,
-    Placement,
     PodDemand,
 )
 from xpupool.replay.arrivals import build_fgd_workload
@@ -115,15 +115,15 @@ def ref_candidates(state: ClusterState, idx: IntArray, pod: PodDemand) -> Candid
     return Candidates(idx, np.full(len(idx), -1, dtype=np.int64), after, cpu_after)
 
 
-def _finish(state: ClusterState, cand: Candidates, rows: IntArray, pod: PodDemand) -> Placement:
+def _finish(state: ClusterState, cand: Candidates, rows: IntArray, pod: PodDemand) -> NodeChoice:
     row = int(rows[np.argmin(state.name_rank[cand.node[rows]])])
     node = int(cand.node[row])
     if pod.is_sharing:
-        return Placement.for_pod(node, (int(cand.gpu[row]),), pod)
-    return Placement.for_pod(node, state.best_fit_gpus(node, pod), pod)
+        return NodeChoice.for_pod(node, (int(cand.gpu[row]),), pod)
+    return NodeChoice.for_pod(node, state.best_fit_gpus(node, pod), pod)
 
 
-def ref_fgd(ev: FragEvaluator, state: ClusterState, pod: PodDemand) -> Placement | None:
+def ref_fgd(ev: FragEvaluator, state: ClusterState, pod: PodDemand) -> NodeChoice | None:
     """FGD scoring every feasible node, nothing cached."""
     idx = np.flatnonzero(state.feasible(pod))
     if len(idx) == 0:
@@ -136,8 +136,8 @@ def ref_fgd(ev: FragEvaluator, state: ClusterState, pod: PodDemand) -> Placement
 
 
 def ref_xpupool(
-    pol: XpupoolPolicy, ev: FragEvaluator, state: ClusterState, pod: PodDemand
-) -> Placement | None:
+    pol: FragmentationPolicy, ev: FragEvaluator, state: ClusterState, pod: PodDemand
+) -> NodeChoice | None:
     """xpupool's cost on every feasible node, nothing cached."""
     idx = np.flatnonzero(state.feasible(pod))
     if len(idx) == 0:
@@ -165,7 +165,7 @@ def ref_xpupool(
     return _finish(state, cand, np.flatnonzero(cost == cost.min()), pod)
 
 
-def ref_pressure(pol: XpupoolPolicy, state: ClusterState) -> dict[str, float]:
+def ref_pressure(pol: FragmentationPolicy, state: ClusterState) -> dict[str, float]:
     """``rho_m = free x sum over constraints A holding m of d_A / free_A``, one model at a time."""
     free = {m: 0.0 for m in state.models}
     for i in range(state.num_nodes):
@@ -182,7 +182,7 @@ def ref_pressure(pol: XpupoolPolicy, state: ClusterState) -> dict[str, float]:
     return out
 
 
-def ref_xpupool_evaluator(pol: XpupoolPolicy, state: ClusterState) -> FragEvaluator:
+def ref_xpupool_evaluator(pol: FragmentationPolicy, state: ClusterState) -> FragEvaluator:
     """The evaluator xpupool builds, the long way: scarcity weights, then a fresh evaluator."""
     dist = pol.target
     if pol.scarcity:
@@ -357,16 +357,16 @@ def _compare_decisions(
     state = ClusterState.from_nodes(list(nodes))
     ctx = PolicyContext(rng=np.random.default_rng(0), workload=list(pods))
     pol = make_policy(policy, ctx)
-    if isinstance(pol, XpupoolPolicy):
+    if isinstance(pol, FragmentationPolicy):
         ev = ref_xpupool_evaluator(pol, state)
     else:
         assert isinstance(pol, FGDPolicy)
         ev = FragEvaluator(pol.typical, state.models)
-    placed: list[Placement] = []
+    placed: list[NodeChoice] = []
     log: list[str] = []
     rng = np.random.default_rng(7)
     for i, pod in enumerate(workload):
-        want = ref_xpupool(pol, ev, state, pod) if isinstance(pol, XpupoolPolicy) else None
+        want = ref_xpupool(pol, ev, state, pod) if isinstance(pol, FragmentationPolicy) else None
         if isinstance(pol, FGDPolicy):
             want = ref_fgd(ev, state, pod)
         got = pol.choose(state, pod)
@@ -380,7 +380,7 @@ def _compare_decisions(
     return log
 
 
-@pytest.mark.parametrize("policy", ["fgd", "xpupool"])
+@pytest.mark.parametrize("policy", ["fgd", "xpupool-static"])
 def test_same_decisions_on_many_identical_nodes(policy: str) -> None:
     """A cluster of twins, random pods with model constraints, arrivals and departures."""
     rng = np.random.default_rng(11)
@@ -395,9 +395,13 @@ def test_same_decisions_on_many_identical_nodes(policy: str) -> None:
 #: gpuspec33/xpupool one was updated for the model-pressure term, checked against ref_xpupool).
 PINNED = {
     ("default", "fgd"): "2db092c19c2049bc385293487d6960de5ddbb8330e4ee0585bbc9623f859d4df",
-    ("default", "xpupool"): "a64b8b50cd5a3229867122a25114bd31b82fd20f79047ad59ad5d48a76d95d3f",
+    ("default", "xpupool-static"): (
+        "a64b8b50cd5a3229867122a25114bd31b82fd20f79047ad59ad5d48a76d95d3f"
+    ),
     ("gpuspec33", "fgd"): "c8beda535dfb4638373865a19b350ba275c7c26f789bc24728c6b5166b4fe47a",
-    ("gpuspec33", "xpupool"): "0ac430d4db7b842729d54834c34f578228818a5f20d42a152282730c64664233",
+    ("gpuspec33", "xpupool-static"): (
+        "0ac430d4db7b842729d54834c34f578228818a5f20d42a152282730c64664233"
+    ),
 }
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from xpupool.placement.frag import Shape
-from xpupool.placement.online import OnlineXpupoolPolicy, ShapeLearner
-from xpupool.placement.ours import XpupoolPolicy
+from xpupool.placement.online import OnlineFragmentationPolicy, ShapeLearner
+from xpupool.placement.ours import FragmentationPolicy
 from xpupool.placement.policies import PolicyContext
 from xpupool.placement.state import ClusterState, NodeSpec, PodDemand
 from xpupool.replay.arrivals import build_fgd_workload, replay_arrivals
@@ -68,7 +68,7 @@ def test_renormalising_keeps_proportions_and_forgets_negligible_shapes() -> None
 
 
 def test_new_shapes_rebuild_at_once_and_known_ones_periodically() -> None:
-    policy = OnlineXpupoolPolicy(rebuild_every=3, learn_on_choose=False)
+    policy = OnlineFragmentationPolicy(rebuild_every=3, learn_on_choose=False)
     policy.observe(SHARE, "a")
     first = policy.current()
     policy.observe(SHARE, "b")
@@ -88,8 +88,8 @@ def test_after_seeing_the_workload_it_decides_as_the_offline_policy(
     """With no decay, no coverage cut and the whole workload observed first, the learned target
     is exactly the offline one, so every decision is the same."""
     original = [p.demand for p in small_pods]
-    offline = XpupoolPolicy.from_context(PolicyContext(workload=original))
-    online = OnlineXpupoolPolicy(
+    offline = FragmentationPolicy.from_context(PolicyContext(workload=original))
+    online = OnlineFragmentationPolicy(
         half_life=1e12, rebuild_every=10**9, learn_on_choose=False, coverage=1.0
     )
     for i, pod in enumerate(original):
@@ -110,16 +110,16 @@ def test_learning_while_placing_tracks_the_offline_policy(
     """Learning from the arrivals only (the replay's ``xpupool-online``) costs at most a little
     allocation against knowing the workload in advance (the reduced trace, seed 42)."""
     original = [p.demand for p in small_pods]
-    offline = XpupoolPolicy.from_context(PolicyContext(workload=original))
+    offline = FragmentationPolicy.from_context(PolicyContext(workload=original))
     capacity = sum(n.num_gpu for n in small_nodes) * 1000
     workload = build_fgd_workload(original, 42, capacity)
     a = replay_arrivals(small_nodes, workload, offline, offline.target)
-    b = replay_arrivals(small_nodes, workload, OnlineXpupoolPolicy(), offline.target)
+    b = replay_arrivals(small_nodes, workload, OnlineFragmentationPolicy(), offline.target)
     assert b.alloc_at(100) >= a.alloc_at(100) - 1.0
 
 
 def test_a_rare_new_shape_waits_for_the_periodic_rebuild() -> None:
-    policy = OnlineXpupoolPolicy(half_life=1e12, rebuild_every=1000, learn_on_choose=False)
+    policy = OnlineFragmentationPolicy(half_life=1e12, rebuild_every=1000, learn_on_choose=False)
     for i in range(500):
         policy.observe(SHARE, i)
     built = policy.current()
@@ -154,10 +154,10 @@ def test_unconstrained_pods_keep_off_a_model_that_constrained_demand_claims() ->
     ]
     state = ClusterState.from_nodes(nodes)
     free_pod = PodDemand(4000, 1000, 1, 1000, name="free")
-    plain = OnlineXpupoolPolicy()
+    plain = OnlineFragmentationPolicy()
     for i in range(50):
         plain.observe(PodDemand(4000, 1000, 1, 1000, name=f"u{i}"))
-    pinned = OnlineXpupoolPolicy()
+    pinned = OnlineFragmentationPolicy()
     for i in range(50):
         models = frozenset({"T"}) if i % 2 else None
         pinned.observe(PodDemand(4000, 1000, 1, 1000, models, name=f"p{i}"))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from xpupool.placement.frag import FragEvaluator, Shape, ShapeDistribution
-from xpupool.placement.ours import XpupoolPolicy
+from xpupool.placement.ours import FragmentationPolicy
 from xpupool.placement.policies import (
     BestFitPolicy,
     ClusteringPolicy,
@@ -18,7 +18,7 @@ from xpupool.placement.policies import (
     sigmoid_score,
 )
 from xpupool.placement.registry import DEFAULT_POLICY, POLICIES, make_policy
-from xpupool.placement.state import ClusterState, NodeSpec, Placement, PodDemand
+from xpupool.placement.state import ClusterState, NodeChoice, NodeSpec, PodDemand
 
 
 def _state(*nodes: NodeSpec) -> ClusterState:
@@ -26,7 +26,8 @@ def _state(*nodes: NodeSpec) -> ClusterState:
 
 
 def test_registry_has_all_policies_and_default() -> None:
-    """POLICIES names the six baselines, first-fit, xpupool (the default) and its online form."""
+    """POLICIES names the six baselines, first-fit, the fragmentation policy told the workload
+    (``xpupool-static``) and the online form the scheduler's default places with."""
     assert set(POLICIES) == {
         "random",
         "dotprod",
@@ -35,10 +36,10 @@ def test_registry_has_all_policies_and_default() -> None:
         "bestfit",
         "fgd",
         "firstfit",
-        "xpupool",
+        "xpupool-static",
         "xpupool-online",
     }
-    assert DEFAULT_POLICY == "xpupool"
+    assert DEFAULT_POLICY == "xpupool-online"
     with pytest.raises(KeyError):
         make_policy("nope")
 
@@ -53,8 +54,8 @@ def test_firstfit_takes_first_name_then_tightest_gpu() -> None:
     pol = make_policy("firstfit")
     pl = pol.choose(st, PodDemand(8000, 1000, 1, 1000))
     assert pl is not None and pl.node == 1 and pl.gpus == (0,)
-    st.allocate(Placement.for_pod(1, (0,), PodDemand(8000, 1000, 1, 300)))
-    st.allocate(Placement.for_pod(1, (1,), PodDemand(8000, 1000, 1, 600)))
+    st.allocate(NodeChoice.for_pod(1, (0,), PodDemand(8000, 1000, 1, 300)))
+    st.allocate(NodeChoice.for_pod(1, (1,), PodDemand(8000, 1000, 1, 600)))
     pl = pol.choose(st, PodDemand(1000, 1000, 1, 300))
     assert pl is not None and pl.node == 1 and pl.gpus == (1,)
     # CPU and model feasibility: only "c" is a T node.
@@ -80,8 +81,8 @@ def test_dotprod_prefers_small_dot_product() -> None:
 def test_packing_prefers_partially_used_gpu() -> None:
     """Packing puts a sharing pod on the fullest partially used GPU, not on an idle node."""
     st = _state(NodeSpec("a", 64_000, 10**6, 2, "G"), NodeSpec("b", 64_000, 10**6, 4, "G"))
-    st.allocate(Placement(1, (1,), 400, 0, 0))
-    st.allocate(Placement(1, (3,), 700, 0, 0))
+    st.allocate(NodeChoice(1, (1,), 400, 0, 0))
+    st.allocate(NodeChoice(1, (3,), 700, 0, 0))
     pl = PackingPolicy().choose(st, PodDemand(1000, 0, 1, 200))
     assert pl is not None and (pl.node, pl.gpus) == (1, (3,))
 
@@ -89,7 +90,7 @@ def test_packing_prefers_partially_used_gpu() -> None:
 def test_packing_prefers_used_node_for_whole_gpu() -> None:
     """Packing sends whole-GPU pods to a used node before an idle one."""
     st = _state(NodeSpec("a", 64_000, 10**6, 2, "G"), NodeSpec("b", 64_000, 10**6, 4, "G"))
-    st.allocate(Placement(1, (0,), 1000, 0, 0))
+    st.allocate(NodeChoice(1, (0,), 1000, 0, 0))
     pl = PackingPolicy().choose(st, PodDemand(1000, 0, 2, 1000))
     assert pl is not None and (pl.node, pl.gpus) == (1, (1, 2))
 
@@ -101,8 +102,8 @@ def test_clustering_prefers_same_class_node() -> None:
         NodeSpec("b", 64_000, 10**6, 4, "G"),
         NodeSpec("c", 64_000, 10**6, 4, "G"),
     )
-    st.allocate(Placement(0, (0,), 1000, 0, 0))
-    st.allocate(Placement(2, (0,), 300, 0, 0))
+    st.allocate(NodeChoice(0, (0,), 1000, 0, 0))
+    st.allocate(NodeChoice(2, (0,), 300, 0, 0))
     pl = ClusteringPolicy().choose(st, PodDemand(1000, 0, 1, 300))
     assert pl is not None and pl.node == 2
     whole = ClusteringPolicy().choose(st, PodDemand(1000, 0, 1, 1000))
@@ -136,7 +137,7 @@ def _two_shapes() -> ShapeDistribution:
 def test_fgd_minimises_fragmentation_increase() -> None:
     """FGD fills the GPU whose leftover would be a fragment anyway, against name order."""
     st = _state(NodeSpec("b", 64_000, 10**6, 1, "G"), NodeSpec("a", 64_000, 10**6, 1, "G"))
-    st.allocate(Placement(0, (0,), 400, 0, 0))
+    st.allocate(NodeChoice(0, (0,), 400, 0, 0))
     pl = FGDPolicy(_two_shapes()).choose(st, PodDemand(0, 0, 1, 500))
     assert pl is not None and pl.node == 0
     ev = FragEvaluator(_two_shapes(), st.models)
@@ -147,7 +148,7 @@ def test_fgd_minimises_fragmentation_increase() -> None:
 def test_fgd_picks_gpu_within_node() -> None:
     """FGD chooses, inside a node, the GPU whose use fragments least."""
     st = _state(NodeSpec("a", 64_000, 10**6, 2, "G"))
-    st.allocate(Placement(0, (1,), 400, 0, 0))
+    st.allocate(NodeChoice(0, (1,), 400, 0, 0))
     pl = FGDPolicy(_two_shapes()).choose(st, PodDemand(0, 0, 1, 500))
     assert pl is not None and pl.gpus == (1,)
 
@@ -161,7 +162,7 @@ def test_sigmoid_score_is_truncated_integer() -> None:
 def test_frag_hand_computed_example() -> None:
     """F_n on a hand-worked node: CPU-only, fitting, GPU-short and CPU-short shapes."""
     st = _state(NodeSpec("a", 10_000, 10**6, 2, "G"))
-    st.allocate(Placement(0, (1,), 700, 0, 0))
+    st.allocate(NodeChoice(0, (1,), 700, 0, 0))
     dist = ShapeDistribution(
         (Shape(1000, 0, 0), Shape(4000, 500, 1), Shape(1000, 1000, 2), Shape(20_000, 1000, 1)),
         (0.25, 0.25, 0.25, 0.25),
@@ -194,7 +195,7 @@ def test_xpupool_avoids_stranding_gpus_with_cpu_only_pods() -> None:
         NodeSpec("a-dense", 24_000, 10**6, 8, "G"), NodeSpec("b-rich", 104_000, 10**6, 2, "G")
     )
     dist = ShapeDistribution((Shape(11_000, 1000, 1), Shape(20_000, 0, 0)), (0.8, 0.2))
-    pol = XpupoolPolicy(dist)
+    pol = FragmentationPolicy(dist)
     pl = pol.choose(st, PodDemand(20_000, 0))
     assert pl is not None and pl.node == 1
 
@@ -202,8 +203,8 @@ def test_xpupool_avoids_stranding_gpus_with_cpu_only_pods() -> None:
 def test_xpupool_from_context_uses_workload() -> None:
     """The default policy builds its target from the context's workload."""
     pods = [PodDemand(4000, 0, 1, 500), PodDemand(8000, 0, 1, 1000), PodDemand(2000, 0)]
-    pol = make_policy("xpupool", PolicyContext(workload=pods))
-    assert isinstance(pol, XpupoolPolicy)
+    pol = make_policy("xpupool-static", PolicyContext(workload=pods))
+    assert isinstance(pol, FragmentationPolicy)
     assert pol.cpu_per_gpu == pytest.approx(12_000 / 1500)
     with pytest.raises(ValueError):
         make_policy("fgd", PolicyContext())

@@ -1,11 +1,11 @@
-"""ClusterState, PodDemand and Placement: feasibility and bookkeeping."""
+"""ClusterState, PodDemand and NodeChoice: feasibility and bookkeeping."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from xpupool.placement.state import ClusterState, NodeSpec, Placement, PodDemand
+from xpupool.placement.state import ClusterState, NodeChoice, NodeSpec, PodDemand
 
 
 def _cluster() -> ClusterState:
@@ -55,7 +55,7 @@ def test_allocate_and_release_roundtrip() -> None:
     """release() exactly undoes allocate(), including class counters and versions."""
     st = _cluster()
     pod = PodDemand(4000, 2000, 1, 300)
-    pl = Placement.for_pod(1, (3,), pod)
+    pl = NodeChoice.for_pod(1, (3,), pod)
     st.allocate(pl)
     assert st.gpu_free[1, 3] == 700 and st.cpu_free[1] == 92_000 and st.mem_free[1] == 391_216
     assert st.class_counts[1, 0] == 1 and st.node_version[1] == 1
@@ -69,12 +69,12 @@ def test_allocate_refuses_over_allocation() -> None:
     st = _cluster()
     before = st.gpu_free.copy()
     with pytest.raises(ValueError):
-        st.allocate(Placement(0, (0,), 600, 17_000, 0))
-    st.allocate(Placement(0, (0,), 600, 1000, 0))
+        st.allocate(NodeChoice(0, (0,), 600, 17_000, 0))
+    st.allocate(NodeChoice(0, (0,), 600, 1000, 0))
     with pytest.raises(ValueError):
-        st.allocate(Placement(0, (0,), 600, 1000, 0))
+        st.allocate(NodeChoice(0, (0,), 600, 1000, 0))
     with pytest.raises(ValueError):
-        st.allocate(Placement(0, (5,), 100, 0, 0))
+        st.allocate(NodeChoice(0, (5,), 100, 0, 0))
     assert st.gpu_free[0, 0] == 400
     assert (st.gpu_free[1:] == before[1:]).all()
 
@@ -83,7 +83,7 @@ def test_release_refuses_unknown_placement() -> None:
     """release() of something never allocated raises instead of exceeding capacity."""
     st = _cluster()
     with pytest.raises(ValueError):
-        st.release(Placement(1, (0,), 500, 0, 0))
+        st.release(NodeChoice(1, (0,), 500, 0, 0))
 
 
 def test_pod_demand_validation_and_kind() -> None:
@@ -101,9 +101,9 @@ def test_pod_demand_validation_and_kind() -> None:
 def test_best_fit_gpus_picks_tightest_then_lowest_index() -> None:
     """Sharing pods take the tightest GPU that fits; whole-GPU pods the first free ones."""
     st = _cluster()
-    st.allocate(Placement(1, (2,), 500, 0, 0))
-    st.allocate(Placement(1, (5,), 500, 0, 0))
-    st.allocate(Placement(1, (6,), 800, 0, 0))
+    st.allocate(NodeChoice(1, (2,), 500, 0, 0))
+    st.allocate(NodeChoice(1, (5,), 500, 0, 0))
+    st.allocate(NodeChoice(1, (6,), 800, 0, 0))
     assert st.best_fit_gpus(1, PodDemand(0, 0, 1, 300)) == (2,)
     assert st.best_fit_gpus(1, PodDemand(0, 0, 1, 100)) == (6,)
     assert st.best_fit_gpus(1, PodDemand(0, 0, 3, 1000)) == (0, 1, 3)

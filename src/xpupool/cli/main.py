@@ -254,9 +254,9 @@ def _fleet(text: str | None) -> list[NodeSpec]:
 def _queue_config(path: str) -> str:
     """``--queues``: the scheduler's queue file, checked as the scheduler will (its built-in and
     trace policies), as an absolute path."""
+    from xpupool.placement.node_policies import make_trace_policies
     from xpupool.scheduler.domain import load_config
     from xpupool.scheduler.domain.config import BUILTIN_POLICIES
-    from xpupool.scheduler.trace_policies import make_trace_policies
 
     known = (*BUILTIN_POLICIES, *(p.name for p in make_trace_policies()))
     load_config(path, known_policies=known)

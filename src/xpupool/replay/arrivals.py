@@ -21,8 +21,8 @@ from xpupool.placement.state import (
     ClusterState,
     FloatArray,
     IntArray,
+    NodeChoice,
     NodeSpec,
-    Placement,
     PodDemand,
 )
 from xpupool.replay.trace import TracePod
@@ -163,11 +163,11 @@ class RecordedPolicy:
         self._outcomes = list(outcomes)
         self._next = 0
 
-    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+    def choose(self, state: ClusterState, pod: PodDemand) -> NodeChoice | None:
         """The next recorded outcome as a placement of ``pod``."""
         got = self._outcomes[self._next]
         self._next += 1
-        return None if got is None else Placement.for_pod(got[0], got[1], pod)
+        return None if got is None else NodeChoice.for_pod(got[0], got[1], pod)
 
 
 class RecordingPolicy:
@@ -178,7 +178,7 @@ class RecordingPolicy:
         self.inner = inner
         self.outcomes: list[Outcome] = []
 
-    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+    def choose(self, state: ClusterState, pod: PodDemand) -> NodeChoice | None:
         """The inner policy's choice, recorded."""
         pl = self.inner.choose(state, pod)
         self.outcomes.append(None if pl is None else (pl.node, tuple(sorted(pl.gpus))))
@@ -411,7 +411,7 @@ def replay_dynamic(
     cap = state.gpu_capacity_milli
     order = sorted(range(len(pods)), key=lambda i: (pods[i].creation_time, pods[i].name))
     departures: list[tuple[float, int, int]] = []  # (time, seq, pod index)
-    running: dict[int, Placement] = {}
+    running: dict[int, NodeChoice] = {}
     queue: deque[int] = deque()
     waits: list[float] = []
     times: list[float] = []

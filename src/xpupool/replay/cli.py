@@ -88,8 +88,8 @@ SCHEDULER_DEFAULT: Final = "default"
 
 
 def parse_policies(text: str) -> list[str]:
-    """Comma-separated policy names; ``all`` = every registered policy (the baselines, ``xpupool``
-    told the workload, and ``xpupool-online``, the placement the scheduler's default makes,
+    """Comma-separated policy names; ``all`` = every registered policy (the baselines,
+    ``xpupool-static`` told the workload, and ``xpupool-online``, the placement the scheduler's default makes,
     learning it); ``default`` = the scheduler's default itself (see ``SCHEDULER_DEFAULT``)."""
     names: list[str] = []
     for part in text.split(","):
@@ -97,7 +97,7 @@ def parse_policies(text: str) -> list[str]:
         if not key:
             continue
         if key == "all":
-            names.extend([*BASELINES, DEFAULT_POLICY, *POLICIES])
+            names.extend([*BASELINES, *POLICIES])
         elif key in POLICIES or key == SCHEDULER_DEFAULT:
             names.append(key)
         else:

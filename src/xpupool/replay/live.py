@@ -7,7 +7,7 @@ For one (policy, seed), the in-process replay places the shuffled, inflated pod 
 process (``xpupool.telemetry_collector.fleet``), and whose queue places with the scheduler's
 name for the policy (:func:`scheduler_policy`): ``xpupool-online`` is the scheduler's own default
 ``xpupool`` (it learns the shapes from the requests it decides), every other policy its trace
-policy ``<policy>-trace`` (``xpupool.scheduler.trace_policies``). Pods go one at a time; each
+policy ``<policy>-trace`` (``xpupool.placement.node_policies``). Pods go one at a time; each
 waits for its outcome:
 
 * granted: the slices say where it went;
@@ -62,7 +62,10 @@ from xpupool.devices import load_catalog
 from xpupool.devstack.stack import ServiceProcess, Stack
 from xpupool.ledger import Ledger
 from xpupool.placement import PodDemand, PolicyContext, make_policy
+from xpupool.placement.default import DEFAULT_POLICY_NAME as LEARNED_DEFAULT
+from xpupool.placement.default import ONLINE_POLICY
 from xpupool.placement.frag import ShapeDistribution
+from xpupool.placement.node_policies import trace_policy_name
 from xpupool.placement.state import MILLI, NodeSpec
 from xpupool.replay.arrivals import (
     Outcome,
@@ -75,9 +78,6 @@ from xpupool.replay.arrivals import (
 )
 from xpupool.replay.requests import job_request as pod_request
 from xpupool.replay.trace import TracePod, format_pods
-from xpupool.scheduler.learned_policy import DEFAULT_POLICY_NAME as LEARNED_DEFAULT
-from xpupool.scheduler.learned_policy import ONLINE_POLICY
-from xpupool.scheduler.trace_policies import trace_policy_name
 from xpupool.telemetry_collector.fleet import FleetNode, format_fleet
 
 #: The longest lease term the contract allows: nothing may expire during a replay.

@@ -13,6 +13,8 @@ import time
 from collections.abc import Sequence
 
 from xpupool.placement import NodeSpec, PodDemand
+from xpupool.placement.default import DefaultPolicy
+from xpupool.placement.node_policies import trace_snapshot
 from xpupool.replay.arrivals import Outcome
 from xpupool.replay.requests import job_request
 from xpupool.scheduler.domain import (
@@ -22,9 +24,7 @@ from xpupool.scheduler.domain import (
     decide,
     default_config,
 )
-from xpupool.scheduler.learned_policy import LearnedPolicy
 from xpupool.scheduler.settings import SchedulerSettings
-from xpupool.scheduler.trace_policies import trace_snapshot
 
 __all__ = ["decide_arrivals"]
 
@@ -37,7 +37,7 @@ def decide_arrivals(
     """Every pod's outcome (node row and GPU slots, or None) and each decision's seconds."""
     config = default_config()
     # As the service builds it (scheduler.main): one learned default for the whole run.
-    default = LearnedPolicy.create(half_life=SchedulerSettings().placement_shape_half_life)
+    default = DefaultPolicy.create(half_life=SchedulerSettings().placement_shape_half_life)
     policies = registry or default.cycle_registry(config.placement)
     pool = WorkingPool(trace_snapshot(nodes), config)
     row = {n.name: i for i, n in enumerate(nodes)}

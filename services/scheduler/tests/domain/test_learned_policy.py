@@ -12,6 +12,8 @@ from domain_builders import job, lease, node, snapshot
 
 from xpupool.contracts.payloads import GangSpec, Intent
 from xpupool.placement import PolicyContext, ShapeDistribution, make_policy
+from xpupool.placement.default import DefaultPolicy
+from xpupool.placement.inventory import HostCharge, PoolSnapshot
 from xpupool.replay.arrivals import (
     RecordedPolicy,
     build_fgd_workload,
@@ -27,15 +29,12 @@ from xpupool.scheduler.domain import (
     decide,
     decide_batch,
     default_config,
-    default_registry,
 )
-from xpupool.scheduler.domain.model import HostCharge, PoolSnapshot
-from xpupool.scheduler.learned_policy import LearnedPolicy
 
 
-def _registry() -> tuple[PolicyRegistry, LearnedPolicy]:
-    policy = LearnedPolicy.create()
-    return policy.install(default_registry(default_config().placement)), policy
+def _registry() -> tuple[PolicyRegistry, DefaultPolicy]:
+    policy = DefaultPolicy.create()
+    return policy.cycle_registry(default_config().placement), policy
 
 
 def _reserve(snap: PoolSnapshot, request: object, registry: PolicyRegistry) -> Reserve:
@@ -48,7 +47,7 @@ def _reserve(snap: PoolSnapshot, request: object, registry: PolicyRegistry) -> R
 def test_it_is_the_default_and_keeps_the_classic_judgements() -> None:
     registry, policy = _registry()
     assert registry.get(None) is policy
-    assert policy.base is not policy and policy.base.name == "xpupool"
+    assert policy.base is not policy and policy.base.name == "heuristic"
 
 
 def test_intent_ranks_classes_before_fragmentation() -> None:

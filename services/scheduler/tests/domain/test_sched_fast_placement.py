@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from test_sched_properties import NOW, configs, pools, streams
 
 from xpupool.contracts.payloads import DeviceDemand, HostDemand, Intent, JobRequested
+from xpupool.placement.demand import make_demand
+from xpupool.placement.engine import HeuristicPolicy, place_in_class
 from xpupool.scheduler.domain import (
     LeaseSlice,
     LeaseState,
@@ -29,8 +31,6 @@ from xpupool.scheduler.domain import (
     default_config,
 )
 from xpupool.scheduler.domain.decide import Decision
-from xpupool.scheduler.domain.matching import make_demand
-from xpupool.scheduler.domain.placement import XpupoolPolicy, place_in_class
 
 MODELS = sorted(CATALOG)
 
@@ -81,7 +81,7 @@ def test_fast_place_in_class_equals_reference(
     cfg = replace(
         cfg, placement=replace(cfg.placement, hot_util_pct=hot, typical_share_pct=typical)
     )
-    policy = XpupoolPolicy(cfg.placement)
+    policy = HeuristicPolicy(cfg.placement)
     wp = WorkingPool(snap, cfg)
     for n, (kind, mem, comp, cpu, hold) in enumerate(demands):
         dd = {

@@ -11,6 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from xpupool.contracts.payloads import GangSpec, JobRequested, Vendor
+from xpupool.placement.default import default_registry
+from xpupool.placement.demand import make_demand
+from xpupool.placement.engine import HOST_ONLY, place_host_only
 from xpupool.scheduler.domain import (
     HostCharge,
     NodeState,
@@ -27,12 +30,9 @@ from xpupool.scheduler.domain import (
     decide,
     decide_batch,
     default_config,
-    default_registry,
     never_fits,
 )
 from xpupool.scheduler.domain.config import StarvationConfig, with_queues
-from xpupool.scheduler.domain.matching import make_demand
-from xpupool.scheduler.domain.placement import HOST_ONLY, place_host_only
 from xpupool.scheduler.domain.quota import mark_over_quota
 
 NOW = 10_000.0
@@ -230,7 +230,7 @@ def test_place_host_only_placement_convention() -> None:
 def test_trace_policy_places_host_only_as_a_cpu_only_pod() -> None:
     """A pool-wide trace policy gets ``place_pool(pool, demand, ())``: any node row but held
     or down ones, no devices (bestfit: the least CPU left over)."""
-    from xpupool.scheduler.trace_policies import make_trace_policies
+    from xpupool.placement.node_policies import make_trace_policies
 
     (policy,) = make_trace_policies(names=["bestfit"])
     snap = snapshot(
@@ -286,7 +286,7 @@ def test_host_only_batches_never_over_commit(
     """Whatever the pool and the policy, a batch mixing host-only and GPU jobs never takes more
     host CPU or memory than a node has free, puts host-only jobs on live nodes without devices,
     and answers every job."""
-    from xpupool.scheduler.trace_policies import make_trace_policies
+    from xpupool.placement.node_policies import make_trace_policies
 
     snap, jobs = case
     cfg = with_queues(default_config(), QueueConfig("t1", placement=placement))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from domain_builders import job, node, snapshot
 
 from xpupool.contracts.payloads import GangSpec, Isolation, Vendor
+from xpupool.placement.demand import share_on
 from xpupool.scheduler.domain import (
     QueueConfig,
     Reason,
@@ -17,7 +18,6 @@ from xpupool.scheduler.domain import (
     never_fits,
 )
 from xpupool.scheduler.domain.config import with_queues
-from xpupool.scheduler.domain.matching import share_on
 
 
 def mixed():

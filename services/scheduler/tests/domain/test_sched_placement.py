@@ -7,6 +7,8 @@ from dataclasses import replace
 from domain_builders import job, lease, node, snapshot
 
 from xpupool.contracts.payloads import GangSpec, Intent
+from xpupool.placement.default import default_registry
+from xpupool.placement.inventory import HostCharge
 from xpupool.scheduler.domain import (
     PendingRequest,
     QueueConfig,
@@ -18,10 +20,8 @@ from xpupool.scheduler.domain import (
     decide,
     decide_batch,
     default_config,
-    default_registry,
 )
 from xpupool.scheduler.domain.config import with_queues
-from xpupool.scheduler.domain.model import HostCharge
 
 
 def hetero():
@@ -31,6 +31,12 @@ def hetero():
 def reserve(d) -> Reserve:
     assert isinstance(d, Reserve), d
     return d
+
+
+def heuristic():
+    """A config whose queue places with the per-class ``heuristic`` policy (the judgements the
+    default keeps for gangs, preemption planning and explanations)."""
+    return with_queues(default_config(), QueueConfig(name="t1", placement="heuristic"))
 
 
 def test_cheapest_fastest_balanced_across_vendors():
@@ -78,18 +84,18 @@ def test_binpack_vs_spread_nodes():
     )
 
 
-def test_xpupool_shares_stack_on_shared_devices():
-    """The default policy puts a share on an already-shared device, keeping idle devices whole."""
+def test_heuristic_shares_stack_on_shared_devices():
+    """The heuristic puts a share on an already-shared device, keeping idle devices whole."""
     snap = snapshot(
         node("n1", "A100", 2),
         node("n2", "A100", 2),
         leases=(lease("l", ["n2/1"], share=(20000, 20)),),
     )
-    d = reserve(decide(job("j", memory_mib=10000), snap))
+    d = reserve(decide(job("j", memory_mib=10000), snap, heuristic()))
     assert d.slices[0].device_id == "n2/1"
 
 
-def test_xpupool_avoids_hot_devices_for_shares():
+def test_heuristic_avoids_hot_devices_for_shares():
     """A share avoids a device whose live utilization is above the hot threshold."""
     hot = node("n1", "A100", 1, util_pct=97.0)
     cool = node("n2", "A100", 1, util_pct=10.0)
@@ -98,7 +104,7 @@ def test_xpupool_avoids_hot_devices_for_shares():
         cool,
         leases=(lease("l1", ["n1/0"], share=(1000, 10)), lease("l2", ["n2/0"], share=(1000, 10))),
     )
-    assert reserve(decide(job("j", memory_mib=1000), snap)).slices[0].node_id == "n2"
+    assert reserve(decide(job("j", memory_mib=1000), snap, heuristic())).slices[0].node_id == "n2"
 
 
 def test_degraded_devices_take_no_new_grants():
@@ -185,14 +191,14 @@ def test_pluggable_node_scorer_selected_per_queue():
 
 
 def test_fragmentation_best_fit_keeps_big_holes():
-    """Shares are packed best-fit so a large free hole stays for a large share."""
+    """The heuristic packs shares best-fit so a large free hole stays for a large share."""
     snap = snapshot(
         node("n1", "A100", 2),
         leases=(lease("l1", ["n1/0"], share=(60000, 0)), lease("l2", ["n1/1"], share=(20000, 0))),
     )
-    d = reserve(decide(job("small", memory_mib=15000), snap))
+    d = reserve(decide(job("small", memory_mib=15000), snap, heuristic()))
     assert d.slices[0].device_id == "n1/0"  # 21 GiB hole, not the 61 GiB one
-    pool = WorkingPool(snap, default_config())
+    pool = WorkingPool(snap, heuristic())
     decide(job("small", memory_mib=15000), pool, apply=True)
     assert isinstance(decide(job("big", memory_mib=50000), pool), Reserve)
 

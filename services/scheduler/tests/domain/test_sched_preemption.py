@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from domain_builders import job, lease, node, snapshot
 
+from xpupool.placement.inventory import HostCharge
 from xpupool.scheduler.domain import (
     PendingRequest,
     Preempt,
@@ -16,7 +17,6 @@ from xpupool.scheduler.domain import (
     default_config,
 )
 from xpupool.scheduler.domain.config import with_queues
-from xpupool.scheduler.domain.model import HostCharge
 
 NOW = 10_000.0
 

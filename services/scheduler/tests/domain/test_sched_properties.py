@@ -18,6 +18,9 @@ from xpupool.contracts.payloads import (
     Isolation,
     JobRequested,
 )
+from xpupool.placement.default import DefaultPolicy, default_registry
+from xpupool.placement.inventory import HARD_ISOLATION
+from xpupool.placement.pool import domain_key
 from xpupool.scheduler.domain import (
     LeaseSlice,
     LeaseState,
@@ -36,12 +39,8 @@ from xpupool.scheduler.domain import (
     apply_decision,
     decide_batch,
     default_config,
-    default_registry,
 )
 from xpupool.scheduler.domain.config import with_queues
-from xpupool.scheduler.domain.model import HARD_ISOLATION
-from xpupool.scheduler.domain.pool import domain_key
-from xpupool.scheduler.learned_policy import LearnedPolicy
 
 NOW = 100_000.0
 MODELS = sorted(CATALOG)
@@ -130,7 +129,9 @@ def configs(draw: st.DrawFn) -> SchedulerConfig:
                 guaranteed_units=g,
                 limit_units=None if lim is None else max(lim, g),
                 over_quota=draw(st.booleans()),
-                placement=draw(st.sampled_from([None, "binpack", "spread", "xpupool"])),
+                placement=draw(
+                    st.sampled_from([None, "heuristic", "binpack", "spread", "xpupool"])
+                ),
             )
         )
     return with_queues(default_config(), *qs)
@@ -204,7 +205,7 @@ def test_batch_invariants(
     scheduler's learned default (as the service wires it)."""
     registry = default_registry(cfg.placement)
     if learned:
-        registry = LearnedPolicy.create(cfg.placement).install(registry)
+        registry = DefaultPolicy.create(cfg.placement).cycle_registry(cfg.placement)
     out = decide_batch(stream, snap, cfg, policies=registry)
     assert sorted(j for j, _ in out) == sorted(p.request.job_id for p in stream)
 

@@ -6,22 +6,22 @@ import numpy as np
 import pytest
 
 from xpupool.placement import NodeSpec, PodDemand, PolicyContext, ShapeDistribution, make_policy
+from xpupool.placement.default import default_registry
+from xpupool.placement.node_policies import (
+    make_trace_policies,
+    parse_aliases,
+    trace_policy_name,
+    trace_snapshot,
+)
 from xpupool.replay.arrivals import build_fgd_workload, replay_arrivals
 from xpupool.replay.requests import job_request
 from xpupool.scheduler.domain import (
     Reserve,
     WorkingPool,
     decide,
-    default_registry,
     parse_config,
 )
 from xpupool.scheduler.domain.config import BUILTIN_POLICIES
-from xpupool.scheduler.trace_policies import (
-    make_trace_policies,
-    parse_aliases,
-    trace_policy_name,
-    trace_snapshot,
-)
 
 MODELS = {"P100": "P100-PCIE-16GB", "V100M16": "V100-SXM2-16GB", "T4": "T4"}
 
@@ -58,7 +58,7 @@ def _pods(n: int, seed: int) -> list[PodDemand]:
     return out
 
 
-@pytest.mark.parametrize("policy", ["xpupool", "fgd", "bestfit", "clustering", "packing"])
+@pytest.mark.parametrize("policy", ["xpupool-static", "fgd", "bestfit", "clustering", "packing"])
 def test_trace_policy_decides_as_the_replay(policy: str) -> None:
     nodes = _cluster()
     original = _pods(300, 7)

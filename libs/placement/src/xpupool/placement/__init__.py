@@ -7,7 +7,7 @@ measures its policies is ``xpupool.replay`` (the top-level package), which depen
 from xpupool.placement.frag import FragEvaluator, Shape, ShapeDistribution
 from xpupool.placement.policies import Policy, PolicyContext
 from xpupool.placement.registry import BASELINES, DEFAULT_POLICY, POLICIES, make_policy
-from xpupool.placement.state import ClusterState, NodeSpec, Placement, PodDemand
+from xpupool.placement.state import ClusterState, NodeChoice, NodeSpec, PodDemand
 
 __all__ = [
     "BASELINES",
@@ -16,7 +16,7 @@ __all__ = [
     "ClusterState",
     "FragEvaluator",
     "NodeSpec",
-    "Placement",
+    "NodeChoice",
     "PodDemand",
     "Policy",
     "PolicyContext",

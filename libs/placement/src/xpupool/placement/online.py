@@ -1,17 +1,17 @@
 """xpupool's policy without a workload file: the request shapes are learned from the arrivals.
 
-``ours.XpupoolPolicy`` measures fragmentation against the distribution of pod shapes the cluster
-will see. The replay can hand it the trace's pod list; a live scheduler cannot, so this module
-learns the distribution from the requests themselves:
+``ours.FragmentationPolicy`` measures fragmentation against the distribution of pod shapes the
+cluster will see. The replay can hand it the trace's pod list; a live scheduler cannot, so this
+module learns the distribution from the requests themselves:
 
 * :class:`ShapeLearner` keeps an exponentially decayed histogram of the shapes observed (each
   weighted as the offline target weights them: ``1 + GPUs requested``; a shape carries its
   allowed GPU models), plus decayed sums of CPU and GPU milli for the CPU-per-GPU ratio and of
   the GPU milli requested under each model constraint, for the model pressure of
-  ``ours.XpupoolPolicy.model_pressure``. The decay is a *window* in requests (``half_life``):
+  ``ours.FragmentationPolicy.model_pressure``. The decay is a *window* in requests (``half_life``):
   a drifting workload is followed, a stationary one converges to its true distribution. Shapes
   whose weight decays below a negligible share are dropped, so the histogram stays bounded.
-* :class:`OnlineXpupoolPolicy` places with ``ours.XpupoolPolicy`` built on the learned
+* :class:`OnlineFragmentationPolicy` places with ``ours.FragmentationPolicy`` built on the learned
   distribution, rebuilt when a shape never seen before arrives (a new shape changes what is a
   fragment; a rare one waits, see ``MATERIAL_SHARE``) and otherwise every ``rebuild_every``
   observations (a rebuild re-evaluates every node once, so it is amortised, not paid per
@@ -29,8 +29,8 @@ from collections import OrderedDict
 from collections.abc import Hashable
 
 from xpupool.placement.frag import Shape, ShapeDistribution
-from xpupool.placement.ours import DEFAULT_GAMMA, XpupoolPolicy
-from xpupool.placement.state import MILLI, ClusterState, Placement, PodDemand
+from xpupool.placement.ours import DEFAULT_GAMMA, FragmentationPolicy
+from xpupool.placement.state import MILLI, ClusterState, NodeChoice, PodDemand
 
 __all__ = [
     "DEFAULT_HALF_LIFE",
@@ -38,7 +38,7 @@ __all__ = [
     "MATERIAL_SHARE",
     "MAX_TARGET_SHAPES",
     "TARGET_COVERAGE",
-    "OnlineXpupoolPolicy",
+    "OnlineFragmentationPolicy",
     "ShapeLearner",
 ]
 
@@ -167,8 +167,8 @@ class ShapeLearner:
         return self._cpu / self._gpu if self._gpu > 0 else 0.0
 
 
-class OnlineXpupoolPolicy:
-    """``ours.XpupoolPolicy`` on a learned target (see the module docstring).
+class OnlineFragmentationPolicy:
+    """``ours.FragmentationPolicy`` on a learned target (see the module docstring).
 
     With ``learn_on_choose`` (the replay), every pod passed to :meth:`choose` is observed first;
     a scheduler that decides a waiting request again in each cycle turns it off and calls
@@ -190,7 +190,7 @@ class OnlineXpupoolPolicy:
         self.gamma = gamma
         self.rebuild_every = max(1, rebuild_every)
         self.learn_on_choose = learn_on_choose
-        self._inner: XpupoolPolicy | None = None
+        self._inner: FragmentationPolicy | None = None
         self._since_rebuild = 0
         self.rebuilds = 0
 
@@ -204,13 +204,13 @@ class OnlineXpupoolPolicy:
         ):
             self._inner = None
 
-    def current(self) -> XpupoolPolicy | None:
+    def current(self) -> FragmentationPolicy | None:
         """The policy on the distribution learned so far (None before any observation)."""
         if self._inner is None:
             dist = self.learner.distribution()
             if dist is None:
                 return None
-            self._inner = XpupoolPolicy(
+            self._inner = FragmentationPolicy(
                 dist,
                 cpu_per_gpu=self.learner.cpu_per_gpu(),
                 demand=self.learner.set_demand(),
@@ -220,12 +220,12 @@ class OnlineXpupoolPolicy:
             self.rebuilds += 1
         return self._inner
 
-    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+    def choose(self, state: ClusterState, pod: PodDemand) -> NodeChoice | None:
         """Where ``pod`` goes under the learned target."""
         if self.learn_on_choose:
             self.observe(pod)
         inner = self.current()
         if inner is None:
             # Nothing observed yet (only when learning is external): the pod is its own workload.
-            inner = XpupoolPolicy(ShapeDistribution.empirical([pod]))
+            inner = FragmentationPolicy(ShapeDistribution.empirical([pod]))
         return inner.choose(state, pod)

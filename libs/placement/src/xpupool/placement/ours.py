@@ -53,7 +53,7 @@ from xpupool.placement.policies import (
     PolicyContext,
     candidates,
 )
-from xpupool.placement.state import MILLI, ClusterState, FloatArray, Placement, PodDemand
+from xpupool.placement.state import MILLI, ClusterState, FloatArray, NodeChoice, PodDemand
 
 #: Packing pressure in milli-GPU of fragmentation per unit of normalised leftover.
 DEFAULT_ALPHA = 100.0
@@ -94,10 +94,10 @@ def cpu_per_gpu_milli(shapes: Sequence[Shape], probs: Sequence[float]) -> float:
     return cpu / gpu if gpu > 0 else 0.0
 
 
-class XpupoolPolicy:
+class FragmentationPolicy:
     """Fragmentation descent + explicit best-fit packing (see module docstring)."""
 
-    name = "xpupool"
+    name = "xpupool-static"
 
     def __init__(
         self,
@@ -131,7 +131,7 @@ class XpupoolPolicy:
         self._groups = NodeGroups()
 
     @classmethod
-    def from_context(cls, ctx: PolicyContext) -> XpupoolPolicy:
+    def from_context(cls, ctx: PolicyContext) -> FragmentationPolicy:
         """Target = the context's workload (all shapes, GPU-weighted), else its typical set."""
         if ctx.workload:
             pods = ctx.workload
@@ -202,8 +202,8 @@ class XpupoolPolicy:
         rho: FloatArray = float(free.sum()) * (self._set_masks.T @ np.minimum(per_free, 1e12))
         return rho
 
-    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
-        """Placement with the lowest ``dF + beta x dS + alpha x leftover + gamma x claim``."""
+    def choose(self, state: ClusterState, pod: PodDemand) -> NodeChoice | None:
+        """NodeChoice with the lowest ``dF + beta x dS + alpha x leftover + gamma x claim``."""
         feasible = state.feasible(pod)
         if not feasible.any():
             return None
@@ -234,5 +234,5 @@ class XpupoolPolicy:
         row = int(rows[np.argmin(state.name_rank[cand.node[rows]])])
         node = int(cand.node[row])
         if pod.is_sharing:
-            return Placement.for_pod(node, (int(cand.gpu[row]),), pod)
-        return Placement.for_pod(node, state.best_fit_gpus(node, pod), pod)
+            return NodeChoice.for_pod(node, (int(cand.gpu[row]),), pod)
+        return NodeChoice.for_pod(node, state.best_fit_gpus(node, pod), pod)

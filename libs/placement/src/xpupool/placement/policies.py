@@ -31,7 +31,7 @@ from xpupool.placement.state import (
     ClusterState,
     FloatArray,
     IntArray,
-    Placement,
+    NodeChoice,
     PodDemand,
 )
 
@@ -47,7 +47,7 @@ class Policy(Protocol):
 
     name: str
 
-    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+    def choose(self, state: ClusterState, pod: PodDemand) -> NodeChoice | None:
         """Return a placement that :meth:`ClusterState.allocate` accepts, or None."""
         ...
 
@@ -81,8 +81,8 @@ def pick_node(state: ClusterState, idx: IntArray, scores: IntArray | FloatArray)
     return int(cand[np.argmin(state.name_rank[cand])])
 
 
-def _place(state: ClusterState, node: int, pod: PodDemand) -> Placement:
-    return Placement.for_pod(node, state.best_fit_gpus(node, pod), pod)
+def _place(state: ClusterState, node: int, pod: PodDemand) -> NodeChoice:
+    return NodeChoice.for_pod(node, state.best_fit_gpus(node, pod), pod)
 
 
 class RandomPolicy:
@@ -93,7 +93,7 @@ class RandomPolicy:
     def __init__(self, rng: np.random.Generator) -> None:
         self.rng = rng
 
-    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+    def choose(self, state: ClusterState, pod: PodDemand) -> NodeChoice | None:
         """Random feasible node; random GPU among those that fit for sharing pods."""
         idx = np.flatnonzero(state.feasible(pod))
         if len(idx) == 0:
@@ -101,7 +101,7 @@ class RandomPolicy:
         node = int(idx[self.rng.integers(len(idx))])
         if pod.is_sharing:
             gpus = np.flatnonzero(state.gpu_free[node] >= pod.gpu_milli)
-            return Placement.for_pod(node, (int(gpus[self.rng.integers(len(gpus))]),), pod)
+            return NodeChoice.for_pod(node, (int(gpus[self.rng.integers(len(gpus))]),), pod)
         return _place(state, node, pod)
 
 
@@ -113,7 +113,7 @@ class DotProdPolicy:
 
     name = "dotprod"
 
-    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+    def choose(self, state: ClusterState, pod: PodDemand) -> NodeChoice | None:
         """Node minimising the normalised dot product; tightest GPU."""
         idx = np.flatnonzero(state.feasible(pod))
         if len(idx) == 0:
@@ -134,7 +134,7 @@ class ClusteringPolicy:
 
     name = "clustering"
 
-    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+    def choose(self, state: ClusterState, pod: PodDemand) -> NodeChoice | None:
         """Node by class affinity tier, then by GPU fill."""
         idx = np.flatnonzero(state.feasible(pod))
         if len(idx) == 0:
@@ -142,7 +142,7 @@ class ClusteringPolicy:
         if pod.num_gpu == 0:
             scores = np.zeros(len(idx), dtype=np.int64)
         else:
-            col = Placement.for_pod(0, range(pod.num_gpu), pod).class_column
+            col = NodeChoice.for_pod(0, range(pod.num_gpu), pod).class_column
             counts = state.class_counts[idx]
             kinds = (counts > 0).sum(axis=1)
             same = counts[:, col] > 0
@@ -158,7 +158,7 @@ class PackingPolicy:
 
     name = "packing"
 
-    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+    def choose(self, state: ClusterState, pod: PodDemand) -> NodeChoice | None:
         """Node by the simulator's three-tier packing score; tightest GPU."""
         idx = np.flatnonzero(state.feasible(pod))
         if len(idx) == 0:
@@ -209,7 +209,7 @@ class BestFitPolicy:
 
     name = "bestfit"
 
-    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+    def choose(self, state: ClusterState, pod: PodDemand) -> NodeChoice | None:
         """Node with the least normalised leftover; tightest GPU."""
         idx = np.flatnonzero(state.feasible(pod))
         if len(idx) == 0:
@@ -230,7 +230,7 @@ class FirstFitPolicy:
 
     name = "firstfit"
 
-    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
+    def choose(self, state: ClusterState, pod: PodDemand) -> NodeChoice | None:
         """First feasible node by name; tightest GPU."""
         idx = np.flatnonzero(state.feasible(pod))
         if len(idx) == 0:
@@ -373,8 +373,8 @@ class FGDPolicy:
         assert self._cache is not None
         return self._evaluator, self._cache
 
-    def choose(self, state: ClusterState, pod: PodDemand) -> Placement | None:
-        """Placement with the highest integer FGD score; first node name, lowest GPU on ties."""
+    def choose(self, state: ClusterState, pod: PodDemand) -> NodeChoice | None:
+        """NodeChoice with the highest integer FGD score; first node name, lowest GPU on ties."""
         feasible = state.feasible(pod)
         if not feasible.any():
             return None
@@ -391,5 +391,5 @@ class FGDPolicy:
         row = int(rows[np.argmin(state.name_rank[cand.node[rows]])])
         node = int(cand.node[row])
         if pod.is_sharing:
-            return Placement.for_pod(node, (int(cand.gpu[row]),), pod)
+            return NodeChoice.for_pod(node, (int(cand.gpu[row]),), pod)
         return _place(state, node, pod)

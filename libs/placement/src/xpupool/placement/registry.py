@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Final
 
-from xpupool.placement.online import OnlineXpupoolPolicy
-from xpupool.placement.ours import XpupoolPolicy
+from xpupool.placement.online import OnlineFragmentationPolicy
+from xpupool.placement.ours import FragmentationPolicy
 from xpupool.placement.policies import (
     BestFitPolicy,
     ClusteringPolicy,
@@ -31,15 +31,15 @@ POLICIES: Final[Mapping[str, PolicyFactory]] = MappingProxyType(
         "packing": lambda ctx: PackingPolicy(),
         "bestfit": lambda ctx: BestFitPolicy(),
         "fgd": lambda ctx: FGDPolicy(ctx.typical_shapes()),
-        "xpupool": lambda ctx: XpupoolPolicy.from_context(ctx),
-        "xpupool-online": lambda ctx: OnlineXpupoolPolicy(),
+        "xpupool-static": lambda ctx: FragmentationPolicy.from_context(ctx),
+        "xpupool-online": lambda ctx: OnlineFragmentationPolicy(),
         # Not a published baseline: what node-name order alone is worth.
         "firstfit": lambda ctx: FirstFitPolicy(),
     }
 )
 
 #: The policy the scheduler uses unless told otherwise.
-DEFAULT_POLICY: Final = "xpupool"
+DEFAULT_POLICY: Final = "xpupool-online"
 
 #: The published baselines, in the paper's order.
 BASELINES: Final = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd")

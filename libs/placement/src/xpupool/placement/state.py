@@ -101,7 +101,7 @@ def pod_class_column(num_gpu: int, gpu_milli: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
+class NodeChoice:
     """Where a pod goes: node index, GPU slot indices on that node and milli taken from each.
 
     CPU and memory are carried so that :meth:`ClusterState.release` can undo the placement
@@ -115,7 +115,7 @@ class Placement:
     memory_mib: int
 
     @classmethod
-    def for_pod(cls, node: int, gpus: Sequence[int], pod: PodDemand) -> Placement:
+    def for_pod(cls, node: int, gpus: Sequence[int], pod: PodDemand) -> NodeChoice:
         """Build the placement of ``pod`` on ``node`` using GPU slots ``gpus``."""
         return cls(
             node=int(node),
@@ -280,7 +280,7 @@ class ClusterState:
             mask &= (self.gpu_free >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
         return mask
 
-    def check(self, placement: Placement) -> str | None:
+    def check(self, placement: NodeChoice) -> str | None:
         """Why ``placement`` cannot be applied now, or None when it can."""
         i = placement.node
         if not 0 <= i < self.num_nodes:
@@ -298,7 +298,7 @@ class ClusterState:
                 return f"GPU {g} has only {int(self.gpu_free[i, g])} milli free"
         return None
 
-    def fits(self, placement: Placement, pod: PodDemand) -> bool:
+    def fits(self, placement: NodeChoice, pod: PodDemand) -> bool:
         """True when ``placement`` is a valid, applicable placement of ``pod``."""
         if len(placement.gpus) != pod.num_gpu or placement.cpu_milli != pod.cpu_milli:
             return False
@@ -332,7 +332,7 @@ class ClusterState:
         return tuple(int(g) for g in order[: pod.num_gpu])
 
     # ------------------------------------------------------------------ mutation
-    def allocate(self, placement: Placement) -> None:
+    def allocate(self, placement: NodeChoice) -> None:
         """Apply ``placement``; raises ValueError (and changes nothing) when it does not fit."""
         problem = self.check(placement)
         if problem is not None:
@@ -348,7 +348,7 @@ class ClusterState:
         self.pod_count[i] += 1
         self.node_version[i] += 1
 
-    def release(self, placement: Placement) -> None:
+    def release(self, placement: NodeChoice) -> None:
         """Undo a previous :meth:`allocate`; raises ValueError if it would exceed capacity."""
         i = placement.node
         if not 0 <= i < self.num_nodes:

@@ -56,6 +56,7 @@ from xpupool.ledger import (
     UsageClaim,
 )
 from xpupool.obs import get_logger
+from xpupool.placement.default import DefaultPolicy
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.domain import (
     FairShareHistory,
@@ -72,7 +73,6 @@ from xpupool.scheduler.domain import (
     decide_batch,
     update_history,
 )
-from xpupool.scheduler.learned_policy import LearnedPolicy
 from xpupool.scheduler.settings import SchedulerSettings
 from xpupool.scheduler.snapshot import UNITS_FIELD, devices_field
 from xpupool.scheduler.snapshot_cache import SnapshotCache
@@ -111,7 +111,7 @@ class SchedulerDeps:
     history: FairShareHistory | None = None
     new_lease_id: Callable[[], str] = field(default=_new_lease_id)
     # The default placement policy: kept across cycles because it learns the request shapes.
-    default_policy: LearnedPolicy = field(default_factory=LearnedPolicy.create)
+    default_policy: DefaultPolicy = field(default_factory=DefaultPolicy.create)
     # Policies added to the built-in ones (the trace policies, when configured).
     extra_policies: Sequence[PlacementPolicy] = ()
     # The ledger as of the last cycle, re-read only where the ledger's change log says it changed.

@@ -21,14 +21,14 @@ from xpupool.bus.lifecycle import (
 from xpupool.contracts import access, subjects
 from xpupool.ledger import OutboxRelay, open_ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
+from xpupool.placement.default import DefaultPolicy
+from xpupool.placement.engine import PlacementPolicy
+from xpupool.placement.node_policies import make_trace_policies, parse_aliases
 from xpupool.placement.workload import load_demands
 from xpupool.scheduler import handlers
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.domain.config import BUILTIN_POLICIES
-from xpupool.scheduler.domain.placement import PlacementPolicy
-from xpupool.scheduler.learned_policy import LearnedPolicy
 from xpupool.scheduler.settings import SchedulerSettings
-from xpupool.scheduler.trace_policies import make_trace_policies, parse_aliases
 
 SERVICE = "scheduler"
 CYCLE_LOCK_MS = 10_000
@@ -95,7 +95,7 @@ async def run(settings: SchedulerSettings) -> None:
             ledger=ledger,
             settings=settings,
             config=config,
-            default_policy=LearnedPolicy.create(half_life=settings.placement_shape_half_life),
+            default_policy=DefaultPolicy.create(half_life=settings.placement_shape_half_life),
             extra_policies=extra,
         )
         stats = DispatchStats()

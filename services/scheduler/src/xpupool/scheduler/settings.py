@@ -29,7 +29,7 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     # Queue tree, priorities and policies (YAML or TOML); reloaded when the file changes.
     queue_config: str = ""
     # The trace policies (``<name>-trace``, see ``trace_policies``): the pod list CSV they expect
-    # (FGD and ``xpupool-trace`` need it), ledger model -> workload model names
+    # (FGD and ``xpupool-static-trace`` need it), ledger model -> workload model names
     # (``V100-SXM2-16GB=V100M16,...``) and the random policy's seed.
     placement_workload: str = ""
     placement_model_aliases: str = ""

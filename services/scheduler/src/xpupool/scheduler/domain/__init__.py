@@ -6,6 +6,24 @@ The shell builds a :class:`PoolSnapshot` from the ledger and calls :func:`decide
 :mod:`.preemption` for victim choice and :mod:`.placement` for the pluggable policies.
 """
 
+from xpupool.placement.default import default_registry
+from xpupool.placement.engine import (
+    LearningPolicy,
+    NodeScorer,
+    PlacementPolicy,
+    PolicyRegistry,
+    PoolPlacementPolicy,
+    ScoredPolicy,
+)
+from xpupool.placement.inventory import (
+    DeviceState,
+    HostCharge,
+    LeaseSlice,
+    LeaseState,
+    NodeState,
+    PoolSnapshot,
+)
+from xpupool.placement.pool import WorkingPool
 from xpupool.scheduler.domain.config import (
     ConfigError,
     QueueConfig,
@@ -28,24 +46,6 @@ from xpupool.scheduler.domain.decide import (
 )
 from xpupool.scheduler.domain.fairshare import FairShareHistory, current_usage, update_history
 from xpupool.scheduler.domain.matching import Rejection, never_fits
-from xpupool.scheduler.domain.model import (
-    DeviceState,
-    HostCharge,
-    LeaseSlice,
-    LeaseState,
-    NodeState,
-    PoolSnapshot,
-)
-from xpupool.scheduler.domain.placement import (
-    LearningPolicy,
-    NodeScorer,
-    PlacementPolicy,
-    PolicyRegistry,
-    PoolPlacementPolicy,
-    ScoredPolicy,
-    default_registry,
-)
-from xpupool.scheduler.domain.pool import WorkingPool
 from xpupool.scheduler.domain.quota import QueueStatus, queue_status
 from xpupool.scheduler.domain.reasons import Reason
 

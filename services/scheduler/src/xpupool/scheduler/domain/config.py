@@ -46,6 +46,8 @@ from typing import Any, Final
 import yaml
 
 from xpupool.contracts import Priority
+from xpupool.placement.engine import PlacementConfig
+from xpupool.placement.pool import WorkingPool
 
 __all__ = [
     "BUILTIN_POLICIES",
@@ -66,7 +68,7 @@ __all__ = [
 ]
 
 ROOT: Final = "root"
-BUILTIN_POLICIES: Final = ("xpupool", "binpack", "spread")
+BUILTIN_POLICIES: Final = ("xpupool", "heuristic", "binpack", "spread")
 DEFAULT_PRIORITY_CLASSES: Final[Mapping[str, int]] = {
     "low": 100,
     "normal": 500,
@@ -160,15 +162,6 @@ class StarvationConfig:
     after_s: float = 600.0
     max_holds: int = 1
     backfill_max_duration_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class PlacementConfig:
-    """Defaults for the placement policies."""
-
-    default_policy: str = "xpupool"
-    hot_util_pct: float = 85.0
-    typical_share_pct: float = 25.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -615,3 +608,11 @@ def with_queues(config: SchedulerConfig, *queues: QueueConfig) -> SchedulerConfi
         if q.name not in pq.children:
             qs[parent] = replace(pq, children=(*pq.children, q.name))
     return replace(config, queues=qs)
+
+
+def config_of(pool: WorkingPool) -> SchedulerConfig:
+    """The scheduler configuration a working pool was built with (its accounts)."""
+    accounts = pool.config
+    if not isinstance(accounts, SchedulerConfig):
+        raise TypeError(f"this pool charges {type(accounts).__name__}, not a SchedulerConfig")
+    return accounts

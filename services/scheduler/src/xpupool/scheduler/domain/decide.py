@@ -22,7 +22,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xpupool.contracts.payloads import DeviceSlice, JobRequested, JobReserved, Vendor
-from xpupool.scheduler.domain.config import QueueConfig, SchedulerConfig, default_config
+from xpupool.placement.default import default_registry
+from xpupool.placement.demand import Demand, make_demand
+from xpupool.placement.engine import (
+    LearningPolicy,
+    Placement,
+    PlacementPolicy,
+    PolicyRegistry,
+    PoolPlacementPolicy,
+    eligible_devices,
+    place_host_only,
+    place_in_class,
+    placeable_count,
+)
+from xpupool.placement.inventory import HostCharge, LeaseSlice, LeaseState, PoolSnapshot
+from xpupool.placement.pool import PoolLease, WorkingPool, domain_key
+from xpupool.scheduler.domain.config import QueueConfig, SchedulerConfig, config_of, default_config
 from xpupool.scheduler.domain.fairshare import (
     FairOrder,
     FairShareHistory,
@@ -31,21 +46,7 @@ from xpupool.scheduler.domain.fairshare import (
     priority_bands,
     share_path,
 )
-from xpupool.scheduler.domain.matching import Demand, make_demand, never_fits
-from xpupool.scheduler.domain.model import HostCharge, LeaseSlice, LeaseState, PoolSnapshot
-from xpupool.scheduler.domain.placement import (
-    LearningPolicy,
-    Placement,
-    PlacementPolicy,
-    PolicyRegistry,
-    PoolPlacementPolicy,
-    default_registry,
-    eligible_devices,
-    place_host_only,
-    place_in_class,
-    placeable_count,
-)
-from xpupool.scheduler.domain.pool import PoolLease, WorkingPool, domain_key
+from xpupool.scheduler.domain.matching import never_fits
 from xpupool.scheduler.domain.preemption import plan_preemption
 from xpupool.scheduler.domain.quota import (
     QuotaVerdict,
@@ -196,7 +197,7 @@ def _reserve(
             )
         )
     host = tuple(HostCharge(pool.nodes[ni].node_id, cpu, mem) for ni, cpu, mem in pl.host)
-    leaf = pool.config.queue(queue)
+    leaf = config_of(pool).queue(queue)
     return Reserve(
         job_id=req.job_id,
         tenant=req.tenant or "",
@@ -562,7 +563,7 @@ def _setup(
 ) -> tuple[WorkingPool, _Ctx]:
     if isinstance(pool, WorkingPool):
         wp = pool
-        cfg = config or pool.config
+        cfg = config or config_of(pool)
     else:
         cfg = config or default_config()
         wp = WorkingPool(pool, cfg)

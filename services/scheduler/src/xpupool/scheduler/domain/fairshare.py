@@ -43,8 +43,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from xpupool.placement.pool import WorkingPool
 from xpupool.scheduler.domain.config import AgingConfig, SchedulerConfig
-from xpupool.scheduler.domain.pool import WorkingPool
 
 __all__ = [
     "FairOrder",

@@ -1,38 +1,24 @@
-"""Which devices may serve a request, and whether it can ever be served at all.
+"""Whether a request can ever be served at all, and what is wrong with one that cannot.
 
-Matching works on device *classes* first (vendor, model, memory, capacity, capabilities,
-isolation: a handful per pool), so the per-request cost does not grow with the device count; only
-``device_ids`` / ``avoid_device_ids`` are checked per device.
-
-Shares: a share gives ``memory_mib`` or ``memory_pct`` (of the device's visible memory) and/or
-``compute_pct``. A share with only ``compute_pct`` gets memory in the same proportion; a share
-with only memory gets compute 0 (best effort). A whole device takes everything and needs a device
-nobody holds.
+The demand itself (a request normalized against the pool) is ``xpupool.placement.demand``; this
+module adds what is scheduling rather than placement: validation against the operator's
+priorities and queues, hard quota limits, and the precise rejection of a request the pool could
+never hold.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-from xpupool.contracts.payloads import DeviceDemand, DeviceSelector, Isolation, JobRequested
-from xpupool.scheduler.domain.config import SchedulerConfig, default_config
-from xpupool.scheduler.domain.model import PoolSnapshot
-from xpupool.scheduler.domain.pool import DeviceClass, WorkingPool
+from xpupool.contracts.payloads import DeviceDemand, DeviceSelector, JobRequested
+from xpupool.placement.demand import Demand, make_demand
+from xpupool.placement.inventory import PoolSnapshot
+from xpupool.placement.pool import DeviceClass, WorkingPool
+from xpupool.scheduler.domain.config import SchedulerConfig, config_of, default_config
 from xpupool.scheduler.domain.reasons import Reason
 
-__all__ = [
-    "Demand",
-    "Rejection",
-    "Scope",
-    "class_matches",
-    "make_demand",
-    "never_fits",
-    "share_on",
-    "validate_request",
-]
+__all__ = ["Rejection", "never_fits", "validate_request"]
 
-Scope = Literal["node", "domain", "any"]
 _NO_SELECTOR = DeviceSelector()
 
 
@@ -43,81 +29,6 @@ class Rejection:
     reason: Reason
     field: str | None
     detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class Demand:
-    """A request normalized against one pool: matching classes resolved, ids turned to indices."""
-
-    count: int
-    whole: bool
-    memory_mib: int | None
-    memory_pct: int | None
-    compute_pct: int | None
-    cpu_milli: int
-    host_memory_mib: int
-    scope: Scope
-    gang: bool
-    intent: str
-    classes: tuple[int, ...]
-    allowed: frozenset[int] | None
-    avoided: frozenset[int]
-
-    def share(self, cls: DeviceClass) -> tuple[int, int]:
-        """(memory_mib, compute_pct) one slice takes on a device of ``cls``."""
-        if self.whole:
-            return cls.memory_total_mib, 100
-        return share_on(self.memory_mib, self.memory_pct, self.compute_pct, cls.memory_total_mib)
-
-    @property
-    def host_only(self) -> bool:
-        """True for a host-only request (``count: 0``): host CPU and memory on one node."""
-        return self.count == 0
-
-    @property
-    def id_filtered(self) -> bool:
-        """True when device ids must be checked one by one."""
-        return self.allowed is not None or bool(self.avoided)
-
-
-def share_on(
-    memory_mib: int | None, memory_pct: int | None, compute_pct: int | None, total_mib: int
-) -> tuple[int, int]:
-    """Concrete (memory_mib, compute_pct) of a share on a device with ``total_mib`` of memory."""
-    if memory_mib is not None:
-        mem = memory_mib
-    elif memory_pct is not None:
-        mem = total_mib * memory_pct // 100
-    else:
-        # Compute-only shares get memory in proportion: a 25 % compute slice holds 25 % of memory.
-        mem = total_mib * (compute_pct or 0) // 100
-    return max(mem, 1), compute_pct or 0
-
-
-def _lower(xs: list[str]) -> frozenset[str]:
-    return frozenset(x.lower() for x in xs)
-
-
-def class_matches(cls: DeviceClass, request: JobRequested) -> bool:
-    """True when devices of ``cls`` satisfy every class-level selector of ``request``."""
-    sel = request.selector
-    if sel.vendor is not None and cls.vendor != sel.vendor.value:
-        return False
-    model = cls.model.lower()
-    if sel.models and model not in _lower(sel.models):
-        return False
-    if sel.avoid_models and model in _lower(sel.avoid_models):
-        return False
-    if cls.memory_total_mib < sel.min_memory_mib or cls.capacity_units < sel.min_capacity:
-        return False
-    if sel.capabilities:
-        caps = {c.lower() for c in cls.capabilities}
-        if not all(c.lower() in caps for c in sel.capabilities):
-            return False
-    # A whole device is isolated by construction; only a shared slice needs enforced memory.
-    return not (
-        sel.isolation is Isolation.HARD and not request.device.is_whole and not cls.hard_isolation
-    )
 
 
 def validate_request(request: JobRequested, config: SchedulerConfig) -> Rejection | None:
@@ -180,50 +91,6 @@ def _host_only_problem(request: JobRequested) -> Rejection | None:
     return None
 
 
-def _scope(request: JobRequested) -> Scope:
-    g = request.gang
-    if g is None or request.count == 1:
-        return "any" if request.count > 1 else "node"
-    if g.same_node:
-        return "node"
-    return "domain" if g.same_domain else "any"
-
-
-def make_demand(request: JobRequested, pool: WorkingPool) -> Demand:
-    """Normalize ``request`` against ``pool`` (classes that match its selectors, device-id sets)."""
-    sel = request.selector
-    allowed: frozenset[int] | None = None
-    if sel.device_ids:
-        allowed = frozenset(
-            i for i in (pool.dev_index.get(x) for x in sel.device_ids) if i is not None
-        )
-    avoided = frozenset(
-        i for i in (pool.dev_index.get(x) for x in sel.avoid_device_ids) if i is not None
-    )
-    classes = (
-        tuple(c.index for c in pool.classes if class_matches(c, request)) if request.count else ()
-    )
-    if allowed is not None:
-        keep = {pool.dev_class[i] for i in allowed}
-        classes = tuple(c for c in classes if c in keep)
-    d = request.device
-    return Demand(
-        count=request.count,
-        whole=d.is_whole,
-        memory_mib=d.memory_mib,
-        memory_pct=d.memory_pct,
-        compute_pct=d.compute_pct,
-        cpu_milli=request.host.cpu_milli,
-        host_memory_mib=request.host.memory_mib,
-        scope=_scope(request),
-        gang=request.gang is not None and request.count > 1,
-        intent=request.intent.value,
-        classes=classes,
-        allowed=allowed,
-        avoided=avoided,
-    )
-
-
 def _usable(pool: WorkingPool, demand: Demand, i: int) -> bool:
     if pool.devices[i].health == "lost":
         return False
@@ -248,14 +115,14 @@ def never_fits(
     """
     if isinstance(pool, PoolSnapshot):
         pool = WorkingPool(pool, config or default_config())
-    cfg = config or pool.config
+    cfg = config or config_of(pool)
     bad = validate_request(request, cfg)
     if bad is not None:
         return bad
     if request.count == 0:
         return _host_never_fits(request, pool)
     sel = request.selector
-    if sel.models and not (_lower(sel.models) & pool.model_names):
+    if sel.models and not ({m.lower() for m in sel.models} & pool.model_names):
         return Rejection(
             Reason.UNKNOWN_MODEL,
             "selector.models",

@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from xpupool.placement.demand import Demand
+from xpupool.placement.engine import Placement, PlacementPolicy, place_in_class
+from xpupool.placement.pool import PoolLease, WorkingPool
 from xpupool.scheduler.domain.config import SchedulerConfig
-from xpupool.scheduler.domain.matching import Demand
-from xpupool.scheduler.domain.placement import Placement, PlacementPolicy, place_in_class
-from xpupool.scheduler.domain.pool import PoolLease, WorkingPool
 
 __all__ = ["PreemptionPlan", "can_preempt", "plan_preemption", "victim_key"]
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from xpupool.placement.demand import Demand
+from xpupool.placement.pool import WorkingPool
 from xpupool.scheduler.domain.config import QueueConfig, SchedulerConfig
-from xpupool.scheduler.domain.matching import Demand
-from xpupool.scheduler.domain.pool import WorkingPool
 
 __all__ = [
     "QueueStatus",

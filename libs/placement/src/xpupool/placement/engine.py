@@ -28,9 +28,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from xpupool.scheduler.domain.config import PlacementConfig
-from xpupool.scheduler.domain.matching import Demand
-from xpupool.scheduler.domain.pool import DeviceClass, WorkingPool, domain_key
+from xpupool.placement.demand import Demand
+from xpupool.placement.pool import DeviceClass, WorkingPool, domain_key
 
 __all__ = [
     "HOST_ONLY",
@@ -44,15 +43,25 @@ __all__ = [
     "PoolPlacementPolicy",
     "ScoredPolicy",
     "SpreadPolicy",
-    "XpupoolPolicy",
+    "HeuristicPolicy",
     "class_cost_key",
-    "default_registry",
+    "simple_policies",
     "eligible_devices",
     "place",
     "place_host_only",
     "place_in_class",
     "placeable_count",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementConfig:
+    """The operator's placement settings (the ``placement:`` section of the queue file)."""
+
+    default_policy: str = "xpupool"
+    hot_util_pct: float = 85.0
+    typical_share_pct: float = 25.0
+
 
 HOST_ONLY = -1
 """``Placement.class_index`` of a host-only placement (no device, so no device class)."""
@@ -239,8 +248,9 @@ class SpreadPolicy(_Base):
         return 1.0 - self._busy_after(pool, ni, chosen)
 
 
-class XpupoolPolicy(_Base):
-    """The default: binpack that is load-, fragmentation- and host-aware.
+class HeuristicPolicy(_Base):
+    """``heuristic``: binpack that is load-, fragmentation- and host-aware, one device class at a
+    time (the default policy's judgements for gangs, preemption planning and explanations).
 
     * Shares go to devices that are already shared (whole devices stay whole for whole-device
       and gang requests), where they cost the fewest *typical shares* (``typical_share_pct`` of
@@ -250,7 +260,7 @@ class XpupoolPolicy(_Base):
       would strand idle devices without host CPU is penalized.
     """
 
-    name = "xpupool"
+    name = "heuristic"
 
     def device_score(
         self, pool: WorkingPool, i: int, memory_mib: int, compute_pct: int, whole: bool
@@ -323,7 +333,7 @@ class ScoredPolicy(DelegatedJudgements):
 
     name: str
     node_scorer: NodeScorer
-    base: PlacementPolicy = field(default_factory=XpupoolPolicy)
+    base: PlacementPolicy = field(default_factory=HeuristicPolicy)
 
     def node_score(
         self, pool: WorkingPool, ni: int, chosen: Sequence[int], demand: Demand, memory_mib: int
@@ -355,11 +365,14 @@ class PolicyRegistry:
         return tuple(self.policies)
 
 
-def default_registry(cfg: PlacementConfig | None = None) -> PolicyRegistry:
-    """The built-in policies: ``xpupool`` (default), ``binpack`` and ``spread``."""
+def simple_policies(cfg: PlacementConfig | None = None) -> list[PlacementPolicy]:
+    """The per-class policies: ``heuristic``, ``binpack`` and ``spread``, configured by ``cfg``.
+
+    The default policy and the registry a scheduling cycle uses are in
+    :mod:`xpupool.placement.default`.
+    """
     c = cfg or PlacementConfig()
-    pols: list[PlacementPolicy] = [XpupoolPolicy(c), BinpackPolicy(c), SpreadPolicy(c)]
-    return PolicyRegistry({p.name: p for p in pols}, c.default_policy)
+    return [HeuristicPolicy(c), BinpackPolicy(c), SpreadPolicy(c)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -420,7 +433,7 @@ def place_in_class(
 ) -> Placement | None:
     """The best placement of ``demand`` on devices of class ``ci`` now, or ``None``.
 
-    Single-slice demands under the default :class:`XpupoolPolicy` on a large class (or whenever
+    Single-slice demands under the default :class:`HeuristicPolicy` on a large class (or whenever
     ``pool.fast_placement`` is True) take :func:`_place_one_vectorized`, which returns exactly
     what the straightforward scoring below returns; ``pool.fast_placement = False`` forces the
     straightforward path.
@@ -435,7 +448,7 @@ def place_in_class(
         and demand.count == 1
         and nodes is None
         and not demand.id_filtered
-        and type(policy) is XpupoolPolicy  # a subclass may override the scores
+        and type(policy) is HeuristicPolicy  # a subclass may override the scores
         and (fast or len(pool.class_devs[ci]) >= _VECTOR_MIN_DEVICES)
     ):
         return _place_one_vectorized(pool, demand, policy, ci, mem, comp, respect_holds)
@@ -496,16 +509,16 @@ def place_in_class(
 def _place_one_vectorized(
     pool: WorkingPool,
     demand: Demand,
-    policy: XpupoolPolicy,
+    policy: HeuristicPolicy,
     ci: int,
     mem: int,
     comp: int,
     respect_holds: bool,
 ) -> Placement | None:
-    """:func:`place_in_class` for one slice under :class:`XpupoolPolicy`, scored with numpy.
+    """:func:`place_in_class` for one slice under :class:`HeuristicPolicy`, scored with numpy.
 
     Mirrors the straightforward path operation for operation so every float is bit-identical:
-    the same eligibility, ``XpupoolPolicy.device_score`` per device (ties to the lowest device
+    the same eligibility, ``HeuristicPolicy.device_score`` per device (ties to the lowest device
     index), ``node_score`` per node with its best device (ties to the first node in
     ``class_nodes`` order). The returned score is recomputed by the policy itself.
     """

@@ -24,14 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from xpupool.scheduler.domain.config import SchedulerConfig
-from xpupool.scheduler.domain.model import HEALTHY, HostCharge, LeaseSlice, LeaseState, PoolSnapshot
+from xpupool.placement.inventory import HEALTHY, HostCharge, LeaseSlice, LeaseState, PoolSnapshot
 
 __all__ = [
+    "Accounts",
     "ClassLayout",
     "DeviceClass",
     "PoolArrays",
@@ -144,6 +145,23 @@ class ClassLayout:
     """``util_pct or 0.0``."""
 
 
+class Accounts(Protocol):
+    """Who a lease's footprint is charged to: the scheduler's queue tree satisfies it.
+
+    Placement itself never looks at accounts; the pool only keeps each account's usage (and its
+    ancestors') exact as leases come and go, because a batch of decisions changes it with every
+    reservation and quota checks read it between them.
+    """
+
+    def charge_queue(self, tenant: str, queue: str, /) -> str:
+        """The account a lease of ``tenant`` in ``queue`` is charged to."""
+        ...
+
+    def path(self, queue: str, /) -> Sequence[str]:
+        """``queue`` and every account above it, each charged with its footprint."""
+        ...
+
+
 def domain_key(domain: str, node_id: str) -> str:
     """The interconnect domain of a device; a device without one is its node's own domain."""
     return domain if domain else f"node:{node_id}"
@@ -152,7 +170,7 @@ def domain_key(domain: str, node_id: str) -> str:
 class WorkingPool:
     """Flat, incrementally updated view of a snapshot; see the module docstring."""
 
-    def __init__(self, snapshot: PoolSnapshot, config: SchedulerConfig) -> None:
+    def __init__(self, snapshot: PoolSnapshot, config: Accounts) -> None:
         self.config = config
         self.now_s = snapshot.now_s
         self.version = snapshot.version
@@ -250,7 +268,7 @@ class WorkingPool:
         self.queue_leases: dict[str, set[str]] = {}
         self.quota_stale: set[str] = set()
         """Queues whose leases changed since ``quota.refresh_over_quota`` last marked them."""
-        self.quota_marked_for: SchedulerConfig | None = None
+        self.quota_marked_for: Accounts | None = None
         """The config the over-quota flags were last computed with (None: never)."""
         self.usage: dict[str, Usage] = {}
         self.held_nodes: set[int] = set()

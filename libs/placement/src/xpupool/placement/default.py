@@ -1,15 +1,15 @@
 """The scheduler's default placement policy, ``xpupool``: fragmentation-aware, shapes learned live.
 
-It is the trace-validated policy of ``xpupool.placement`` (``ours.XpupoolPolicy``: fragmentation
+It is the trace-validated policy of ``xpupool.placement`` (``ours.HeuristicPolicy``: fragmentation
 descent against the distribution of request shapes, stranded-GPU pricing, explicit packing), run
-on the live pool through the :class:`~xpupool.scheduler.trace_policies.TracePolicy` adapter, with
+on the live pool through the :class:`~xpupool.placement.node_policies.TracePolicy` adapter, with
 the shape distribution learned from the request stream
-(:class:`~xpupool.placement.online.OnlineXpupoolPolicy`) instead of read from a workload file.
+(:class:`~xpupool.placement.online.OnlineFragmentationPolicy`) instead of read from a workload file.
 
 How it merges with the rest of the scheduler:
 
 * **Learning**: :func:`~xpupool.scheduler.domain.decide.decide_batch` shows it every valid request
-  (:meth:`LearnedPolicy.observe`, idempotent per job id), whatever queue the request is in: the
+  (:meth:`DefaultPolicy.observe`, idempotent per job id), whatever queue the request is in: the
   fragments that matter are those of the whole pool's workload. On its first decision a fresh
   replica also counts the live leases, so a restart does not start from nothing.
 * **Intent first, fragmentation second**: the request's intent (cheapest / fastest / balanced)
@@ -29,27 +29,27 @@ How it merges with the rest of the scheduler:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import groupby
 
-from xpupool.placement.online import DEFAULT_HALF_LIFE, OnlineXpupoolPolicy
-from xpupool.placement.state import MILLI, PodDemand
-from xpupool.scheduler.domain.config import PlacementConfig
-from xpupool.scheduler.domain.matching import Demand
-from xpupool.scheduler.domain.model import LeaseState
-from xpupool.scheduler.domain.placement import (
+from xpupool.placement.demand import Demand
+from xpupool.placement.engine import (
+    HeuristicPolicy,
     Placement,
+    PlacementConfig,
     PlacementPolicy,
     PolicyRegistry,
-    XpupoolPolicy,
     class_cost_key,
-    default_registry,
     place_in_class,
+    simple_policies,
 )
-from xpupool.scheduler.domain.pool import WorkingPool
-from xpupool.scheduler.trace_policies import TracePolicy, pod_demand
+from xpupool.placement.inventory import LeaseState
+from xpupool.placement.node_policies import TracePolicy, pod_demand
+from xpupool.placement.online import DEFAULT_HALF_LIFE, OnlineFragmentationPolicy
+from xpupool.placement.pool import WorkingPool
+from xpupool.placement.state import MILLI, PodDemand
 
-__all__ = ["DEFAULT_POLICY_NAME", "ONLINE_POLICY", "LearnedPolicy", "lease_pod"]
+__all__ = ["DEFAULT_POLICY_NAME", "ONLINE_POLICY", "DefaultPolicy", "default_registry", "lease_pod"]
 
 #: The name queues and ``placement.default_policy`` select it by (the built-in default).
 DEFAULT_POLICY_NAME = "xpupool"
@@ -70,38 +70,36 @@ def lease_pod(lease: LeaseState) -> PodDemand:
 
 
 @dataclass
-class LearnedPolicy(TracePolicy):
+class DefaultPolicy(TracePolicy):
     """``xpupool``: see the module docstring."""
 
-    online: OnlineXpupoolPolicy = field(
-        default_factory=lambda: OnlineXpupoolPolicy(learn_on_choose=False)
+    online: OnlineFragmentationPolicy = field(
+        default_factory=lambda: OnlineFragmentationPolicy(learn_on_choose=False)
     )
     _seeded: bool = field(default=False, repr=False)
 
     @classmethod
     def create(
         cls, cfg: PlacementConfig | None = None, half_life: float = DEFAULT_HALF_LIFE
-    ) -> LearnedPolicy:
+    ) -> DefaultPolicy:
         """The default policy with the classic judgements configured by ``cfg``."""
-        online = OnlineXpupoolPolicy(half_life, learn_on_choose=False)
-        return cls(DEFAULT_POLICY_NAME, online, {}, XpupoolPolicy(cfg), online=online)
+        online = OnlineFragmentationPolicy(half_life, learn_on_choose=False)
+        return cls(DEFAULT_POLICY_NAME, online, {}, HeuristicPolicy(cfg), online=online)
 
     def cycle_registry(
         self, cfg: PlacementConfig, extra: Sequence[PlacementPolicy] = ()
     ) -> PolicyRegistry:
         """The registry a scheduling cycle decides with (the service's and the replay's one way
-        to build it): the built-in policies configured by ``cfg``, this policy in the classic
-        ``xpupool``'s place, then ``extra`` (the trace policies)."""
-        registry = self.install(default_registry(cfg))
+        to build it): this policy, the per-class policies configured by ``cfg``
+        (:func:`~xpupool.placement.engine.simple_policies`), then ``extra`` (the trace
+        policies). The ``heuristic`` policy configured by ``cfg`` also serves this policy's
+        per-class judgements."""
+        simple = simple_policies(cfg)
+        self.base = simple[0]
+        registry = PolicyRegistry({p.name: p for p in (self, *simple)}, cfg.default_policy)
         for policy in extra:
             registry = registry.with_policy(policy)
         return registry
-
-    def install(self, registry: PolicyRegistry) -> PolicyRegistry:
-        """``registry`` with this policy in place of the classic ``xpupool`` policy, whose
-        judgements (as configured in ``registry``) it keeps for the engine's work."""
-        self.base = registry.get(DEFAULT_POLICY_NAME)
-        return registry.with_policy(self)
 
     # -- learning ---------------------------------------------------------------------------
 
@@ -158,7 +156,7 @@ class LearnedPolicy(TracePolicy):
                 for ci in tier:
                     pl = place_in_class(pool, demand, self.base, ci, respect_holds=respect_holds)
                     if pl is not None:
-                        return pl
+                        return replace(pl, policy=self.name)
         return None
 
     def _tiers(self, pool: WorkingPool, demand: Demand, classes: Sequence[int]) -> list[list[int]]:
@@ -172,3 +170,9 @@ class LearnedPolicy(TracePolicy):
     def _partial_view(self) -> bool:
         """Whether some devices are invisible to the trace view (mixed-model nodes)."""
         return self._mirror is not None and not self._mirror.complete
+
+
+def default_registry(cfg: PlacementConfig | None = None) -> PolicyRegistry:
+    """A fresh default policy's cycle registry: what a scheduler without history decides with."""
+    c = cfg or PlacementConfig()
+    return DefaultPolicy.create(c).cycle_registry(c)

@@ -3,7 +3,7 @@
 ``xpupool replay`` measures policies on a :class:`~xpupool.placement.ClusterState`; this module
 lets the scheduler place with exactly the same code, so a queue with ``placement: fgd-trace``
 decides as the in-process replay does. Names: ``<policy>-trace`` for every policy of
-:data:`xpupool.placement.POLICIES` (``xpupool-trace``, ``fgd-trace``, ``bestfit-trace``, ...).
+:data:`xpupool.placement.POLICIES` (``xpupool-static-trace``, ``fgd-trace``, ...).
 
 How the pool maps onto a ``ClusterState`` (one row per pool node, in pool order):
 
@@ -40,18 +40,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from xpupool.placement import POLICIES, ClusterState, NodeSpec, PodDemand, Policy, PolicyContext
-from xpupool.placement.frag import ShapeDistribution
-from xpupool.placement.state import MILLI, IntArray, pod_class_column
-from xpupool.scheduler.domain.matching import Demand
-from xpupool.scheduler.domain.model import DeviceState, NodeState, PoolSnapshot
-from xpupool.scheduler.domain.placement import (
+from xpupool.placement.demand import Demand
+from xpupool.placement.engine import (
     HOST_ONLY,
     DelegatedJudgements,
+    HeuristicPolicy,
     Placement,
     PlacementPolicy,
-    XpupoolPolicy,
 )
-from xpupool.scheduler.domain.pool import WorkingPool
+from xpupool.placement.frag import ShapeDistribution
+from xpupool.placement.inventory import DeviceState, NodeState, PoolSnapshot
+from xpupool.placement.pool import WorkingPool
+from xpupool.placement.state import MILLI, IntArray, pod_class_column
 
 __all__ = [
     "TRACE_SUFFIX",
@@ -304,7 +304,7 @@ class TracePolicy(DelegatedJudgements):
     name: str
     inner: Policy
     aliases: Mapping[str, str] = field(default_factory=dict)
-    base: PlacementPolicy = field(default_factory=XpupoolPolicy)
+    base: PlacementPolicy = field(default_factory=HeuristicPolicy)
     _mirror: ClusterMirror | None = field(default=None, repr=False)
     _pool: WorkingPool | None = field(default=None, repr=False)
 
