@@ -35,6 +35,17 @@ SPEC = p.DeviceSpec(
     uuid="GPU-1",
     memory_mib=81920,
 )
+MIG_SPEC = p.DeviceSpec(
+    device_id="n1/nvidia1/mig1.0",
+    vendor=p.Vendor.NVIDIA,
+    model="A100-80GB",
+    index=1,
+    uuid="MIG-5c4f",
+    memory_mib=40960,
+    isolation=["mig"],
+    parent_uuid="GPU-2",
+    partition=p.PartitionSpec(kind="mig", profile="3g.40gb", gpu_slices=3, compute_slices=3),
+)
 EXAMPLES: list[msgspec.Struct] = [
     p.JobRequested(
         job_id="j1",
@@ -127,7 +138,7 @@ EXAMPLES: list[msgspec.Struct] = [
     p.ReleaseLease(lease_id="l1", lease_secret="s", fencing_token=7),
     p.LeaseReply(ok=True, lease_id="l1", expires_at=NOW),
     p.LeaseReply(ok=False, lease_id="l1", error=p.LeaseError.NOT_OWNER),
-    p.NodeRegistered(node_id="n1", devices=[SPEC], cpu_milli=1000),
+    p.NodeRegistered(node_id="n1", devices=[SPEC, MIG_SPEC], cpu_milli=1000),
     p.NodeHeartbeat(node_id="n1", at=NOW, device_count=1),
     p.NodeLost(node_id="n1", last_seen=NOW),
     p.TelemetrySampled(node_id="n1", at=NOW, samples=[p.DeviceSample(device_id="n1/nvidia0")]),

@@ -108,6 +108,7 @@ __all__ = [
     "NodeHeartbeat",
     "NodeLost",
     "NodeRegistered",
+    "PartitionSpec",
     "JobReason",
     "LeaseError",
     "Percent",
@@ -428,7 +429,16 @@ class JobRequested(
 
 
 class DeviceSlice(Struct, frozen=True, kw_only=True):
-    """One device, or a share of it, reserved for a job."""
+    """One device, or a share of it, reserved for a job.
+
+    ``enforced`` says whether something on the node holds the job to ``memory_mib`` and
+    ``compute_pct``: always for a whole device or a whole hardware partition (a MIG instance's
+    ``uuid`` is its ``MIG-…`` UUID), and for a share only where the device lists a mechanism the
+    job's environment sets limits for (MPS or HAMi-core on NVIDIA, HAMi-core on Ascend). A share
+    that is not enforced is a promise between jobs: nothing stops a neighbour from taking more.
+    It defaults to ``False`` because a slice from before this field never said, and a claim of
+    enforcement that nobody made is the dishonest reading; readers treat ``whole`` as enforced.
+    """
 
     device_id: str
     node_id: str
@@ -439,6 +449,7 @@ class DeviceSlice(Struct, frozen=True, kw_only=True):
     memory_mib: int
     compute_pct: int
     whole: bool
+    enforced: bool = False
 
 
 class JobRejected(
@@ -768,8 +779,33 @@ class LeaseReply(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupo
 # --------------------------------------------------------------------------------------------
 
 
+class PartitionSpec(Struct, frozen=True, kw_only=True):
+    """How a hardware partition is cut from its parent device.
+
+    ``kind`` is the isolation mechanism (``mig``, ``vnpu``); ``profile`` the vendor's name for
+    the cut (``3g.40gb``, ``1c.3g.40gb``, ``vir05_1c_16g``; empty when the tool did not say).
+    For MIG, ``gpu_slices`` are the GPU-instance slices (the ``3g``: memory and engines),
+    ``compute_slices`` the compute-instance slices (the ``1c``; equal to ``gpu_slices`` when the
+    instance is not split further), both out of ``slices_total`` (7 on A100/H100/H200).
+    ``None`` means the backend could not read that number.
+    """
+
+    kind: str
+    profile: str = ""
+    gpu_slices: int | None = None
+    compute_slices: int | None = None
+    slices_total: int | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
 class DeviceSpec(Struct, frozen=True, kw_only=True):
-    """One leasable unit found on a node: a whole device or a hardware partition (MIG, vNPU)."""
+    """One leasable unit found on a node: a whole device or a hardware partition (MIG, vNPU).
+
+    A partition carries its parent's UUID in ``parent_uuid`` and its cut in ``partition``; its
+    own ``uuid`` is what the vendor runtime takes (``MIG-…`` for a MIG instance). A MIG-enabled
+    GPU is listed only through its instances: a CUDA process cannot use it whole.
+    """
 
     device_id: str
     vendor: Vendor
@@ -784,6 +820,7 @@ class DeviceSpec(Struct, frozen=True, kw_only=True):
     domain: str = ""
     cost_per_hour: float = 0.0
     parent_uuid: str | None = None
+    partition: PartitionSpec | None = None
 
 
 class NodeRegistered(

@@ -81,12 +81,15 @@ class AdmissionLimits:
 
 
 class SliceMeta(msgspec.Struct, frozen=True):
-    """Identity of a sliced device, kept with the lease so its events need no further reads."""
+    """Identity of a sliced device, kept with the lease so its events need no further reads;
+    ``enforced`` is the scheduler's word on whether the share's limits hold (see
+    ``DeviceSlice``), absent from leases recorded before it."""
 
     vendor: str
     model: str
     index: int
     uuid: str
+    enforced: bool = False
 
 
 class SliceClaim(msgspec.Struct, frozen=True):
@@ -158,6 +161,8 @@ class TakenSlice(msgspec.Struct, frozen=True):
             memory_mib=self.memory_mib,
             compute_pct=self.compute_pct,
             whole=self.whole,
+            # A whole device is isolated by construction, whatever an older record said.
+            enforced=self.whole or meta.enforced,
         )
 
 
