@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from tests.integration.ledger_builders import device_spec, reservation
-from xpupool.contracts import Health
+from xpupool.contracts import Health, PartitionSpec
 from xpupool.ledger import (
     AdmissionLimits,
     Holder,
     HostClaim,
     Ledger,
     SliceClaim,
+    SliceMeta,
     UsageClaim,
     audit,
 )
@@ -278,3 +280,26 @@ async def test_admission_is_idempotent_and_orders_by_priority_then_arrival(ledge
     await ledger.reserve(reservation("high", SliceClaim("n1/nvidia0", whole=True)))
     refused = await ledger.pend("high", 900, b"{}", None, "queued")
     assert not refused.ok and refused.reason == "job_reserved"
+
+
+async def test_partition_spec_and_enforced_slice_survive_the_scripts(ledger: Ledger) -> None:
+    """A MIG instance's spec comes back from the ledger with its partition, and a slice the
+    scheduler marked enforced is still enforced when the lease is read back."""
+    mig = msgspec.structs.replace(
+        device_spec("n1", 0, 40960),
+        device_id="n1/nvidia0/mig1.0",
+        uuid="MIG-1",
+        isolation=["mig"],
+        parent_uuid="GPU-n1-0",
+        partition=PartitionSpec(kind="mig", profile="3g.40gb", gpu_slices=3, compute_slices=3),
+    )
+    assert (await ledger.register_node("n1", [mig, device_spec("n1", 1)], 64_000, 256_000)).ok
+    (node,) = await ledger.nodes()
+    assert node.devices[0].spec == mig
+    meta = SliceMeta(vendor="nvidia", model="A100", index=1, uuid="GPU-n1-1", enforced=True)
+    claims = (SliceClaim("n1/nvidia1", 1024, 10, meta=meta), SliceClaim("n1/nvidia0/mig1.0", 0))
+    assert (await ledger.reserve(reservation("e", *claims))).ok
+    lease = await ledger.get_lease("lease-e")
+    assert lease is not None
+    slices = {s.device_id: s.to_contract() for s in lease.slices}
+    assert slices["n1/nvidia1"].enforced and not slices["n1/nvidia0/mig1.0"].enforced

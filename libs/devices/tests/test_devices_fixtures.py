@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from xpupool.contracts import Health, Vendor
+from xpupool.contracts import Health, PartitionSpec, Vendor
 from xpupool.devices.backend import to_specs
 from xpupool.devices.catalog import Catalog
 from xpupool.devices.npu_smi import parse_npu_smi_info
@@ -231,6 +231,19 @@ def test_a100_mig_xml_to_specs(fixtures_dir: Path, catalog: Catalog) -> None:
     assert [s.device_id for s in specs] == ["n1/nvidia0/mig1.0", "n1/nvidia0/mig2.0"]
     assert all(s.parent_uuid == gpu.uuid and s.memory_mib == 19968 for s in specs)
     assert specs[0].capacity_units == pytest.approx(3 / 7, abs=1e-3)
+    # The XML names no profile: the catalog's nearest one gives the cut and its slices.
+    assert [s.partition for s in specs] == [
+        PartitionSpec(
+            kind="mig",
+            profile="3g.20gb",
+            gpu_slices=3,
+            compute_slices=3,
+            slices_total=7,
+            gpu_instance_id=gi,
+            compute_instance_id=0,
+        )
+        for gi in (1, 2)
+    ]
 
 
 def test_h20_table_values(fixtures_dir: Path) -> None:

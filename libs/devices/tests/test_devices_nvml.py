@@ -14,7 +14,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from xpupool.contracts import Health
+from xpupool.contracts import Health, PartitionSpec
 from xpupool.devices.backend import BackendUnavailable, DeviceBackend, to_specs
 from xpupool.devices.catalog import Catalog
 from xpupool.devices.nvml import NvmlBackend
@@ -39,6 +39,8 @@ class FakeGpu:
     mig_mode: Any = NOT_SUPPORTED
     migs: list[FakeGpu] = field(default_factory=list)
     gi_ci: tuple[int, int] = (0, 0)
+    # (gpuInstanceSliceCount, computeInstanceSliceCount) of a MIG handle, or an error type.
+    mig_slices: Any = NOT_SUPPORTED
     nvlinks: Any = NOT_SUPPORTED  # list of remote bus ids, or an error type
     procs: list[Any] = field(default_factory=list)
     v3_missing: bool = False
@@ -145,6 +147,14 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeInstanceId(self, h: FakeGpu) -> int:
         return h.gi_ci[1]
+
+    def nvmlDeviceGetAttributes(self, h: FakeGpu) -> Any:
+        gpu, compute = self._v(h, h.mig_slices)
+        return SimpleNamespace(
+            gpuInstanceSliceCount=gpu,
+            computeInstanceSliceCount=compute,
+            memorySizeMB=h.memory_mib[1],
+        )
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: FakeGpu) -> list[Any]:
         if h.v3_missing:
@@ -272,6 +282,71 @@ def test_a100_mig_instances_are_leasable_units(catalog: Catalog) -> None:
     assert specs[0].capacity_units == pytest.approx(3 / 7, abs=1e-3)
     samples = backend.sample()
     assert [s.memory_used_mib for s in samples] == [19, 19]
+
+
+def test_mig_specs_carry_uuid_profile_and_slices(catalog: Catalog) -> None:
+    """An H100 split into a 3g.40gb instance and a 3g.40gb GPU instance cut into compute
+    instances (1c.3g.40gb): each spec names its MIG- UUID, parent, profile and slices; slice
+    counts come from the MIG handle's attributes, and the compute share sets capacity."""
+    split = [
+        FakeGpu(
+            name=f"NVIDIA H100 80GB HBM3 MIG {profile}",
+            uuid=f"MIG-{n}",
+            bus="",
+            memory_mib=(0, 40192),
+            gi_ci=gi_ci,
+            mig_slices=slices,
+        )
+        for n, (profile, gi_ci, slices) in enumerate(
+            [("3g.40gb", (1, 0), (3, 3)), ("1c.3g.40gb", (2, 0), (3, 1))]
+        )
+    ]
+    gpu = FakeGpu(
+        name="NVIDIA H100 80GB HBM3",
+        uuid="GPU-h100",
+        bus="00000000:18:00.0",
+        memory_mib=(0, 81559),
+        util=NOT_SUPPORTED,
+        mig_mode=pynvml.NVML_DEVICE_MIG_ENABLE,
+        migs=split,
+    )
+    specs = to_specs(NvmlBackend("n1", nvml=FakeNvml([gpu])).discover(), "n1", catalog)
+    assert [(s.uuid, s.parent_uuid, s.isolation) for s in specs] == [
+        ("MIG-0", "GPU-h100", ["mig"]),
+        ("MIG-1", "GPU-h100", ["mig"]),
+    ]
+    assert [s.partition for s in specs] == [
+        PartitionSpec(
+            kind="mig",
+            profile="3g.40gb",
+            gpu_slices=3,
+            compute_slices=3,
+            slices_total=7,
+            gpu_instance_id=1,
+            compute_instance_id=0,
+        ),
+        PartitionSpec(
+            kind="mig",
+            profile="1c.3g.40gb",
+            gpu_slices=3,
+            compute_slices=1,
+            slices_total=7,
+            gpu_instance_id=2,
+            compute_instance_id=0,
+        ),
+    ]
+    whole = catalog.lookup("H100 80GB HBM3")
+    assert whole is not None
+    assert specs[1].capacity_units == pytest.approx(whole.capacity_units / 7, abs=1e-3)
+
+
+def test_mig_slices_from_the_name_when_attributes_are_unsupported(catalog: Catalog) -> None:
+    """Bindings or drivers without nvmlDeviceGetAttributes: the profile in the name gives the
+    slices (the a100_mig fixture's instances report no attributes)."""
+    (gpu,) = NvmlBackend("n1", nvml=FakeNvml([a100_mig()])).discover()
+    assert [(p.gpu_slices, p.slices, p.slices_total) for p in gpu.partitions] == [(3, 3, 7)] * 2
+    (spec, _) = to_specs([gpu], "n1", catalog)
+    assert spec.partition is not None and spec.partition.profile == "3g.20gb"
 
 
 def test_h20_nvswitch_domain(catalog: Catalog) -> None:

@@ -184,3 +184,45 @@ def test_deterministic_samples(catalog: Catalog) -> None:
     a = SimulatedBackend("n", "2xH20", catalog, seed=3)
     b = SimulatedBackend("n", "2xH20", catalog, seed=3)
     assert a.sample() == b.sample()
+
+
+def test_mig_profile_lists_instances_as_units(catalog: Catalog) -> None:
+    """``MODEL:mig=...`` simulates a GPU in MIG mode: each instance is a unit with a MIG- UUID,
+    its parent's UUID, its profile and slices, and its own memory load."""
+    sim = SimulatedBackend("n", "A100-80GB:mig=3g.40gb+2g.20gb+1g.10gb,T4", catalog)
+    specs = sim.specs()
+    assert sim.unit_ids == [s.device_id for s in specs] == [
+        "n/nvidia0/mig1.0", "n/nvidia0/mig2.0", "n/nvidia0/mig3.0", "n/nvidia1",
+    ]  # fmt: skip
+    migs = specs[:3]
+    assert sim.device_ids == ["n/nvidia0", "n/nvidia1"]
+    assert all(s.uuid.startswith("MIG-") and s.isolation == ["mig"] for s in migs)
+    assert len({s.uuid for s in migs}) == 3 and {s.parent_uuid for s in migs} == {
+        sim.discover()[0].uuid
+    }
+    assert [s.memory_mib for s in migs] == [40960, 20480, 10240]
+    assert [(p.profile, p.gpu_slices, p.slices_total) for s in migs if (p := s.partition)] == [
+        ("3g.40gb", 3, 7), ("2g.20gb", 2, 7), ("1g.10gb", 1, 7),
+    ]  # fmt: skip
+    assert specs[3].partition is None and specs[3].parent_uuid is None
+    sim.set_load("n/nvidia0/mig2.0", 99_999, 80)
+    used = {s.device_id: s.memory_used_mib for s in sim.sample()}
+    assert used == {"n/nvidia0/mig1.0": 0, "n/nvidia0/mig2.0": 20480, "n/nvidia0/mig3.0": 0,
+                    "n/nvidia1": 0}  # fmt: skip
+    assert sim.discover()[0].memory_used_mib == 20480
+
+
+@pytest.mark.parametrize(
+    ("profile", "error"),
+    [
+        ("T4:mig=1g.5gb", "T4 has no MIG"),
+        ("A100-80GB:mig=3g.20gb", "not listed for A100-SXM4-80GB"),
+        ("A100-80GB:mig=7g.79gb+1g.10gb", "need 8 of 7"),
+        ("A100-80GB:mps=2", "bad device option"),
+    ],
+)
+def test_mig_profile_rejects(catalog: Catalog, profile: str, error: str) -> None:
+    """MIG on a model without it, a profile the catalog does not list, more than seven slices,
+    or an unknown option fail at construction."""
+    with pytest.raises(ValueError, match=error):
+        SimulatedBackend("n", profile, catalog)

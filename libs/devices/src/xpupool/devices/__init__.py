@@ -21,6 +21,7 @@ from xpupool.devices.backend import (
     xid_health,
 )
 from xpupool.devices.catalog import Catalog, CatalogEntry, CatalogError, load_catalog
+from xpupool.devices.enforcement import is_mig_uuid, slice_enforced
 from xpupool.devices.simulated import (
     Disappear,
     Fault,
@@ -49,8 +50,10 @@ __all__ = [
     "ProcessInfo",
     "SimulatedBackend",
     "Xid",
+    "is_mig_uuid",
     "load_catalog",
     "parse_profile",
+    "slice_enforced",
     "to_sample",
     "to_samples",
     "to_spec",

@@ -9,19 +9,21 @@ meant for an operator, never a raw traceback.
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid as uuid_mod
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
 from msgspec import Struct, field, structs
 
-from xpupool.contracts import DeviceSample, DeviceSpec, Health, Vendor
+from xpupool.contracts import DeviceSample, DeviceSpec, Health, PartitionSpec, Vendor
 
 if TYPE_CHECKING:
     from xpupool.devices.catalog import Catalog
 
 __all__ = [
     "APPLICATION_XIDS",
+    "MIG_SLICES",
     "BackendUnavailable",
     "DeviceBackend",
     "DeviceInfo",
@@ -44,6 +46,11 @@ __all__ = [
 # NVIDIA's k8s-device-plugin (internal/rm/health.go, applicationErrorXids) treats these as faults
 # of the application, not of the GPU: the device stays schedulable.
 APPLICATION_XIDS: Final[frozenset[int]] = frozenset({13, 31, 43, 45, 68})
+
+# GPU slices of a MIG-capable board (A100, H100, H200: up to seven instances).
+MIG_SLICES: Final = 7
+# A MIG profile as NVML names it: "3g.20gb", or "1c.3g.20gb" for a split compute instance.
+_MIG_PROFILE: Final = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb$")
 
 # Interconnect classes that form a peer-to-peer domain; "pcie" devices never share one.
 _DOMAIN_KINDS: Final[frozenset[str]] = frozenset({"nvlink", "nvswitch", "hccs", "mlu-link"})
@@ -102,9 +109,11 @@ class PartitionInfo(Struct, frozen=True, kw_only=True):
     compute_instance_id: int | None = None
     memory_total_mib: int | None = None
     memory_used_mib: int | None = None
-    # Compute slices of the parent this partition owns, e.g. 3 of 7 for MIG 3g.20gb.
+    # Compute slices of the parent this partition owns, e.g. 3 of 7 for MIG 3g.20gb, 1 for
+    # 1c.3g.20gb; gpu_slices is the GPU instance's share (the "3g": memory and engines).
     slices: int | None = None
     slices_total: int | None = None
+    gpu_slices: int | None = None
 
 
 class DeviceInfo(Struct, frozen=True, kw_only=True):
@@ -262,8 +271,8 @@ def to_specs(infos: Iterable[DeviceInfo], node_id: str, catalog: Catalog) -> lis
                 DeviceSpec(
                     device_id=partition_id_for(whole.device_id, part),
                     vendor=info.vendor,
-                    # The base model, so selectors on model keep matching; the wire type has no
-                    # profile field, the share shows in memory_mib and capacity_units.
+                    # The base model, so selectors on model keep matching; the cut is in
+                    # partition, the share in memory_mib and capacity_units.
                     model=whole.model,
                     index=info.index,
                     uuid=part.uuid or stable_uuid(whole.uuid, str(part.index)),
@@ -275,9 +284,31 @@ def to_specs(infos: Iterable[DeviceInfo], node_id: str, catalog: Catalog) -> lis
                     domain=whole.domain,
                     cost_per_hour=round(whole.cost_per_hour * share, 4),
                     parent_uuid=whole.uuid,
+                    partition=_partition_spec(info.vendor, part, profile),
                 )
             )
     return specs
+
+
+def _partition_spec(vendor: Vendor, part: PartitionInfo, profile: str) -> PartitionSpec:
+    """The wire form of a partition's cut; MIG slice counts the backend did not read come from
+    the profile name (``1c.3g.20gb``: 3 GPU slices, 1 compute slice, of 7)."""
+    gpu, compute, total = part.gpu_slices, part.slices, part.slices_total
+    mig = _MIG_PROFILE.match(profile) if vendor is Vendor.NVIDIA else None
+    if mig is not None:
+        named_gpu = int(mig.group(2))
+        gpu = gpu if gpu is not None else named_gpu
+        compute = compute if compute is not None else int(mig.group(1) or named_gpu)
+        total = total if total is not None else MIG_SLICES
+    return PartitionSpec(
+        kind="mig" if vendor is Vendor.NVIDIA else "vnpu",
+        profile=profile,
+        gpu_slices=gpu,
+        compute_slices=compute,
+        slices_total=total,
+        gpu_instance_id=part.gpu_instance_id,
+        compute_instance_id=part.compute_instance_id,
+    )
 
 
 def _partition_share(part: PartitionInfo, from_profile: float | None) -> float:

@@ -22,6 +22,7 @@ from msgspec import structs
 
 from xpupool.contracts import DeviceSample, Health, Vendor
 from xpupool.devices.backend import (
+    MIG_SLICES,
     BackendUnavailable,
     DeviceInfo,
     EccCounts,
@@ -37,8 +38,9 @@ from xpupool.devices.backend import (
 __all__ = ["NvmlBackend"]
 
 _MIB: Final = 1024 * 1024
-_MIG_PROFILE: Final = re.compile(r"MIG\s+(\d+)g\.(\d+)gb", re.IGNORECASE)
-_MIG_SLICES: Final = 7
+# A MIG device's name ends in its profile: "NVIDIA A100-SXM4-40GB MIG 3g.20gb", or
+# "... MIG 1c.3g.20gb" when the GPU instance is split into compute instances.
+_MIG_PROFILE: Final = re.compile(r"MIG\s+((?:(\d+)c\.)?(\d+)g\.\d+gb)", re.IGNORECASE)
 # NVML_TOPOLOGY_* -> the nvidia-smi topo -m words.
 _TOPOLOGY: Final = {0: "x", 10: "pix", 20: "pxb", 30: "phb", 40: "node", 50: "sys"}
 # NVML_ERROR_* codes that mean "this board cannot answer", not a fault. Compared by code, not
@@ -289,20 +291,37 @@ class NvmlBackend:
                 continue  # an empty slot reads NotFound
             memory = self._call("nvmlDeviceGetMemoryInfo", mig)
             profile = _MIG_PROFILE.search(_text(self._call("nvmlDeviceGetName", mig) or ""))
+            gpu_slices, compute_slices = self._mig_slices(mig, profile)
             parts.append(
                 PartitionInfo(
                     index=slot,
+                    # NVML (R470+) names a MIG device "MIG-<uuid>", the form
+                    # NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES take.
                     uuid=_text(self._call("nvmlDeviceGetUUID", mig) or ""),
-                    profile=f"{profile.group(1)}g.{profile.group(2)}gb" if profile else "",
+                    profile=profile.group(1).lower() if profile else "",
                     gpu_instance_id=self._call("nvmlDeviceGetGpuInstanceId", mig),
                     compute_instance_id=self._call("nvmlDeviceGetComputeInstanceId", mig),
                     memory_total_mib=memory.total // _MIB if memory is not None else None,
                     memory_used_mib=memory.used // _MIB if memory is not None else None,
-                    slices=int(profile.group(1)) if profile else None,
-                    slices_total=_MIG_SLICES if profile else None,
+                    slices=compute_slices,
+                    slices_total=MIG_SLICES if compute_slices is not None else None,
+                    gpu_slices=gpu_slices,
                 )
             )
         return parts
+
+    def _mig_slices(self, mig: Any, profile: re.Match[str] | None) -> tuple[int | None, int | None]:
+        """(GPU-instance, compute-instance) slices of a MIG device: from its attributes, which
+        NVML reports for MIG handles, else from the profile in its name."""
+        attrs = self._call("nvmlDeviceGetAttributes", mig)
+        gpu = getattr(attrs, "gpuInstanceSliceCount", 0) if attrs is not None else 0
+        compute = getattr(attrs, "computeInstanceSliceCount", 0) if attrs is not None else 0
+        if gpu and compute:
+            return int(gpu), int(compute)
+        if profile is None:
+            return None, None
+        named_gpu = int(profile.group(3))
+        return named_gpu, int(profile.group(2) or named_gpu)
 
     def _processes(self, handle: Any) -> list[ProcessInfo]:
         nv = self._nv

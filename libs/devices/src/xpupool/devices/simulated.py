@@ -4,6 +4,10 @@
 devices: their memory and utilisation follow the load the collector reports through
 :meth:`SimulatedBackend.set_load`, and faults can be injected (XID, overheating, a device that
 disappears, the whole node dying). Everything is deterministic for a given ``seed``.
+
+``A100-80GB:mig=3g.40gb+2g.20gb+1g.10gb`` simulates GPUs in MIG mode with those instances (each
+a leasable unit with a ``MIG-…`` UUID, as NVML reports them); the profiles must be ones the
+catalog lists for the model, within its seven GPU slices.
 """
 
 from __future__ import annotations
@@ -11,16 +15,20 @@ from __future__ import annotations
 import random
 import re
 import threading
+from collections.abc import Callable
 from typing import Final
 
-from msgspec import Struct
+from msgspec import Struct, structs
 
 from xpupool.contracts import DeviceSample, DeviceSpec, Health, Vendor
 from xpupool.devices.backend import (
+    MIG_SLICES,
     BackendUnavailable,
     DeviceInfo,
     LinkInfo,
+    PartitionInfo,
     device_id_for,
+    partition_id_for,
     stable_uuid,
     to_samples,
     to_specs,
@@ -40,6 +48,8 @@ __all__ = [
 ]
 
 _ITEM: Final = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?([^,]+?)\s*$")
+_MIG_OPTION: Final = re.compile(r"^\s*([^:]+?)\s*:\s*mig\s*=\s*([^:]+?)\s*$", re.IGNORECASE)
+_MIG_PROFILE: Final = re.compile(r"^(\d+)g\.(\d+)gb$")
 _DOMAIN_KINDS: Final = frozenset({"nvlink", "nvswitch", "hccs", "mlu-link"})
 _IDLE_POWER_SHARE: Final = 0.15
 
@@ -105,6 +115,53 @@ class _SimDevice:
         self.memory_used_mib = 0
         self.compute_pct = 0
         self.faults: list[Fault] = []
+        # Memory used per MIG instance, by the instance's unit id.
+        self.partition_used_mib: dict[str, int] = {}
+
+
+def _split_mig(model: str, entry_of: Callable[[str], CatalogEntry]) -> tuple[str, list[str]]:
+    """``"A100-80GB:mig=3g.40gb+1g.10gb"`` -> ``("A100-80GB", ["3g.40gb", "1g.10gb"])``,
+    checked against the catalog entry of the model; no option -> ``(model, [])``."""
+    match = _MIG_OPTION.match(model)
+    if match is None:
+        if ":" in model:
+            raise ProfileError(f"bad device option in {model!r}; expected MODEL:mig=3g.40gb+...")
+        return model, []
+    name = match.group(1)
+    profiles = [p.strip().lower() for p in match.group(2).split("+")]
+    entry = entry_of(name)
+    if "mig" not in entry.isolation:
+        raise ProfileError(f"{entry.name} has no MIG (catalog isolation {entry.isolation})")
+    slices = 0
+    for profile in profiles:
+        parsed = _MIG_PROFILE.match(profile)
+        if parsed is None or profile not in entry.partition_profiles:
+            known = ", ".join(entry.partition_profiles)
+            raise ProfileError(f"MIG profile {profile!r} not listed for {entry.name}: {known}")
+        slices += int(parsed.group(1))
+    if slices > MIG_SLICES:
+        raise ProfileError(f"MIG profiles {profiles} need {slices} of {MIG_SLICES} GPU slices")
+    return name, profiles
+
+
+def _mig_instance(parent_uuid: str, slot: int, profile: str) -> PartitionInfo:
+    parsed = _MIG_PROFILE.match(profile)
+    if parsed is None:
+        raise ProfileError(f"bad MIG profile {profile!r}")
+    slices, gb = int(parsed.group(1)), int(parsed.group(2))
+    return PartitionInfo(
+        index=slot,
+        uuid="MIG-" + stable_uuid(parent_uuid, "mig", str(slot)),
+        profile=profile,
+        # Real GPU instance ids depend on where the driver places an instance; sequential ids
+        # keep unit ids stable and distinct, which is all the simulation needs.
+        gpu_instance_id=slot + 1,
+        compute_instance_id=0,
+        memory_total_mib=gb * 1024,
+        slices=slices,
+        slices_total=MIG_SLICES,
+        gpu_slices=slices,
+    )
 
 
 class SimulatedBackend:
@@ -131,16 +188,22 @@ class SimulatedBackend:
         self._killed = False
         self._closed = False
         self._devices: dict[str, _SimDevice] = {}
+        self._partition_parent: dict[str, str] = {}
         self._build(parse_profile(profile), random.Random(seed))
+
+    def _entry(self, model: str) -> CatalogEntry:
+        entry = self._catalog.lookup(model)
+        if entry is None:
+            known = ", ".join(e.name for e in self._catalog)
+            raise ProfileError(f"unknown device model {model!r}; known: {known}")
+        return entry
 
     def _build(self, items: list[tuple[int, str]], rng: random.Random) -> None:
         next_index: dict[Vendor, int] = {}
         next_domain: dict[str, int] = {}
-        for count, model in items:
-            entry = self._catalog.lookup(model)
-            if entry is None:
-                known = ", ".join(e.name for e in self._catalog)
-                raise ProfileError(f"unknown device model {model!r}; known: {known}")
+        for count, item in items:
+            model, mig = _split_mig(item, self._entry)
+            entry = self._entry(model)
             kind = entry.interconnect
             first_domain = next_domain.get(kind, 0)
             size = max(entry.domain_size, 1)
@@ -153,16 +216,22 @@ class SimulatedBackend:
                 next_domain[kind] = first_domain + -(-count // size)
             for index, domain_no in group:
                 peers = [i for i, d in group if d == domain_no and i != index]
-                info = self._make_info(entry, index, domain_no, peers)
+                info = self._make_info(entry, index, domain_no, peers, mig)
                 device_id = device_id_for(self._node_id, entry.vendor, index)
-                self._devices[device_id] = _SimDevice(info, entry, 30.0 + rng.uniform(0.0, 6.0))
+                dev = _SimDevice(info, entry, 30.0 + rng.uniform(0.0, 6.0))
+                self._devices[device_id] = dev
+                for part in info.partitions:
+                    unit = partition_id_for(device_id, part)
+                    dev.partition_used_mib[unit] = 0
+                    self._partition_parent[unit] = device_id
 
     def _make_info(
-        self, entry: CatalogEntry, index: int, domain_no: int, peers: list[int]
+        self, entry: CatalogEntry, index: int, domain_no: int, peers: list[int], mig: list[str]
     ) -> DeviceInfo:
         raw = stable_uuid("simulated", self._node_id, entry.vendor.value, str(index))
         in_domain = entry.interconnect in _DOMAIN_KINDS
         link_kind = "nvlink" if entry.interconnect == "nvswitch" else entry.interconnect
+        partitions = [_mig_instance(raw, slot, profile) for slot, profile in enumerate(mig)]
         return DeviceInfo(
             vendor=entry.vendor,
             index=index,
@@ -173,6 +242,8 @@ class SimulatedBackend:
             power_limit_w=entry.tdp_w,
             links=[LinkInfo(peer_index=p, kind=link_kind) for p in peers] if in_domain else [],
             domain=f"{entry.interconnect}{domain_no}" if in_domain else "",
+            mig_mode=True if partitions else None,
+            partitions=partitions,
         )
 
     @property
@@ -190,6 +261,14 @@ class SimulatedBackend:
         """Ids of all devices, present or not, in profile order."""
         return list(self._devices)
 
+    @property
+    def unit_ids(self) -> list[str]:
+        """Ids of every leasable unit, present or not: a MIG-mode GPU's instances in its place."""
+        units: list[str] = []
+        for device_id, dev in self._devices.items():
+            units.extend(dev.partition_used_mib or [device_id])
+        return units
+
     def _check_alive(self) -> None:
         if self._closed:
             raise BackendUnavailable("simulated backend is closed")
@@ -205,7 +284,13 @@ class SimulatedBackend:
     def _reading(self, dev: _SimDevice) -> DeviceInfo:
         info, entry = dev.info, dev.entry
         total = info.memory_total_mib or 0
-        used = min(dev.memory_used_mib, total)
+        partitions = [
+            structs.replace(part, memory_used_mib=used)
+            for part, used in zip(info.partitions, dev.partition_used_mib.values(), strict=True)
+        ]
+        used = min(
+            sum(dev.partition_used_mib.values()) if partitions else dev.memory_used_mib, total
+        )
         temperature = dev.idle_temp_c + 0.45 * dev.compute_pct
         health = Health.HEALTHY
         reasons: list[str] = []
@@ -233,7 +318,8 @@ class SimulatedBackend:
             memory_total_mib=total,
             memory_used_mib=used,
             memory_free_mib=total - used,
-            util_pct=float(dev.compute_pct),
+            # Like NVML, a GPU in MIG mode reports no utilisation.
+            util_pct=None if partitions else float(dev.compute_pct),
             temperature_c=round(temperature, 1),
             power_w=power,
             power_limit_w=info.power_limit_w,
@@ -242,6 +328,8 @@ class SimulatedBackend:
             xid=xid,
             links=info.links,
             domain=info.domain,
+            mig_mode=info.mig_mode,
+            partitions=partitions,
         )
 
     def discover(self) -> list[DeviceInfo]:
@@ -266,11 +354,20 @@ class SimulatedBackend:
         """Set what the device is doing (what the collector has leased out on it).
 
         Memory is capped at the device's total and compute at 0..100, as a real device would
-        report. Raises ``KeyError`` for an unknown device and ``ValueError`` for negative load.
+        report. ``device_id`` may be a MIG instance's unit id: its memory is set (capped at the
+        instance's) and ``compute_pct`` ignored, since NVML reports no per-instance load.
+        Raises ``KeyError`` for an unknown device and ``ValueError`` for negative load.
         """
         if memory_used_mib < 0 or compute_pct < 0:
             raise ValueError("load must not be negative")
         with self._lock:
+            parent = self._partition_parent.get(device_id)
+            if parent is not None:
+                dev = self._devices[parent]
+                slot = list(dev.partition_used_mib).index(device_id)
+                cap = dev.info.partitions[slot].memory_total_mib or 0
+                dev.partition_used_mib[device_id] = min(memory_used_mib, cap)
+                return
             dev = self._device(device_id)
             dev.memory_used_mib = memory_used_mib
             dev.compute_pct = min(compute_pct, 100)

@@ -205,7 +205,7 @@ def _follow_leases(
     """Make simulated devices as busy as the ledger has leased them (memory times the over-use
     factor, compute times the busy factor), so telemetry, metrics, over-use detection and idle
     reclaim see plausible load."""
-    present = set(backend.device_ids)
+    present = set(backend.unit_ids)
     for d in devices:
         if d.spec.device_id in present:
             leased = d.memory_total_mib - d.memory_free_mib
