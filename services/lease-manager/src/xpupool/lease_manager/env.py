@@ -7,6 +7,13 @@ which stay right whether or not a container renumbered the devices. Other vendor
 take indices, so they get the host's indices (bare-metal semantics).
 Share limits are emitted for each mechanism the vendor supports (MPS and HAMi-core for NVIDIA,
 hami-vnpu-core for Ascend); only the one running on the node enforces them.
+A MIG instance is leased as its own unit: its slice's ``uuid`` is the ``MIG-<uuid>`` NVML
+reports, which both NVIDIA variables take, and it gets no MPS or HAMi-core limits (the instance
+is the limit; a CUDA process uses one MIG device, so a job should hold one).
+Cambricon, AMD and Hygon shares get visible-device variables only: AMD and Hygon have no
+per-process limit mechanism, and Cambricon's sMLU and MIM instances are made by its device plugin
+from scheduler annotations (``CAMBRICON_DSMLU_PROFILE``), not read by the job. Their slices say
+``enforced: false`` (``xpupool.devices.enforcement`` decides that where slices are made).
 A host-only job (no slices) gets every vendor's visible-device variables set to the empty
 string, which each runtime and backend reads as "no device" (for ``NVIDIA_VISIBLE_DEVICES``,
 like ``void``: no GPU mounted), so it cannot touch an accelerator by accident.
@@ -19,6 +26,9 @@ from collections.abc import Callable, Sequence
 
 from xpupool.contracts import DeviceSlice, Vendor
 
+# What NVML calls a MIG instance's UUID (R470+: MIG-<uuid>; before: MIG-GPU-<uuid>/<gi>/<ci>).
+_MIG_PREFIX = "MIG-"
+
 
 def _ids(slices: Sequence[DeviceSlice], use_uuid: bool = False) -> str:
     return ",".join(s.uuid if use_uuid else str(s.index) for s in slices)
@@ -29,16 +39,19 @@ def _nvidia(slices: Sequence[DeviceSlice]) -> dict[str, str]:
         "NVIDIA_VISIBLE_DEVICES": _ids(slices, use_uuid=True),
         "CUDA_VISIBLE_DEVICES": _ids(slices, use_uuid=True),
     }
-    shares = [s for s in slices if not s.whole]
-    if shares:
-        # Limits are per visible index, in the order of CUDA_VISIBLE_DEVICES.
-        for position, s in enumerate(slices):
-            if not s.whole:
-                env[f"CUDA_DEVICE_MEMORY_LIMIT_{position}"] = f"{s.memory_mib}m"
+    # Limits are per visible index, in the order of CUDA_VISIBLE_DEVICES.
+    limited = [
+        (position, s)
+        for position, s in enumerate(slices)
+        if not s.whole and not s.uuid.startswith(_MIG_PREFIX)
+    ]
+    if limited:
+        for position, s in limited:
+            env[f"CUDA_DEVICE_MEMORY_LIMIT_{position}"] = f"{s.memory_mib}m"
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
-            f"{position}={s.memory_mib}M" for position, s in enumerate(slices) if not s.whole
+            f"{position}={s.memory_mib}M" for position, s in limited
         )
-        compute = min(s.compute_pct for s in shares)
+        compute = min(s.compute_pct for _, s in limited)
         if compute > 0:
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(compute)
             env["CUDA_DEVICE_SM_LIMIT"] = str(compute)
