@@ -89,8 +89,9 @@ SCHEDULER_DEFAULT: Final = "default"
 
 def parse_policies(text: str) -> list[str]:
     """Comma-separated policy names; ``all`` = every registered policy (the baselines,
-    ``xpupool-static`` told the workload, and ``xpupool-online``, the placement the scheduler's default makes,
-    learning it); ``default`` = the scheduler's default itself (see ``SCHEDULER_DEFAULT``)."""
+    ``xpupool-static`` told the workload, and ``xpupool-online``, the placement the scheduler's
+    default makes, learning it); ``default`` = the scheduler's default itself (see
+    ``SCHEDULER_DEFAULT``)."""
     names: list[str] = []
     for part in text.split(","):
         key = part.strip().lower()

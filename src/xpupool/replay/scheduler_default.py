@@ -10,11 +10,11 @@ with one new request makes it. The outcomes feed ``RecordedPolicy`` so the repla
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from xpupool.placement import NodeSpec, PodDemand
 from xpupool.placement.default import DefaultPolicy
-from xpupool.placement.node_policies import trace_snapshot
+from xpupool.placement.inventory import DeviceState, NodeState, PoolSnapshot
 from xpupool.replay.arrivals import Outcome
 from xpupool.replay.requests import job_request
 from xpupool.scheduler.domain import (
@@ -27,6 +27,41 @@ from xpupool.scheduler.domain import (
 from xpupool.scheduler.settings import SchedulerSettings
 
 __all__ = ["decide_arrivals"]
+
+
+def trace_snapshot(
+    nodes: Sequence[NodeSpec],
+    model_names: Mapping[str, str] | None = None,
+    memory_mib: int = 16_000,
+) -> PoolSnapshot:
+    """A fresh pool of the trace's nodes as the domain sees it: one NVIDIA device per GPU, the
+    model renamed through ``model_names``. The trace gives no device memory, so every device has
+    ``memory_mib`` (shares in the trace are compute shares)."""
+    names = model_names or {}
+    return PoolSnapshot(
+        nodes=tuple(
+            NodeState(
+                n.name,
+                tuple(
+                    DeviceState(
+                        f"{n.name}/nvidia{k}",
+                        n.name,
+                        "nvidia",
+                        names.get(n.model, n.model),
+                        memory_mib,
+                        memory_mib,
+                        index=k,
+                    )
+                    for k in range(n.num_gpu)
+                ),
+                n.cpu_milli,
+                n.cpu_milli,
+                n.memory_mib,
+                n.memory_mib,
+            )
+            for n in nodes
+        )
+    )
 
 
 def decide_arrivals(

@@ -13,7 +13,9 @@ from domain_builders import job, lease, node, snapshot
 from xpupool.contracts.payloads import GangSpec, Intent
 from xpupool.placement import PolicyContext, ShapeDistribution, make_policy
 from xpupool.placement.default import DefaultPolicy
+from xpupool.placement.demand import make_demand
 from xpupool.placement.inventory import HostCharge, PoolSnapshot
+from xpupool.placement.node_policies import NodeView, make_trace_policies
 from xpupool.replay.arrivals import (
     RecordedPolicy,
     build_fgd_workload,
@@ -26,6 +28,7 @@ from xpupool.scheduler.domain import (
     PolicyRegistry,
     Reserve,
     Wait,
+    WorkingPool,
     decide,
     decide_batch,
     default_config,
@@ -122,3 +125,38 @@ def test_the_default_allocates_at_least_as_much_as_fgd_on_a_reduced_trace() -> N
     for pct in (90, 95, 100, 110, 130):
         assert ours.alloc_at(pct) >= fgd.alloc_at(pct), pct
     assert ours.alloc_at(100) > fgd.alloc_at(100)
+
+
+def test_every_device_of_a_mixed_node_is_in_the_node_view() -> None:
+    """A node with two models is two rows of the view: the second model is placed on by the
+    node-view policies themselves (it used to be invisible to them)."""
+    mixed = node("m", "T4", 2)
+    a100 = node("m", "A100", 2).devices
+    both = replace(mixed, devices=(*mixed.devices, *(replace(d, index=d.index + 2) for d in a100)))
+    both = replace(both, devices=tuple(replace(d, device_id=f"m/{d.index}") for d in both.devices))
+    pool = WorkingPool(snapshot(both), default_config())
+    view = NodeView(pool, {})
+    assert (view.dev_row >= 0).all()
+    assert [view.state.names[r] for r in range(view.state.num_nodes)] == ["m", "m#A100"]
+    (bestfit,) = make_trace_policies(names=["bestfit"])
+    demand = make_demand(job("j", count=2, models=["A100"]), pool)
+    placed = bestfit.place_pool(pool, demand, demand.classes)
+    assert placed is not None
+    assert {pool.devices[i].model for i in placed.devices} == {"A100"}
+    assert placed.host[0][0] == pool.node_index["m"]
+
+
+def test_a_share_the_views_rounding_would_refuse_is_placed() -> None:
+    """20,000 MiB free of 81,920 is 244 whole milli-GPU in the view; a 20,000 MiB share is 245.
+    The pool says it fits, so the node-view policy places it (the view never decides
+    feasibility on its own)."""
+    one = node("n", "A100", 1)
+    total = one.devices[0].memory_total_mib
+    snap = snapshot(one, leases=(lease("l", ["n/0"], share=(total - 20_000, 10)),))
+    pool = WorkingPool(snap, default_config())
+    (bestfit,) = make_trace_policies(names=["bestfit"])
+    demand = make_demand(job("j", memory_mib=20_000), pool)
+    placed = bestfit.place_pool(pool, demand, demand.classes)
+    assert placed is not None and placed.devices == (0,)
+    too_big = make_demand(job("k", memory_mib=20_001), pool)
+    assert bestfit.place_pool(pool, too_big, too_big.classes) is None

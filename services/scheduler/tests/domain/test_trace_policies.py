@@ -11,10 +11,10 @@ from xpupool.placement.node_policies import (
     make_trace_policies,
     parse_aliases,
     trace_policy_name,
-    trace_snapshot,
 )
 from xpupool.replay.arrivals import build_fgd_workload, replay_arrivals
 from xpupool.replay.requests import job_request
+from xpupool.replay.scheduler_default import trace_snapshot
 from xpupool.scheduler.domain import (
     Reserve,
     WorkingPool,

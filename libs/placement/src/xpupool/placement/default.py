@@ -1,8 +1,8 @@
 """The scheduler's default placement policy, ``xpupool``: fragmentation-aware, shapes learned live.
 
-It is the trace-validated policy of ``xpupool.placement`` (``ours.HeuristicPolicy``: fragmentation
-descent against the distribution of request shapes, stranded-GPU pricing, explicit packing), run
-on the live pool through the :class:`~xpupool.placement.node_policies.TracePolicy` adapter, with
+It is the trace-validated policy of ``xpupool.placement`` (``ours.FragmentationPolicy``:
+fragmentation descent against the distribution of request shapes, stranded-GPU pricing, explicit
+packing), placing on the pool's per-node view (:mod:`~xpupool.placement.node_policies`), with
 the shape distribution learned from the request stream
 (:class:`~xpupool.placement.online.OnlineFragmentationPolicy`) instead of read from a workload file.
 
@@ -18,12 +18,12 @@ How it merges with the rest of the scheduler:
   fragmentation score chooses across every node of the tier; a lower tier is tried only when
   nothing in the higher one fits. So light work still goes to cheap cards, and within what the
   user is indifferent about, the pool stays unfragmented.
-* **Topology**: one-node placements (one device, or a gang on one node) are fragmentation-scored.
-  A gang within one interconnect domain, a gang allowed across nodes that does not fit one node,
-  devices invisible to the trace view (the second model of a mixed node), and a share the trace
-  view's milli-GPU rounding turned away go to the engine with the classic per-class judgements
-  (``base``), which also serve preemption planning and explanations, so the policy never
-  refuses what the engine would place.
+* **Topology**: one-node placements (one device, or a gang on one node) are fragmentation-scored
+  on the per-node view, whose feasibility is the pool's own. A gang within one interconnect
+  domain, and a gang allowed across nodes that no single node holds, are placed by the engine's
+  gang term (:func:`~xpupool.placement.engine.place_in_class`: fewest nodes, then the tightest
+  domain) with the ``heuristic`` judgements (``base``), which also serve preemption planning
+  and explanations.
 """
 
 from __future__ import annotations
@@ -137,6 +137,9 @@ class DefaultPolicy(TracePolicy):
         """The first intent tier where the demand fits, fragmentation-scored within the tier."""
         if demand.count < 1:
             return super().place_pool(pool, demand, classes, respect_holds=respect_holds)
+        # Gangs across nodes and gangs in one interconnect domain are the engine's gang term
+        # (the node view chooses one row, so one node and one model): a domain gang always, a
+        # gang allowed across nodes when no single node holds it.
         multi = demand.count > 1
         scored = not (multi and demand.scope == "domain")
         for tier in self._tiers(pool, demand, classes):
@@ -144,15 +147,7 @@ class DefaultPolicy(TracePolicy):
                 found = super().place_pool(pool, demand, tier, respect_holds=respect_holds)
                 if found is not None:
                     return found
-            # The engine where the trace view cannot place the demand or may round it out:
-            # a domain gang, a gang over several nodes, devices it does not see, and shares
-            # (it counts free memory in whole milli-GPU, the engine in MiB).
-            if (
-                not scored
-                or (multi and demand.scope == "any")
-                or not demand.whole
-                or self._partial_view()
-            ):
+            if not scored or (multi and demand.scope == "any"):
                 for ci in tier:
                     pl = place_in_class(pool, demand, self.base, ci, respect_holds=respect_holds)
                     if pl is not None:
@@ -166,10 +161,6 @@ class DefaultPolicy(TracePolicy):
             return class_cost_key(pool.classes[ci], demand, demand.intent)
 
         return [list(group) for _, group in groupby(classes, key=key)]
-
-    def _partial_view(self) -> bool:
-        """Whether some devices are invisible to the trace view (mixed-model nodes)."""
-        return self._mirror is not None and not self._mirror.complete
 
 
 def default_registry(cfg: PlacementConfig | None = None) -> PolicyRegistry:

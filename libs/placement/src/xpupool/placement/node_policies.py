@@ -1,15 +1,18 @@
-"""The trace's placement policies (``xpupool.placement``) as live scheduler policies.
+"""The node-view policies (FGD, the baselines, the fragmentation policy) placing on a working pool.
 
-``xpupool replay`` measures policies on a :class:`~xpupool.placement.ClusterState`; this module
-lets the scheduler place with exactly the same code, so a queue with ``placement: fgd-trace``
-decides as the in-process replay does. Names: ``<policy>-trace`` for every policy of
-:data:`xpupool.placement.POLICIES` (``xpupool-static-trace``, ``fgd-trace``, ...).
+The pool model has two faces: the per-device counters of :class:`~.pool.WorkingPool` (memory in
+MiB, compute in percent, host CPU and memory), and the vectorised per-node view
+(:class:`NodeView`, a :class:`~xpupool.placement.ClusterState` in milli-GPU) that the node-view
+policies score every node with at once. ``xpupool replay`` measures these policies on the view
+alone; this module lets the scheduler place with exactly the same code, so a queue with
+``placement: fgd-trace`` decides as the in-process replay does. Names: ``<policy>-trace`` for
+every policy of :data:`xpupool.placement.POLICIES` (``xpupool-static-trace``, ``fgd-trace``, ...).
 
-How the pool maps onto a ``ClusterState`` (one row per pool node, in pool order):
+How the pool maps onto the view (one row per pool node and device model, in pool order):
 
-* a row's GPUs are the node's devices of one model (its first device's), ordered by device index,
-  so "lowest GPU slot" tie-breaks pick the lowest device index as the replay does; devices of
-  other models on a mixed node are invisible to these policies;
+* a row's GPUs are the node's devices of one model, ordered by device index, so "lowest GPU
+  slot" tie-breaks pick the lowest device index as the replay does; a mixed node has one row
+  per model, each with the node's host counters, so no device is invisible;
 * a device's free milli-GPU is ``10 x compute_free_pct`` (0 when it is unhealthy or held whole;
   capped by its free memory fraction): the trace's ``gpu_milli`` of a sharing pod is a compute
   share, and a share with only ``compute_pct`` takes memory in proportion, so with such shares
@@ -17,8 +20,11 @@ How the pool maps onto a ``ClusterState`` (one row per pool node, in pool order)
 * a row's model is the device model renamed by ``aliases`` (ledger name -> the name the workload
   file uses, e.g. ``V100-SXM2-16GB`` -> ``V100M16``), so ``gpu_spec`` constraints and the FGD
   shape distribution see the names they were built with;
-* host CPU and memory are the node's free host counters; the node id is the row name, which is
-  the tie-break (first name wins).
+* host CPU and memory are the node's free host counters; the node id is the first row's name
+  (``<node>#<model>`` for the others), which is the tie-break (first name wins);
+* feasibility is the pool's: the view's whole milli of memory can only refuse a share that fits
+  (never admit one that does not), and when it refuses all, the share is decided again on a
+  copy of the view that admits exactly the devices it fits on in MiB and percent.
 
 A request becomes a ``PodDemand``: ``count`` GPUs, ``1000`` milli each when whole, else
 ``10 x compute_pct`` (or the memory fraction, rounded up, for a memory share), its host demand,
@@ -34,7 +40,7 @@ get a new ``node_version``, so the FGD caches refresh only those), not rebuilt.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,13 +55,12 @@ from xpupool.placement.engine import (
     PlacementPolicy,
 )
 from xpupool.placement.frag import ShapeDistribution
-from xpupool.placement.inventory import DeviceState, NodeState, PoolSnapshot
-from xpupool.placement.pool import WorkingPool
-from xpupool.placement.state import MILLI, IntArray, pod_class_column
+from xpupool.placement.pool import PoolArrays, WorkingPool
+from xpupool.placement.state import MILLI, BoolArray, IntArray, pod_class_column
 
 __all__ = [
     "TRACE_SUFFIX",
-    "ClusterMirror",
+    "NodeView",
     "TracePolicy",
     "make_trace_policies",
     "parse_aliases",
@@ -85,38 +90,51 @@ def parse_aliases(text: str) -> dict[str, str]:
     return out
 
 
-class ClusterMirror:
-    """A ``ClusterState`` with one row per node of a working pool, kept in step with it."""
+class NodeView:
+    """The pool's vectorised per-node view (a ``ClusterState``), kept in step with the pool.
+
+    One row per node and device model, in pool order: a node with one model is one row named by
+    its node id; each further model of a mixed node is one more row (``<node>#<model>``) with
+    the node's host counters, so every device of the pool is in exactly one row and a policy
+    choosing a row chooses devices of one model on one node.
+    """
 
     def __init__(self, pool: WorkingPool, aliases: Mapping[str, str]) -> None:
         self.signature = _signature(pool)
         rows: list[NodeSpec] = []
         row_devs: list[tuple[int, ...]] = []
         row_class: list[int] = []
+        row_node: list[int] = []
+        first_row: list[int] = []
         n_dev = len(pool.devices)
         self.dev_row: IntArray = np.full(n_dev, -1, dtype=np.int64)
         self.dev_slot: IntArray = np.full(n_dev, -1, dtype=np.int64)
         for ni, node in enumerate(pool.nodes):
-            devs = pool.node_devs[ni]
-            model = pool.devices[devs[0]].model if devs else ""
-            mine = sorted(
-                (i for i in devs if pool.devices[i].model == model),
-                key=lambda i: (pool.devices[i].index, pool.devices[i].device_id),
-            )
-            for slot, i in enumerate(mine):
-                self.dev_row[i] = ni
-                self.dev_slot[i] = slot
-            row_devs.append(tuple(mine))
-            row_class.append(pool.dev_class[mine[0]] if mine else -1)
-            rows.append(
-                NodeSpec(
-                    name=node.node_id,
-                    cpu_milli=max(0, node.cpu_milli_total),
-                    memory_mib=max(0, node.memory_mib_total),
-                    num_gpu=len(mine),
-                    model=aliases.get(model, model) if mine else "",
+            first_row.append(len(rows))
+            by_model: dict[str, list[int]] = {}
+            for i in pool.node_devs[ni]:
+                by_model.setdefault(pool.devices[i].model, []).append(i)
+            groups = list(by_model.items()) or [("", [])]
+            for k, (model, devs) in enumerate(groups):
+                mine = sorted(
+                    devs, key=lambda i: (pool.devices[i].index, pool.devices[i].device_id)
                 )
-            )
+                row = len(rows)
+                for slot, i in enumerate(mine):
+                    self.dev_row[i] = row
+                    self.dev_slot[i] = slot
+                row_devs.append(tuple(mine))
+                row_class.append(pool.dev_class[mine[0]] if mine else -1)
+                row_node.append(ni)
+                rows.append(
+                    NodeSpec(
+                        name=node.node_id if k == 0 else f"{node.node_id}#{model}",
+                        cpu_milli=max(0, node.cpu_milli_total),
+                        memory_mib=max(0, node.memory_mib_total),
+                        num_gpu=len(mine),
+                        model=aliases.get(model, model) if mine else "",
+                    )
+                )
         self.state = ClusterState.from_nodes(rows)
         self._dev_mem_total: IntArray = np.array(
             [max(1, d.memory_total_mib) for d in pool.devices], dtype=np.int64
@@ -126,19 +144,23 @@ class ClusterMirror:
         )
         self.row_devs = row_devs
         self.row_class: IntArray = np.array(row_class, dtype=np.int64)
+        self.row_node: IntArray = np.array(row_node, dtype=np.int64)
+        """The pool node index of each row."""
+        self.first_row: IntArray = np.array(first_row, dtype=np.int64)
+        """The first row of each pool node (where its host-only leases are counted)."""
         self._mapped = self.dev_row >= 0
         self._ok: np.ndarray = np.zeros(0, dtype=np.bool_)
         self._ok_of: WorkingPool | None = None
         self._leases: dict[str, tuple[int, int]] = {}
 
-    @property
-    def complete(self) -> bool:
-        """Whether every device of the pool is in a row (no second model on a mixed node)."""
-        return bool(self._mapped.all())
-
     def matches(self, pool: WorkingPool) -> bool:
-        """Whether ``pool`` has the nodes and devices this mirror was built from."""
+        """Whether ``pool`` has the nodes and devices this view was built from."""
         return _signature(pool) == self.signature
+
+    def rows_of(self, nodes: Iterable[int]) -> IntArray:
+        """Every row of the pool nodes ``nodes``."""
+        wanted = np.fromiter(nodes, dtype=np.int64)
+        return np.flatnonzero(np.isin(self.row_node, wanted))
 
     def sync(self, pool: WorkingPool) -> None:
         """Copy the pool's free counters and lease classes in; bump changed rows' versions."""
@@ -149,20 +171,10 @@ class ClusterMirror:
         if self._ok_of is not pool:
             self._ok = np.fromiter(pool.dev_ok, dtype=np.bool_, count=len(pool.devices))
             self._ok_of = pool
-        comp, mem_free = arr.compute_free, arr.mem_free
-        usable = self._ok & ~arr.exclusive
-        # The smaller of the compute and memory fractions left: with compute-only shares the
-        # memory fraction is never the smaller one, so this is exactly 10 x compute_free_pct;
-        # a memory share (or the ledger's whole-device flag) still counts.
-        by_mem = np.clip(mem_free, 0, None) * MILLI // self._dev_mem_total
-        # A device whose memory is unknown (0) is bound by compute alone here; shares never go
-        # to its class (``place_pool`` drops classes a share's memory does not fit).
-        by_mem = np.where(self._memory_unknown, MILLI, by_mem)
-        milli = np.where(usable, np.minimum(np.clip(comp, 0, 100) * (MILLI // 100), by_mem), 0)
         gpu = np.zeros_like(st.gpu_free)
         m = self._mapped
-        gpu[self.dev_row[m], self.dev_slot[m]] = milli[m]
-        cpu, mem = arr.node_cpu_free, arr.node_mem_free
+        gpu[self.dev_row[m], self.dev_slot[m]] = self.free_milli(arr)[m]
+        cpu, mem = arr.node_cpu_free[self.row_node], arr.node_mem_free[self.row_node]
         changed = (gpu != st.gpu_free).any(axis=1) | (cpu != st.cpu_free) | (mem != st.mem_free)
         if changed.any():
             st.gpu_free[changed] = gpu[changed]
@@ -170,6 +182,21 @@ class ClusterMirror:
             st.mem_free[changed] = mem[changed]
             st.node_version[changed] += 1
         self._sync_classes(pool)
+
+    def free_milli(self, arr: PoolArrays) -> IntArray:
+        """Each device's free milli-GPU: the smaller of its compute and memory fractions left.
+
+        With compute-only shares the memory fraction is never the smaller one, so this is
+        exactly 10 x compute_free_pct; a memory share (or a device held whole) still counts.
+        Unhealthy and whole-held devices have none.
+        """
+        usable = self._ok & ~arr.exclusive
+        by_mem = np.clip(arr.mem_free, 0, None) * MILLI // self._dev_mem_total
+        # A device whose memory is unknown (0) is bound by compute alone here; shares never go
+        # to its class (``place_pool`` drops classes a share's memory does not fit).
+        by_mem = np.where(self._memory_unknown, MILLI, by_mem)
+        milli = np.minimum(np.clip(arr.compute_free, 0, 100) * (MILLI // 100), by_mem)
+        return np.where(usable, milli, 0)
 
     def _sync_classes(self, pool: WorkingPool) -> None:
         # Only the clustering policy reads the per-node pod classes; a set difference over the
@@ -191,7 +218,8 @@ class ClusterMirror:
             if slices:
                 rows = [int(self.dev_row[i]) for i in pl.devices if self.dev_row[i] >= 0]
             else:
-                rows = sorted(pl.nodes)  # host-only: a CPU-only pod on its node's row
+                # host-only: a CPU-only pod on its node's first row
+                rows = [int(self.first_row[ni]) for ni in sorted(pl.nodes)]
             if not rows:
                 continue
             if not slices:
@@ -207,13 +235,28 @@ class ClusterMirror:
             st.pod_count[rows[0]] += 1
             st.node_version[rows[0]] += 1
 
-    def restricted(self, rows_ok: np.ndarray, devs_ok: np.ndarray | None) -> ClusterState:
-        """A copy where rows outside ``rows_ok`` (and devices outside ``devs_ok``) cannot host."""
+    def restricted(
+        self, rows_ok: np.ndarray, devs_ok: np.ndarray | None, exact: tuple[BoolArray, int] | None
+    ) -> ClusterState:
+        """A copy where rows outside ``rows_ok`` (and devices outside ``devs_ok``) cannot host.
+
+        ``exact`` = (devices a share fits on, counted in MiB and percent, its milli-GPU): the
+        copy's free milli-GPU then says "fits" on exactly those devices, so the view's rounding
+        (whole milli of memory) neither refuses nor admits a share the pool would not.
+        """
         st = self.state.copy()
         st.cpu_free[~rows_ok] = -1
+        m = self._mapped
+        if exact is not None:
+            fits, milli = exact
+            r, c = self.dev_row[m], self.dev_slot[m]
+            now = st.gpu_free[r, c]
+            st.gpu_free[r, c] = np.where(
+                fits[m], np.maximum(now, milli), np.minimum(now, milli - 1)
+            )
         if devs_ok is not None:
-            m = self._mapped & ~devs_ok
-            st.gpu_free[self.dev_row[m], self.dev_slot[m]] = 0
+            off = m & ~devs_ok
+            st.gpu_free[self.dev_row[off], self.dev_slot[off]] = 0
         return st
 
 
@@ -224,41 +267,6 @@ def _signature(pool: WorkingPool) -> tuple[object, ...]:
         tuple(n.cpu_milli_total for n in pool.nodes),
         tuple(n.memory_mib_total for n in pool.nodes),
         tuple(pool.dev_class),
-    )
-
-
-def trace_snapshot(
-    nodes: Sequence[NodeSpec],
-    model_names: Mapping[str, str] | None = None,
-    memory_mib: int = 16_000,
-) -> PoolSnapshot:
-    """A fresh pool of the trace's nodes as the domain sees it: one NVIDIA device per GPU, the
-    model renamed through ``model_names``. The trace gives no device memory, so every device has
-    ``memory_mib`` (shares in the trace are compute shares)."""
-    names = model_names or {}
-    return PoolSnapshot(
-        nodes=tuple(
-            NodeState(
-                n.name,
-                tuple(
-                    DeviceState(
-                        f"{n.name}/nvidia{k}",
-                        n.name,
-                        "nvidia",
-                        names.get(n.model, n.model),
-                        memory_mib,
-                        memory_mib,
-                        index=k,
-                    )
-                    for k in range(n.num_gpu)
-                ),
-                n.cpu_milli,
-                n.cpu_milli,
-                n.memory_mib,
-                n.memory_mib,
-            )
-            for n in nodes
-        )
     )
 
 
@@ -296,7 +304,7 @@ def pod_demand(
 
 @dataclass
 class TracePolicy(DelegatedJudgements):
-    """A trace policy answering for the scheduler (see the module docstring).
+    """A node-view policy answering for the scheduler (see the module docstring).
 
     ``base`` serves the engine's per-class judgements (preemption planning, explanations).
     """
@@ -305,21 +313,21 @@ class TracePolicy(DelegatedJudgements):
     inner: Policy
     aliases: Mapping[str, str] = field(default_factory=dict)
     base: PlacementPolicy = field(default_factory=HeuristicPolicy)
-    _mirror: ClusterMirror | None = field(default=None, repr=False)
+    _view: NodeView | None = field(default=None, repr=False)
     _pool: WorkingPool | None = field(default=None, repr=False)
 
-    def mirror(self, pool: WorkingPool) -> ClusterMirror:
-        """The ``ClusterState`` mirror of ``pool``, in step with it now."""
-        mirror = self._mirror
+    def view(self, pool: WorkingPool) -> NodeView:
+        """The per-node view of ``pool``, in step with it now."""
+        view = self._view
         if self._pool is not pool:
-            # A new cycle's pool: keep the mirror (and the policies' caches) if the inventory
+            # A new cycle's pool: keep the view (and the policies' caches) if the inventory
             # is the same, which it almost always is.
-            if mirror is None or not mirror.matches(pool):
-                mirror = self._mirror = ClusterMirror(pool, self.aliases)
+            if view is None or not view.matches(pool):
+                view = self._view = NodeView(pool, self.aliases)
             self._pool = pool
-        assert mirror is not None
-        mirror.sync(pool)
-        return mirror
+        assert view is not None
+        view.sync(pool)
+        return view
 
     def place_pool(
         self,
@@ -329,10 +337,12 @@ class TracePolicy(DelegatedJudgements):
         *,
         respect_holds: bool = True,
     ) -> Placement | None:
-        """The inner policy's choice over every node whose devices are of ``classes``.
+        """The inner policy's choice over every row whose devices are of ``classes``.
 
         A host-only demand (``count: 0``, ``classes`` empty) is a CPU-only pod: every node row
-        (but held ones) is a candidate, and the placement has no devices.
+        (but held ones) is a candidate, and the placement has no devices. Feasibility is the
+        pool's own: a share the view's whole-milli rounding would turn away is decided again on
+        a copy that admits exactly the devices it fits on in MiB and percent.
         """
         if demand.host_only:
             return self._place_host_only(pool, demand, respect_holds)
@@ -345,39 +355,49 @@ class TracePolicy(DelegatedJudgements):
         ]
         if not classes:
             return None
-        mirror = self.mirror(pool)
-        st = mirror.state
+        view = self.view(pool)
+        st = view.state
         wanted = set(classes)
-        rows_ok = np.isin(mirror.row_class, np.fromiter(wanted, dtype=np.int64))
+        rows_ok = np.isin(view.row_class, np.fromiter(wanted, dtype=np.int64))
         gpu_rows = st.num_gpu > 0
         models = frozenset(st.models[int(m)] for m in np.unique(st.model_id[rows_ok & gpu_rows]))
         every = frozenset(st.models[int(m)] for m in np.unique(st.model_id[gpu_rows]))
         allowed = None if models == every else models
         exact = bool(np.array_equal(st.model_mask(allowed) & gpu_rows, rows_ok & gpu_rows))
         held = respect_holds and bool(pool.held_nodes)
-        state = st
-        if not exact or held or demand.id_filtered:
-            if held:
-                rows_ok = rows_ok.copy()
-                rows_ok[list(pool.held_nodes)] = False
-            devs_ok = None
-            if demand.id_filtered:
-                devs_ok = np.array(
-                    [
-                        (demand.allowed is None or i in demand.allowed) and i not in demand.avoided
-                        for i in range(len(pool.devices))
-                    ],
-                    dtype=np.bool_,
-                )
-            state = mirror.restricted(rows_ok, devs_ok)
+        if held:
+            rows_ok = rows_ok.copy()
+            rows_ok[view.rows_of(pool.held_nodes)] = False
+        devs_ok = None
+        if demand.id_filtered:
+            devs_ok = np.array(
+                [
+                    (demand.allowed is None or i in demand.allowed) and i not in demand.avoided
+                    for i in range(len(pool.devices))
+                ],
+                dtype=np.bool_,
+            )
         pod = pod_demand(pool, demand, allowed)
+        state = st
+        if not exact or held or devs_ok is not None:
+            state = view.restricted(rows_ok, devs_ok, None)
         choice = self.inner.choose(state, pod)
+        if choice is None and not demand.whole:
+            fits = _share_fits(pool, demand, classes)
+            if devs_ok is not None:
+                fits &= devs_ok
+            rows_with = np.zeros(len(rows_ok), dtype=np.bool_)
+            rows_with[view.dev_row[fits & (view.dev_row >= 0)]] = True
+            if (rows_with & rows_ok).any():
+                state = view.restricted(rows_ok, devs_ok, (fits, pod.gpu_milli))
+                choice = self.inner.choose(state, pod)
         if choice is None:
             return None
-        ni = choice.node
-        devices = tuple(mirror.row_devs[ni][g] for g in choice.gpus)
+        row = choice.node
+        devices = tuple(view.row_devs[row][g] for g in choice.gpus)
         ci = pool.dev_class[devices[0]] if devices else classes[0]
         mem, comp = demand.share(pool.classes[ci])
+        ni = int(view.row_node[row])
         return Placement(
             ci,
             devices,
@@ -392,26 +412,45 @@ class TracePolicy(DelegatedJudgements):
     def _place_host_only(
         self, pool: WorkingPool, demand: Demand, respect_holds: bool
     ) -> Placement | None:
-        mirror = self.mirror(pool)
-        state = mirror.state
-        rows_ok = np.array(pool.node_up, dtype=np.bool_)
+        view = self.view(pool)
+        state = view.state
+        rows_ok = np.array(pool.node_up, dtype=np.bool_)[view.row_node]
         if respect_holds and pool.held_nodes:
-            rows_ok[list(pool.held_nodes)] = False
+            rows_ok[view.rows_of(pool.held_nodes)] = False
         if not rows_ok.all():
-            state = mirror.restricted(rows_ok, None)
+            state = view.restricted(rows_ok, None, None)
         choice = self.inner.choose(state, pod_demand(pool, demand, None))
         if choice is None:
             return None
+        ni = int(view.row_node[choice.node])
         return Placement(
             HOST_ONLY,
             (),
             0,
             0,
             False,
-            ((choice.node, demand.cpu_milli, demand.host_memory_mib),),
+            ((ni, demand.cpu_milli, demand.host_memory_mib),),
             0.0,
             self.name,
         )
+
+
+def _share_fits(pool: WorkingPool, demand: Demand, classes: Sequence[int]) -> BoolArray:
+    """Devices of ``classes`` that one slice of the share ``demand`` fits on now (MiB, %)."""
+    n = len(pool.devices)
+    need_mem = np.full(len(pool.classes), np.iinfo(np.int64).max, dtype=np.int64)
+    need_comp = np.full(len(pool.classes), 101, dtype=np.int64)
+    for ci in classes:
+        need_mem[ci], need_comp[ci] = demand.share(pool.classes[ci])
+    dev_class = np.fromiter(pool.dev_class, dtype=np.int64, count=n)
+    ok = np.fromiter(pool.dev_ok, dtype=np.bool_, count=n)
+    arr = pool.arrays()
+    return (
+        ok
+        & ~arr.exclusive
+        & (arr.mem_free >= need_mem[dev_class])
+        & (arr.compute_free >= need_comp[dev_class])
+    )
 
 
 def make_trace_policies(
