@@ -1,0 +1,7 @@
+"""The autoscaler: grows and shrinks operator-configured node pools from pending demand and cost.
+
+Pure parts (no I/O): ``pools`` (the pool file), ``scale_down`` (drain and removal with cool-down
+and hysteresis), ``forecast`` (predictive demand), ``decisions`` (the plan and its events),
+``solver`` (the interface the placement-backed scale-up solver implements). ``providers`` add
+and remove nodes: ``exec``, ``kubernetes``, ``simulated``.
+"""

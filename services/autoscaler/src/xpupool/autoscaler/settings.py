@@ -1,0 +1,49 @@
+"""Autoscaler configuration (``XPUPOOL_*`` environment variables).
+
+``XPUPOOL_POOLS_FILE`` names the pool file (YAML or TOML, see :mod:`xpupool.autoscaler.pools`);
+the autoscaler's own knobs are ``XPUPOOL_AUTOSCALER_*``. Read with
+``xpupool.obs.load_settings(AutoscalerSettings)``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+PositiveSeconds = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class AutoscalerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the autoscaler reads from its environment."""
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Secured deployments (``xpupool.devstack.secure``): the NATS identity (an NKey seed file or
+    # a NATS JWT .creds file), the CA that signed the servers' certificates, a client
+    # certificate and key for mutual TLS, and the CA for a rediss:// ledger URL.
+    nats_creds: str = ""
+    nats_tls_ca: str = ""
+    nats_tls_cert: str = ""
+    nats_tls_key: str = ""
+    redis_tls_ca: str = ""
+    namespace: str = "xpupool"
+    log_level: str = "info"
+    # The operator's pool file (YAML or TOML); re-read when it changes, the last good one kept.
+    # Empty: no pools, the autoscaler decides nothing.
+    pools_file: str = ""
+    # How often the autoscaler decides (reads demand, plans, drives providers).
+    autoscaler_interval_s: PositiveSeconds = 5.0
+    # Demand history kept for the forecaster and for the scale-down watermark.
+    autoscaler_history_s: PositiveSeconds = 7 * 24 * 3600.0
+    # Width of one demand-history bucket (the forecaster's time step).
+    autoscaler_bucket_s: PositiveSeconds = 300.0
+    # The leader lease (one acting replica at a time): its term, renewed every third of it.
+    autoscaler_leader_ttl_s: PositiveSeconds = 15.0
+    # This replica's name in the leader lease; empty: host name and pid.
+    autoscaler_replica_id: str = ""
+    # Prometheus text on this port; 0 serves no metrics.
+    autoscaler_metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    autoscaler_metrics_addr: str = "0.0.0.0"
+    # A provider call (exec command, Kubernetes request) that takes longer fails.
+    autoscaler_provider_timeout_s: PositiveSeconds = 120.0
