@@ -13,11 +13,14 @@ from tests.e2e.conftest import EventLog, Ready
 from xpupool.contracts import (
     AllocationGranted,
     DeviceDemand,
+    DeviceSelector,
     HostDemand,
     HostShare,
     JobRejected,
     JobRequested,
+    Vendor,
 )
+from xpupool.contracts.payloads import Isolation
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.ledger import audit
 
@@ -152,6 +155,66 @@ async def test_share_request_gets_limits(make_stack: Callable[..., Stack], ready
         assert not outcome.slices[0].whole
         assert outcome.env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "20000m"
         assert outcome.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+
+
+async def test_hard_share_is_a_whole_mig_instance_and_shares_say_if_enforced(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
+    """isolation: hard on a GPU in MIG mode gets the smallest MIG instance that holds it, whole,
+    named by its MIG- UUID and without MPS limits; an MPS share says enforced, a Cambricon share
+    (no limit a job's process reads) says it is not."""
+    stack = make_stack(
+        [
+            NodeSpec("node-m", "1xA100-80GB:mig=3g.40gb+1g.10gb"),
+            NodeSpec("node-a", "1xA100-80GB"),
+            NodeSpec("node-c", "1xMLU370-X8"),
+        ]
+    )
+    await ready(stack, 4)
+    async with stack.client() as client:
+        hard = await client.submit_and_wait(
+            JobRequested(
+                job_id="hard-1",
+                tenant="t",
+                device=DeviceDemand(memory_mib=8000),
+                selector=DeviceSelector(isolation=Isolation.HARD),
+            )
+        )
+        assert isinstance(hard, AllocationGranted), hard
+        (s,) = hard.slices
+        assert s.whole and s.enforced and s.uuid.startswith("MIG-"), s
+        assert s.memory_mib < 20_000  # the 1g.10gb instance, not the 3g.40gb one
+        assert hard.env["CUDA_VISIBLE_DEVICES"] == s.uuid
+        assert not any("MPS" in k or "MEMORY_LIMIT" in k for k in hard.env)
+        soft = await client.submit_and_wait(
+            JobRequested(
+                job_id="soft-1",
+                tenant="t",
+                device=DeviceDemand(memory_mib=8000),
+                selector=DeviceSelector(device_ids=["node-a/nvidia0"]),
+            )
+        )
+        assert isinstance(soft, AllocationGranted), soft
+        assert not soft.slices[0].whole and soft.slices[0].enforced
+        mlu = await client.submit_and_wait(
+            JobRequested(
+                job_id="mlu-1",
+                tenant="t",
+                device=DeviceDemand(memory_mib=8000),
+                selector=DeviceSelector(vendor=Vendor.CAMBRICON),
+            )
+        )
+        assert isinstance(mlu, AllocationGranted), mlu
+        assert not mlu.slices[0].whole and not mlu.slices[0].enforced
+        too_big = await client.submit_and_wait(
+            JobRequested(
+                job_id="hard-2",
+                tenant="t",
+                device=DeviceDemand(memory_mib=60_000),
+                selector=DeviceSelector(isolation=Isolation.HARD),
+            )
+        )
+        assert isinstance(too_big, JobRejected) and too_big.reason.value == "no_matching_device"
 
 
 async def test_unrenewed_lease_expires_and_renewed_one_lives(

@@ -50,6 +50,7 @@ CATALOG: dict[str, dict[str, Any]] = {
         capabilities=frozenset({"fp16", "bf16"}),
         isolation=frozenset({"mig"}),
         interconnect="nvlink",
+        partition="mig",
     ),
     "910B": dict(
         vendor="ascend",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from domain_builders import job, node, snapshot
 
 from xpupool.contracts.payloads import GangSpec, Isolation, Vendor
@@ -69,12 +71,48 @@ def test_capabilities_exclude_t4_for_bf16():
 
 
 def test_hard_isolation_kept_off_soft_shared_devices():
-    """A share with isolation=hard lands only on MIG or vNPU devices, never on hami-core/MPS."""
+    """A share with isolation=hard lands only on a hardware partition (MIG instance, vNPU),
+    never as a hami-core/MPS share: a pool without partitions has no device for it."""
     snap = snapshot(node("t4", "T4", 2), node("a100", "A100", 2), node("asc", "910B", 2))
     d = decide(job("j", memory_mib=8000, isolation=Isolation.HARD), snap)
-    assert models_of(d) == {"910B"}
+    assert isinstance(d, Reject) and d.reason is Reason.NO_MATCHING_DEVICE
     d = decide(job("j", memory_mib=8000, isolation=Isolation.HARD, vendor=Vendor.NVIDIA), snap)
     assert isinstance(d, Reject) and d.reason is Reason.NO_MATCHING_DEVICE
+
+
+def test_hard_nvidia_share_is_the_smallest_mig_instance_that_holds_it_taken_whole():
+    """MPS and HAMi-core limits are not hard: a hard NVIDIA share is a MIG instance, whole, the
+    smallest that holds it (cheapest intent); a MIG-capable GPU not in MIG mode offers none; the
+    grant says its slice is enforced, and an MPS share says so too while a Cambricon share does
+    not."""
+    small = node("m1", "A100-MIG-3g.40gb", 1)
+    small = replace(
+        small,
+        devices=tuple(
+            replace(
+                d,
+                memory_total_mib=19968,
+                memory_free_mib=19968,
+                capacity_units=0.28,
+                cost_per_hour=0.9,
+                uuid="MIG-small",
+            )
+            for d in small.devices
+        ),
+    )
+    snap = snapshot(node("a100", "A100", 2), node("m3", "A100-MIG-3g.40gb", 1), small)
+    d = decide(job("j", memory_mib=8000, isolation=Isolation.HARD), snap)
+    assert isinstance(d, Reserve), d
+    (s,) = d.slices
+    assert s.device_id == "m1/0" and s.whole and s.enforced and s.memory_mib == 19968
+    d = decide(job("j", memory_mib=30000, isolation=Isolation.HARD), snap)
+    assert isinstance(d, Reserve) and d.slices[0].device_id == "m3/0" and d.slices[0].whole
+    d = decide(job("j", memory_mib=50000, isolation=Isolation.HARD), snap)
+    assert isinstance(d, Reject) and d.reason is Reason.NO_MATCHING_DEVICE
+    soft = decide(job("j", memory_mib=8000), snapshot(node("a100", "A100", 1)))
+    assert isinstance(soft, Reserve) and not soft.slices[0].whole and soft.slices[0].enforced
+    mlu = decide(job("j", memory_mib=8000), snapshot(node("mlu", "MLU370", 1)))
+    assert isinstance(mlu, Reserve) and not mlu.slices[0].enforced
 
 
 def test_hard_isolation_whole_device_is_fine_anywhere():

@@ -182,10 +182,16 @@ def _check_slices(snap: PoolSnapshot, req: JobRequested, r: Reserve) -> None:
     for s in r.slices:
         d = devs[s.device_id]
         assert d.health == "healthy"
-        assert s.whole == req.device.is_whole
+        hard_share = req.selector.isolation is Isolation.HARD and not req.device.is_whole
+        if hard_share:
+            # Share limits are not hard: a hard share is a whole hardware partition.
+            assert s.whole and d.partition and s.memory_mib >= (req.device.memory_mib or 0)
+        else:
+            assert s.whole == req.device.is_whole
+        assert s.enforced or not (s.whole or hard_share), "whole and hard slices hold their limits"
         if req.selector.models:
             assert d.model.lower() in {m.lower() for m in req.selector.models}
-        if req.selector.isolation is Isolation.HARD and not s.whole:
+        if hard_share:
             assert d.isolation & HARD_ISOLATION, "hard isolation only on MIG/vNPU"
     if req.gang is not None and req.count > 1:
         if req.gang.same_node:

@@ -18,7 +18,7 @@ from typing import Literal
 from xpupool.contracts.payloads import Isolation, JobRequested
 from xpupool.placement.pool import DeviceClass, WorkingPool
 
-__all__ = ["Demand", "Scope", "class_matches", "make_demand", "share_on"]
+__all__ = ["Demand", "Scope", "class_matches", "is_hard_share", "make_demand", "share_on"]
 
 Scope = Literal["node", "domain", "any"]
 
@@ -93,9 +93,18 @@ def class_matches(cls: DeviceClass, request: JobRequested) -> bool:
         if not all(c.lower() in caps for c in sel.capabilities):
             return False
     # A whole device is isolated by construction; only a shared slice needs enforced memory.
-    return not (
-        sel.isolation is Isolation.HARD and not request.device.is_whole and not cls.hard_isolation
-    )
+    if not is_hard_share(request):
+        return True
+    # MPS and HAMi-core limits (NVIDIA, Ascend) are cooperative and the other vendors' shares
+    # have none: a hard share is a hardware partition (a MIG instance, a vNPU), taken whole,
+    # with the memory asked for. A MIG-capable GPU not in MIG mode offers none.
+    wanted = request.device.memory_mib or 0
+    return cls.partition != "" and cls.memory_total_mib >= wanted
+
+
+def is_hard_share(request: JobRequested) -> bool:
+    """A share that must have its memory enforced by the hardware (``isolation: hard``)."""
+    return request.selector.isolation is Isolation.HARD and not request.device.is_whole
 
 
 def _scope(request: JobRequested) -> Scope:
@@ -125,9 +134,14 @@ def make_demand(request: JobRequested, pool: WorkingPool) -> Demand:
         keep = {pool.dev_class[i] for i in allowed}
         classes = tuple(c for c in classes if c in keep)
     d = request.device
+    whole = d.is_whole
+    if is_hard_share(request):
+        # The share becomes the smallest whole partition that holds it (the intent orders the
+        # partition classes; class_matches admitted only those).
+        whole = True
     return Demand(
         count=request.count,
-        whole=d.is_whole,
+        whole=whole,
         memory_mib=d.memory_mib,
         memory_pct=d.memory_pct,
         compute_pct=d.compute_pct,

@@ -56,6 +56,8 @@ class DeviceState:
     interconnect: str = "pcie"
     domain: str = ""
     cost_per_hour: float = 0.0
+    partition: str = ""
+    """The kind of hardware partition this unit is (``mig``, ``vnpu``), empty for a device."""
 
     @property
     def hard_isolation(self) -> bool:

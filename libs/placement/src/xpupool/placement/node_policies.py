@@ -8,11 +8,11 @@ alone; this module lets the scheduler place with exactly the same code, so a que
 ``placement: fgd-trace`` decides as the in-process replay does. Names: ``<policy>-trace`` for
 every policy of :data:`xpupool.placement.POLICIES` (``xpupool-static-trace``, ``fgd-trace``, ...).
 
-How the pool maps onto the view (one row per pool node and device model, in pool order):
+How the pool maps onto the view (one row per pool node and device class, in pool order):
 
-* a row's GPUs are the node's devices of one model, ordered by device index, so "lowest GPU
+* a row's GPUs are the node's devices of one class, ordered by device index, so "lowest GPU
   slot" tie-breaks pick the lowest device index as the replay does; a mixed node has one row
-  per model, each with the node's host counters, so no device is invisible;
+  per class, each with the node's host counters, so no device is invisible;
 * a device's free milli-GPU is ``10 x compute_free_pct`` (0 when it is unhealthy or held whole;
   capped by its free memory fraction): the trace's ``gpu_milli`` of a sharing pod is a compute
   share, and a share with only ``compute_pct`` takes memory in proportion, so with such shares
@@ -93,10 +93,11 @@ def parse_aliases(text: str) -> dict[str, str]:
 class NodeView:
     """The pool's vectorised per-node view (a ``ClusterState``), kept in step with the pool.
 
-    One row per node and device model, in pool order: a node with one model is one row named by
-    its node id; each further model of a mixed node is one more row (``<node>#<model>``) with
-    the node's host counters, so every device of the pool is in exactly one row and a policy
-    choosing a row chooses devices of one model on one node.
+    One row per node and device class, in pool order: a node with one class is one row named by
+    its node id; each further class of a mixed node (another model, or MIG instances of another
+    size) is one more row (``<node>#<model>``) with the node's host counters, so every device of
+    the pool is in exactly one row and a policy choosing a row chooses devices of one class on
+    one node.
     """
 
     def __init__(self, pool: WorkingPool, aliases: Mapping[str, str]) -> None:
@@ -111,11 +112,16 @@ class NodeView:
         self.dev_slot: IntArray = np.full(n_dev, -1, dtype=np.int64)
         for ni, node in enumerate(pool.nodes):
             first_row.append(len(rows))
-            by_model: dict[str, list[int]] = {}
+            by_class: dict[int, list[int]] = {}
             for i in pool.node_devs[ni]:
-                by_model.setdefault(pool.devices[i].model, []).append(i)
-            groups = list(by_model.items()) or [("", [])]
-            for k, (model, devs) in enumerate(groups):
+                by_class.setdefault(pool.dev_class[i], []).append(i)
+            groups = [(pool.classes[ci].model, devs) for ci, devs in by_class.items()]
+            names: set[str] = set()
+            for k, (model, devs) in enumerate(groups or [("", [])]):
+                name = node.node_id if k == 0 else f"{node.node_id}#{model}"
+                if name in names:
+                    name = f"{name}#{k}"
+                names.add(name)
                 mine = sorted(
                     devs, key=lambda i: (pool.devices[i].index, pool.devices[i].device_id)
                 )
@@ -128,7 +134,7 @@ class NodeView:
                 row_node.append(ni)
                 rows.append(
                     NodeSpec(
-                        name=node.node_id if k == 0 else f"{node.node_id}#{model}",
+                        name=name,
                         cpu_milli=max(0, node.cpu_milli_total),
                         memory_mib=max(0, node.memory_mib_total),
                         num_gpu=len(mine),

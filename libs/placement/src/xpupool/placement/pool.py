@@ -61,6 +61,8 @@ class DeviceClass:
     cost_per_hour: float
     interconnect: str
     hard_isolation: bool
+    partition: str = ""
+    """``mig`` / ``vnpu`` for a class of hardware partitions (each taken whole by a hard share)."""
 
 
 @dataclass(slots=True)
@@ -210,6 +212,7 @@ class WorkingPool:
                     d.isolation,
                     d.cost_per_hour,
                     d.interconnect,
+                    d.partition,
                 )
                 ci = class_ids.get(key)
                 if ci is None:
@@ -227,6 +230,7 @@ class WorkingPool:
                             cost_per_hour=d.cost_per_hour,
                             interconnect=d.interconnect,
                             hard_isolation=d.hard_isolation,
+                            partition=d.partition,
                         )
                     )
                     self.class_devs.append([])

@@ -343,7 +343,13 @@ def reservation_of(
                 memory_mib=s.memory_mib,
                 compute_pct=s.compute_pct,
                 whole=s.whole,
-                meta=SliceMeta(vendor=s.vendor.value, model=s.model, index=s.index, uuid=s.uuid),
+                meta=SliceMeta(
+                    vendor=s.vendor.value,
+                    model=s.model,
+                    index=s.index,
+                    uuid=s.uuid,
+                    enforced=s.enforced,
+                ),
             )
             for s in reserve.slices
         ],

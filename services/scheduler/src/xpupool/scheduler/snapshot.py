@@ -45,6 +45,7 @@ def _device(node: NodeRecord, record: DeviceRecord) -> DeviceState:
         interconnect=spec.interconnect,
         domain=spec.domain,
         cost_per_hour=spec.cost_per_hour,
+        partition=spec.partition.kind if spec.partition is not None else "",
     )
 
 

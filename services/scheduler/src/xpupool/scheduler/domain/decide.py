@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xpupool.contracts.payloads import DeviceSlice, JobRequested, JobReserved, Vendor
+from xpupool.devices.enforcement import slice_enforced
 from xpupool.placement.default import default_registry
 from xpupool.placement.demand import Demand, make_demand
 from xpupool.placement.engine import (
@@ -194,6 +195,7 @@ def _reserve(
                 memory_mib=mem,
                 compute_pct=comp,
                 whole=pl.whole,
+                enforced=slice_enforced(_vendor(d.vendor), d.isolation, pl.whole, uuid=d.uuid),
             )
         )
     host = tuple(HostCharge(pool.nodes[ni].node_id, cpu, mem) for ni, cpu, mem in pl.host)
