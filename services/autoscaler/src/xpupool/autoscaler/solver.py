@@ -9,10 +9,11 @@ packed onto whole devices, gangs that need one node or one interconnect domain, 
 ``cheapest``/``fastest`` intent) and must count incoming nodes first: a job that an incoming
 node will serve goes into ``served_by_incoming``, not into a new addition.
 
-The placement-backed solver lives with the placement engine; this module defines only the
-interface and the demand filter (:func:`split_actionable`): demand that more hardware would not
-help (quota, priority, preemption already under way, a gang waiting on its members, ...) never
-reaches the solver.
+:class:`PlacementSolver` answers with the placement engine itself (``xpupool.placement``: the
+scheduler's demand type, class matching and gang term) on hypothetical nodes of the pools'
+shapes, so the autoscaler is not a third engine. The demand filter (:func:`split_actionable`)
+keeps out demand that more hardware would not help (quota, priority, preemption already under
+way, a gang waiting on its members, ...).
 """
 
 from __future__ import annotations
@@ -24,18 +25,32 @@ from typing import Final, Protocol
 
 from xpupool.autoscaler.decisions import DemandSummary, ScaleStep
 from xpupool.autoscaler.pools import PoolConfig
-from xpupool.contracts import JobReason, JobRequested, ScaleAction, ScaleReason
+from xpupool.contracts import Intent, JobReason, JobRequested, ScaleAction, ScaleReason
+from xpupool.devices.catalog import Catalog, load_catalog
+from xpupool.placement.demand import make_demand
+from xpupool.placement.engine import HeuristicPolicy, Placement, place, place_host_only
+from xpupool.placement.inventory import (
+    DeviceState,
+    HostCharge,
+    LeaseSlice,
+    LeaseState,
+    PoolSnapshot,
+)
+from xpupool.placement.inventory import NodeState as InventoryNode
+from xpupool.placement.pool import WorkingPool
 
 __all__ = [
     "ACTIONABLE_REASONS",
     "NodeState",
     "PendingJob",
+    "PlacementSolver",
     "PoolAddition",
     "PoolNode",
     "ScaleUpAnswer",
     "ScaleUpProblem",
     "ScaleUpSolver",
     "job_devices",
+    "node_state",
     "split_actionable",
     "steps_from_answer",
 ]
@@ -192,3 +207,228 @@ def steps_from_answer(problem: ScaleUpProblem, answer: ScaleUpAnswer) -> tuple[S
             )
         )
     return tuple(steps)
+
+
+# ----------------------------------------------------------------------------------------------
+# The placement-backed solver.
+# ----------------------------------------------------------------------------------------------
+
+
+class _OneAccount:
+    """Accounts for a hypothetical pool: the solver charges nothing (quota was the scheduler's
+    question; demand blocked by it never reaches the solver)."""
+
+    def charge_queue(self, tenant: str, queue: str, /) -> str:
+        return "solver"
+
+    def path(self, queue: str, /) -> Sequence[str]:
+        return (queue,)
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    """A node of the hypothetical fleet: its pool, whether it is incoming (already being
+    provisioned) or one the solver adds, and its devices as the placement engine sees them."""
+
+    pool: str
+    incoming: bool
+    state: InventoryNode
+
+
+class PlacementSolver:
+    """:class:`ScaleUpSolver` on the placement engine: the same demand type, class matching and
+    gang term the scheduler uses (``xpupool.placement``), placed on hypothetical empty nodes of
+    the pools' shapes.
+
+    The heaviest jobs go first (devices asked, gangs before shares: first-fit decreasing packs
+    better than arrival order). Each job is placed on the incoming and already-added nodes if it
+    fits there; otherwise the solver adds the nodes of the one pool that hosts it most cheaply
+    (intent ``fastest``: the pool with the strongest devices, then the cheaper) within that
+    pool's room: a gang across nodes may need several. Later jobs then pack onto the nodes added
+    for earlier ones, so fractional shares fill whole devices before a new node is bought.
+    """
+
+    def __init__(self, catalog: Catalog | None = None) -> None:
+        self._catalog = catalog or load_catalog()
+        self._policy = HeuristicPolicy()
+
+    def solve(self, problem: ScaleUpProblem) -> ScaleUpAnswer:
+        """See the class docstring and :class:`ScaleUpSolver`."""
+        pools = {p.name: p for p in problem.pools}
+        fleet: list[_Node] = [
+            self._node(pools[n.pool], f"incoming-{k}", incoming=True)
+            for k, n in enumerate(problem.incoming)
+            if n.pool in pools
+        ]
+        added = dict.fromkeys(pools, 0)
+        placed: list[LeaseState] = []
+        where: dict[str, _Node] = {}
+        unserved: dict[str, str] = {}
+        for job in sorted(problem.pending, key=_heaviest_first):
+            node = self._place(fleet, placed, job)
+            if node is None:
+                node = self._grow(job, pools, problem.room, added, fleet, placed, unserved)
+            if node is not None:
+                where[job.job_id] = node
+        served = {j: n.pool for j, n in where.items() if n.incoming}
+        additions = tuple(
+            PoolAddition(
+                pool=name,
+                count=count,
+                job_ids=tuple(j for j, n in where.items() if not n.incoming and n.pool == name),
+            )
+            for name, count in added.items()
+            if count > 0
+        )
+        return ScaleUpAnswer(additions=additions, served_by_incoming=served, unserved=unserved)
+
+    # -- one job ------------------------------------------------------------------------------
+
+    def _place(
+        self, fleet: Sequence[_Node], placed: list[LeaseState], job: PendingJob
+    ) -> _Node | None:
+        """Place ``job`` on ``fleet`` with what ``placed`` already holds; record it and return
+        the node it landed on (the first, for a gang across nodes), or None."""
+        if not fleet:
+            return None
+        pool = WorkingPool(PoolSnapshot(nodes=tuple(n.state for n in fleet)), _OneAccount())
+        for lease in placed:
+            pool.add_lease(lease)
+        demand = make_demand(job.request, pool)
+        if demand.host_only:
+            found = place_host_only(pool, demand, self._policy)
+        else:
+            found = place(pool, demand, self._policy)
+        if found is None:
+            return None
+        placed.append(_lease(job, pool, found))
+        return fleet[found.host[0][0]]
+
+    def _grow(
+        self,
+        job: PendingJob,
+        pools: Mapping[str, PoolConfig],
+        room: Mapping[str, int],
+        added: dict[str, int],
+        fleet: list[_Node],
+        placed: list[LeaseState],
+        unserved: dict[str, str],
+    ) -> _Node | None:
+        """Add the cheapest nodes that host ``job`` on their own, or say why none can."""
+        options: list[tuple[tuple[float, ...], PoolConfig, int]] = []
+        fits_somewhere = False
+        for pool in pools.values():
+            need = self._nodes_needed(pool, job)
+            if need is None:
+                continue
+            fits_somewhere = True
+            if room.get(pool.name, 0) - added[pool.name] < need:
+                continue
+            options.append((_preference(pool, need, job, self._catalog), pool, need))
+        if not options:
+            unserved[job.job_id] = (
+                "every pool that fits it is at max_size" if fits_somewhere else "no pool fits it"
+            )
+            return None
+        _, pool, need = min(options, key=lambda o: (o[0], o[1].name))
+        for _ in range(need):
+            fleet.append(self._node(pool, f"{pool.name}-new-{added[pool.name]}", incoming=False))
+            added[pool.name] += 1
+        node = self._place(fleet, placed, job)
+        assert node is not None, "a job that fits fresh nodes fits them beside the others"
+        return node
+
+    def _nodes_needed(self, pool: PoolConfig, job: PendingJob) -> int | None:
+        """How many empty nodes of ``pool`` host ``job`` alone (more than one only for a gang
+        allowed across nodes), or None when no number of them does."""
+        request = job.request
+        per_node = max(pool.node.count, 1)
+        most = 1
+        if request.count > per_node and (request.gang is None or not request.gang.same_node):
+            most = -(-request.count // per_node)
+        for n in range(1, most + 1):
+            trial = [self._node(pool, f"trial-{k}", incoming=False) for k in range(n)]
+            if self._place(trial, [], job) is not None:
+                return n
+        return None
+
+    def _node(self, pool: PoolConfig, node_id: str, *, incoming: bool) -> _Node:
+        return _Node(pool.name, incoming, node_state(pool, node_id, self._catalog))
+
+
+def node_state(pool: PoolConfig, node_id: str, catalog: Catalog) -> InventoryNode:
+    """An empty node of ``pool``'s shape as the placement engine sees it, its devices described
+    from the catalog as a collector would report them (memory, capacity, capabilities,
+    isolation, one interconnect domain per node), each priced at its share of the node."""
+    entry = catalog.lookup(pool.node.model)
+    count = pool.node.count
+    memory = (entry.memory_visible_mib or entry.memory_nominal_mib or 0) if entry else 0
+    interconnect = pool.node.interconnect or (entry.interconnect if entry else "pcie")
+    devices = tuple(
+        DeviceState(
+            device_id=f"{node_id}/{i}",
+            node_id=node_id,
+            vendor=pool.vendor,
+            model=entry.name if entry else pool.node.model,
+            memory_total_mib=memory,
+            memory_free_mib=memory,
+            index=i,
+            capacity_units=pool.capacity_units / count,
+            capabilities=frozenset(entry.capability_list() if entry else ()),
+            isolation=frozenset(entry.isolation if entry else ()),
+            interconnect=interconnect,
+            domain="" if interconnect == "pcie" else f"{node_id}/{interconnect}",
+            cost_per_hour=pool.cost_per_hour / count,
+        )
+        for i in range(count)
+    )
+    return InventoryNode(
+        node_id=node_id,
+        devices=devices,
+        cpu_milli_total=pool.node.cpu_milli,
+        cpu_milli_free=pool.node.cpu_milli,
+        memory_mib_total=pool.node.memory_mib,
+        memory_mib_free=pool.node.memory_mib,
+    )
+
+
+def _heaviest_first(job: PendingJob) -> tuple[float, int, float]:
+    request = job.request
+    return (-job_devices(request), 0 if request.gang is not None else 1, job.since)
+
+
+def _preference(
+    pool: PoolConfig, need: int, job: PendingJob, catalog: Catalog
+) -> tuple[float, ...]:
+    """Sort key of a pool for ``job`` (smaller first): the cost of the nodes it needs, or for
+    ``fastest`` the strongest device first."""
+    cost = need * pool.cost_per_hour
+    if job.request.intent is Intent.FASTEST:
+        return (-pool.capacity_units / max(pool.node.count, 1), cost)
+    return (cost,)
+
+
+def _lease(job: PendingJob, pool: WorkingPool, found: Placement) -> LeaseState:
+    """The hypothetical lease of a placed job, so later jobs see its devices taken."""
+    slices = tuple(
+        LeaseSlice(
+            pool.devices[i].device_id,
+            pool.devices[i].memory_total_mib if found.whole else found.memory_mib,
+            100 if found.whole else found.compute_pct,
+            found.whole,
+        )
+        for i in found.devices
+    )
+    host = tuple(
+        HostCharge(pool.nodes[ni].node_id, cpu, mem) for ni, cpu, mem in found.host if cpu or mem
+    )
+    return LeaseState(
+        lease_id=f"solver:{job.job_id}",
+        job_id=job.job_id,
+        tenant=job.tenant,
+        queue=job.queue or job.tenant,
+        priority=0,
+        started_at_s=0.0,
+        slices=slices,
+        host=host,
+    )
