@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final, Protocol
 
+import msgspec
+import msgspec.structs
+
 from xpupool.autoscaler.decisions import DemandSummary, ScaleStep
 from xpupool.autoscaler.pools import PoolConfig
 from xpupool.contracts import Intent, JobReason, JobRequested, ScaleAction, ScaleReason
@@ -235,6 +238,35 @@ class _Node:
     state: InventoryNode
 
 
+class _Fleet:
+    """The hypothetical nodes and what the solver placed on them; the working pool is rebuilt
+    only when a node is added (placements update it incrementally)."""
+
+    def __init__(self, nodes: list[_Node]) -> None:
+        self.nodes = nodes
+        self._leases: list[LeaseState] = []
+        self._pool: WorkingPool | None = None
+
+    def pool(self) -> WorkingPool | None:
+        if not self.nodes:
+            return None
+        if self._pool is None:
+            snapshot = PoolSnapshot(nodes=tuple(n.state for n in self.nodes))
+            self._pool = WorkingPool(snapshot, _OneAccount())
+            for lease in self._leases:
+                self._pool.add_lease(lease)
+        return self._pool
+
+    def hold(self, lease: LeaseState) -> None:
+        self._leases.append(lease)
+        if self._pool is not None:
+            self._pool.add_lease(lease)
+
+    def add(self, node: _Node) -> None:
+        self.nodes.append(node)
+        self._pool = None
+
+
 class PlacementSolver:
     """:class:`ScaleUpSolver` on the placement engine: the same demand type, class matching and
     gang term the scheduler uses (``xpupool.placement``), placed on hypothetical empty nodes of
@@ -255,19 +287,21 @@ class PlacementSolver:
     def solve(self, problem: ScaleUpProblem) -> ScaleUpAnswer:
         """See the class docstring and :class:`ScaleUpSolver`."""
         pools = {p.name: p for p in problem.pools}
-        fleet: list[_Node] = [
-            self._node(pools[n.pool], f"incoming-{k}", incoming=True)
-            for k, n in enumerate(problem.incoming)
-            if n.pool in pools
-        ]
+        fleet = _Fleet(
+            [
+                self._node(pools[n.pool], f"incoming-{k}", incoming=True)
+                for k, n in enumerate(problem.incoming)
+                if n.pool in pools
+            ]
+        )
         added = dict.fromkeys(pools, 0)
-        placed: list[LeaseState] = []
         where: dict[str, _Node] = {}
         unserved: dict[str, str] = {}
+        needed: dict[tuple[str, bytes], int | None] = {}
         for job in sorted(problem.pending, key=_heaviest_first):
-            node = self._place(fleet, placed, job)
+            node = self._place(fleet, job)
             if node is None:
-                node = self._grow(job, pools, problem.room, added, fleet, placed, unserved)
+                node = self._grow(job, pools, problem.room, added, fleet, unserved, needed)
             if node is not None:
                 where[job.job_id] = node
         served = {j: n.pool for j, n in where.items() if n.incoming}
@@ -284,16 +318,12 @@ class PlacementSolver:
 
     # -- one job ------------------------------------------------------------------------------
 
-    def _place(
-        self, fleet: Sequence[_Node], placed: list[LeaseState], job: PendingJob
-    ) -> _Node | None:
-        """Place ``job`` on ``fleet`` with what ``placed`` already holds; record it and return
-        the node it landed on (the first, for a gang across nodes), or None."""
-        if not fleet:
+    def _place(self, fleet: _Fleet, job: PendingJob) -> _Node | None:
+        """Place ``job`` on ``fleet`` beside what it already holds; record it and return the
+        node it landed on (the first, for a gang across nodes), or None."""
+        pool = fleet.pool()
+        if pool is None:
             return None
-        pool = WorkingPool(PoolSnapshot(nodes=tuple(n.state for n in fleet)), _OneAccount())
-        for lease in placed:
-            pool.add_lease(lease)
         demand = make_demand(job.request, pool)
         if demand.host_only:
             found = place_host_only(pool, demand, self._policy)
@@ -301,8 +331,8 @@ class PlacementSolver:
             found = place(pool, demand, self._policy)
         if found is None:
             return None
-        placed.append(_lease(job, pool, found))
-        return fleet[found.host[0][0]]
+        fleet.hold(_lease(job, pool, found))
+        return fleet.nodes[found.host[0][0]]
 
     def _grow(
         self,
@@ -310,15 +340,20 @@ class PlacementSolver:
         pools: Mapping[str, PoolConfig],
         room: Mapping[str, int],
         added: dict[str, int],
-        fleet: list[_Node],
-        placed: list[LeaseState],
+        fleet: _Fleet,
         unserved: dict[str, str],
+        needed: dict[tuple[str, bytes], int | None],
     ) -> _Node | None:
         """Add the cheapest nodes that host ``job`` on their own, or say why none can."""
         options: list[tuple[tuple[float, ...], PoolConfig, int]] = []
         fits_somewhere = False
+        # Jobs of one shape need the same nodes: a burst of identical requests is tried once.
+        shape = msgspec.json.encode(msgspec.structs.replace(job.request, job_id="", labels={}))
         for pool in pools.values():
-            need = self._nodes_needed(pool, job)
+            key = (pool.name, shape)
+            if key not in needed:
+                needed[key] = self._nodes_needed(pool, job)
+            need = needed[key]
             if need is None:
                 continue
             fits_somewhere = True
@@ -332,9 +367,9 @@ class PlacementSolver:
             return None
         _, pool, need = min(options, key=lambda o: (o[0], o[1].name))
         for _ in range(need):
-            fleet.append(self._node(pool, f"{pool.name}-new-{added[pool.name]}", incoming=False))
+            fleet.add(self._node(pool, f"{pool.name}-new-{added[pool.name]}", incoming=False))
             added[pool.name] += 1
-        node = self._place(fleet, placed, job)
+        node = self._place(fleet, job)
         assert node is not None, "a job that fits fresh nodes fits them beside the others"
         return node
 
@@ -347,8 +382,8 @@ class PlacementSolver:
         if request.count > per_node and (request.gang is None or not request.gang.same_node):
             most = -(-request.count // per_node)
         for n in range(1, most + 1):
-            trial = [self._node(pool, f"trial-{k}", incoming=False) for k in range(n)]
-            if self._place(trial, [], job) is not None:
+            trial = _Fleet([self._node(pool, f"trial-{k}", incoming=False) for k in range(n)])
+            if self._place(trial, job) is not None:
                 return n
         return None
 
