@@ -111,8 +111,9 @@ async def test_nodes_are_collectors_with_the_dev_stack_environment(
     assert env["XPUPOOL_BACKEND"] == "simulated"
     assert (env["XPUPOOL_CPU_MILLI"], env["XPUPOOL_MEMORY_MIB"]) == ("96000", "65536")
     assert env["XPUPOOL_SAMPLE_INTERVAL_S"] == "0.5"  # the pool's collector_env
-    # Inherited: the stack's parent pid and broker URL, so collectors outlive a replica.
-    assert env["XPUPOOL_PARENT_PID"] == "4242" and env["XPUPOOL_NATS_URL"] == "nats://n:1"
+    # Inherited: the broker URL. Not the parent pid: the collector's parent is the replica,
+    # so it would stop at once (and a node must outlive the replica that started it).
+    assert "XPUPOOL_PARENT_PID" not in env and env["XPUPOOL_NATS_URL"] == "nats://n:1"
     assert {n.state for n in await provider.list(pool)} == {NodeLifecycle.READY}
 
 

@@ -230,6 +230,37 @@ async def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _scale_status(args: argparse.Namespace) -> int:
+    """``xpupool scale status``: the acting autoscaler's last snapshot, read from the ledger."""
+    from xpupool.autoscaler.status import decode_status, render
+
+    _, redis_url, namespace = _urls(args)
+    redis = _redis_client(args, redis_url)
+    try:
+        ledger = Ledger(redis, namespace)
+        raw = await redis.get(ledger.key("autoscaler", "status"))
+        now = await ledger.now_ms() / 1000
+    finally:
+        await redis.aclose()
+    if raw is None:
+        print(
+            f"no autoscaler status in namespace {namespace!r} at {_redacted(redis_url)}: "
+            "no autoscaler has acted there yet (is one running, with a pool file?)",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        status = decode_status(raw if isinstance(raw, bytes) else raw.encode())
+    except msgspec.DecodeError as error:
+        print(f"the autoscaler status does not decode: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json(status)
+    else:
+        print(render(status, now))
+    return 0
+
+
 def _fleet(text: str | None) -> list[NodeSpec]:
     """``--fleet``: one simulated node per comma-separated profile (``+`` joins models on one
     node: ``2xT4+1xMLU370-X4``), each checked against the catalog; None: the demo's fleet."""
@@ -272,6 +303,20 @@ def _dev_up(args: argparse.Namespace) -> int:
     options: dict[str, object] = {"schedulers": args.schedulers}
     if args.queues:
         options["extra_env"] = {"XPUPOOL_QUEUE_CONFIG": _queue_config(args.queues)}
+    if args.pools:
+        from xpupool.autoscaler.pools import PoolConfigError, load_pools
+
+        if args.secure:
+            raise UsageError("--pools: the secure stack has no autoscaler identity yet")
+        try:
+            load_pools(args.pools)
+        except PoolConfigError as error:
+            raise UsageError(str(error)) from None
+        options.update(
+            autoscalers=max(1, args.autoscalers), pools_file=str(Path(args.pools).resolve())
+        )
+    elif args.autoscalers:
+        raise UsageError("--autoscalers needs --pools FILE")
     if args.dir:
         options["workdir"] = Path(args.dir)
         Path(args.dir).mkdir(parents=True, exist_ok=True)
@@ -496,6 +541,22 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--queues", metavar="FILE", help="queue configuration for the schedulers (YAML or TOML)"
     )
+    dev.add_argument(
+        "--pools",
+        metavar="FILE",
+        help="start the autoscaler with this pool file (YAML or TOML); off without it",
+    )
+    dev.add_argument(
+        "--autoscalers", type=int, default=0, help="autoscaler replicas with --pools (default 1)"
+    )
+    scale = sub.add_parser("scale", help="the autoscaler")
+    scale_sub = scale.add_subparsers(dest="scale_command", required=True)
+    scale_status = scale_sub.add_parser(
+        "status",
+        help="pools, sizes (ready/provisioning/draining), pending demand, nodes coming and "
+        "going, cost per hour",
+    )
+    scale_status.add_argument("--json", action="store_true")
     demo = sub.add_parser("demo", help="run the demo on embedded servers and print a report")
     demo.add_argument(
         "--secure",
@@ -598,6 +659,8 @@ def _run(args: argparse.Namespace) -> int:
             return asyncio.run(_status(args))
         case "explain":
             return asyncio.run(_explain(args))
+        case "scale":
+            return asyncio.run(_scale_status(args))
         case "dev":
             return _dev_up(args)
         case "demo":

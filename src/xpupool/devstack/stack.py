@@ -41,6 +41,7 @@ SERVICE_MODULES = {
     "scheduler": "xpupool.scheduler",
     "lease-manager": "xpupool.lease_manager",
     "telemetry-collector": "xpupool.telemetry_collector",
+    "autoscaler": "xpupool.autoscaler",
 }
 
 
@@ -90,6 +91,10 @@ class Stack:
     redis_url: str | None = None
     namespace: str = "xpupool"
     schedulers: int = 1
+    # Opt-in: autoscaler replicas, started with XPUPOOL_POOLS_FILE=pools_file (one acts at a
+    # time; the others take over). None unless asked for.
+    autoscalers: int = 0
+    pools_file: str = ""
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="xpupool-")))
     extra_env: dict[str, str] = field(default_factory=dict)
     nats: NatsServer | None = None
@@ -281,13 +286,16 @@ class Stack:
         )
 
     def start(self) -> None:
-        """Servers, then the lease-manager, schedulers and one collector per node."""
+        """Servers, then the lease-manager, schedulers, one collector per node and the
+        autoscalers (if any)."""
         self.start_servers()
         self.spawn("lease-manager")
         for _ in range(self.schedulers):
             self.spawn("scheduler")
         for node in self.nodes:
             self.spawn_collector(node)
+        for _ in range(self.autoscalers):
+            self.spawn("autoscaler", XPUPOOL_POOLS_FILE=self.pools_file)
 
     def restart(self, service: ServiceProcess) -> ServiceProcess:
         """Kill a service (SIGKILL) and start it again with the same environment."""
@@ -324,9 +332,24 @@ class Stack:
             except subprocess.TimeoutExpired:
                 self.kill(service)
         self.services.clear()
+        if self.autoscalers and self.pools_file:
+            self._stop_pool_nodes()
         for server in (self.nats, self.redis):
             if server is not None:
                 server.stop()
+
+    def _stop_pool_nodes(self) -> None:
+        """Stop the simulated nodes the autoscalers started (they outlive their replica)."""
+        from xpupool.autoscaler.pools import PoolConfigError, SimulatedProviderConfig, load_pools
+        from xpupool.autoscaler.providers.simulated import SimulatedProvider, stop_recorded_nodes
+
+        try:
+            pools = load_pools(self.pools_file).pools
+        except PoolConfigError:
+            return
+        for pool in pools:
+            if isinstance(pool.provider, SimulatedProviderConfig):
+                stop_recorded_nodes(SimulatedProvider(pool.provider).state_dir, timeout_s=5.0)
 
     def logs(self) -> str:
         """Every service log, for a failing test's report."""

@@ -27,6 +27,10 @@ from xpupool.contracts import subjects as s
 SCHEDULER: Final = "scheduler"
 LEASE_MANAGER: Final = "lease-manager"
 TELEMETRY_COLLECTOR: Final = "telemetry-collector"
+# The autoscaler has its NATS permissions below but is not in SERVICE_ROLES yet: the secure
+# configuration (xpupool.devstack.secure) makes a Redis ACL user for every role listed there,
+# and has none for the autoscaler's keys and scripts so far.
+AUTOSCALER: Final = "autoscaler"
 OPERATOR: Final = "operator"
 SERVICE_ROLES: Final = (SCHEDULER, LEASE_MANAGER, TELEMETRY_COLLECTOR, OPERATOR)
 
@@ -105,6 +109,17 @@ def service_permissions(role: str) -> Permissions:
                     "xpupool.devices.v1.>",
                 ),
                 subscribe=(inbox, s.SIM_FAULT.pattern),
+            )
+        case "autoscaler":
+            return Permissions(
+                # Its events are JetStream publishes (XPUPOOL_EVENTS): the API for the acks.
+                publish=(*_JS_API, "xpupool.scale.v1.>"),
+                subscribe=(
+                    inbox,
+                    s.NODE_REGISTERED.address,
+                    s.NODE_LOST.address,
+                    s.TELEMETRY.pattern,
+                ),
             )
         case "operator":
             return Permissions(publish=(">",), subscribe=(">",))

@@ -42,8 +42,18 @@ class AutoscalerSettings(msgspec.Struct, frozen=True, kw_only=True):
     autoscaler_leader_ttl_s: PositiveSeconds = 15.0
     # This replica's name in the leader lease; empty: host name and pid.
     autoscaler_replica_id: str = ""
-    # Prometheus text on this port; 0 serves no metrics.
+    # Prometheus text on this port; 0 serves no metrics. Loopback unless told otherwise.
     autoscaler_metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
-    autoscaler_metrics_addr: str = "0.0.0.0"
+    autoscaler_metrics_addr: str = "127.0.0.1"
     # A provider call (exec command, Kubernetes request) that takes longer fails.
     autoscaler_provider_timeout_s: PositiveSeconds = 120.0
+    # Pending requests read from the ledger per cycle (oldest first).
+    autoscaler_pending_limit: Annotated[int, msgspec.Meta(ge=1)] = 5000
+    # A node that became ready this recently and holds no lease yet still counts as incoming
+    # capacity: the scheduler needs a cycle to place the demand it was bought for.
+    autoscaler_settle_s: Annotated[float, msgspec.Meta(ge=0)] = 15.0
+    # A scale-up whose nodes are not all ready after 3 x the pool's provisioning delay plus
+    # this fails (ScaleFailed) and is no longer counted as incoming.
+    autoscaler_provisioning_grace_s: PositiveSeconds = 120.0
+    # Failed provider calls of one step before it is given up (each one a ScaleFailed event).
+    autoscaler_max_attempts: Annotated[int, msgspec.Meta(ge=1)] = 5

@@ -6,9 +6,10 @@ environment the dev stack gives its simulated nodes (``xpupool.devstack.stack.St
 pool's node shape), ``XPUPOOL_BACKEND=simulated``, ``XPUPOOL_CPU_MILLI``, ``XPUPOOL_MEMORY_MIB``,
 plus the pool's ``collector_env`` (on a secure stack: the collector's identity). Processes are
 started through a :class:`NodeProcessLauncher`; the default, :class:`CollectorLauncher`, runs
-``python -m xpupool.telemetry_collector`` as a child of this process (it inherits this
-environment, so ``XPUPOOL_PARENT_PID`` set by the dev stack stops the collectors with the stack,
-not with the autoscaler replica that started them).
+``python -m xpupool.telemetry_collector`` in its own session (it inherits this environment but
+not ``XPUPOOL_PARENT_PID``: a node outlives the autoscaler replica that started it, so that a
+replica taking over finds it running; the dev stack stops the nodes recorded in the pools' state
+directories with :func:`stop_recorded_nodes` when it stops).
 
 State lives in ``state_dir`` (one JSON file per node and per request, under a file lock), not in
 the process, so a replica that takes over sees the nodes another started and resumes its
@@ -43,9 +44,11 @@ from xpupool.autoscaler.providers import (
     ProviderError,
     ProviderResult,
 )
+from xpupool.bus.lifecycle import PARENT_PID_ENV
 
 __all__ = [
     "COLLECTOR_MODULE",
+    "stop_recorded_nodes",
     "CollectorLauncher",
     "NodeProcessLauncher",
     "SimulatedNode",
@@ -115,6 +118,9 @@ class CollectorLauncher:
 
     def launch(self, node: SimulatedNode) -> int:
         env = {**self.base_env, "PYTHONUNBUFFERED": "1", **collector_env(node)}
+        # A collector stops when $XPUPOOL_PARENT_PID is not its parent: that is this replica's
+        # parent (the dev stack), never the collector's own, so it would stop at once.
+        env.pop(PARENT_PID_ENV, None)
         with contextlib.ExitStack() as stack:
             out: Any = subprocess.DEVNULL
             if self.log_dir is not None:
@@ -170,6 +176,24 @@ class CollectorLauncher:
         """Stop every process this launcher started (a dev stack shutting down, tests)."""
         for pid in list(self._children):
             self.stop(pid, timeout_s)
+
+
+def stop_recorded_nodes(state_dir: str | Path, timeout_s: float = 10.0) -> int:
+    """Stop every node process recorded under a simulated provider's ``state_dir`` (SIGTERM,
+    then SIGKILL) and forget them; how many were running. For the dev stack's shutdown and
+    tests: the autoscaler itself never stops nodes but through ``remove``."""
+    launcher = CollectorLauncher()
+    stopped = 0
+    for path in sorted(Path(state_dir).glob("pools/*/*.json")):
+        try:
+            pid = int(json.loads(path.read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if launcher.alive(pid):
+            stopped += 1
+        launcher.stop(pid, timeout_s)
+        path.unlink(missing_ok=True)
+    return stopped
 
 
 def _zombie(pid: int) -> bool:

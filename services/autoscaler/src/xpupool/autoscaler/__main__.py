@@ -1,0 +1,3 @@
+from xpupool.autoscaler.main import main
+
+main()
