@@ -303,3 +303,28 @@ async def test_partition_spec_and_enforced_slice_survive_the_scripts(ledger: Led
     assert lease is not None
     slices = {s.device_id: s.to_contract() for s in lease.slices}
     assert slices["n1/nvidia1"].enforced and not slices["n1/nvidia0/mig1.0"].enforced
+
+
+async def test_a_draining_node_takes_no_new_grant_and_keeps_its_leases(ledger: Ledger) -> None:
+    """Draining refuses new slices and host charges on the node (whatever a scheduler's snapshot
+    said), keeps the lease already there, is in the change log and the node record, and undrain
+    takes the node back."""
+    await _two_gpus(ledger)
+    assert (await ledger.reserve(reservation("kept", SliceClaim("n1/nvidia0", whole=True)))).ok
+    cursor = (await ledger.changes_since(None)).cursor
+    drained = await ledger.set_node_draining("n1", True)
+    assert drained.ok and drained.previous == "in_service"
+    changes = await ledger.changes_since(cursor)
+    assert changes.complete and "n1" in changes.nodes
+    (node,) = await ledger.nodes()
+    assert node.draining
+    refused = await ledger.reserve(reservation("new", SliceClaim("n1/nvidia1", whole=True)))
+    assert not refused.ok and refused.reason == "node_draining"
+    host_only = reservation("host", host={"n1": HostClaim(1000, 1024)})
+    refused = await ledger.reserve(host_only)
+    assert not refused.ok and refused.reason == "node_draining"
+    assert [lease.job_id for lease in await ledger.leases()] == ["kept"]
+    assert (await ledger.set_node_draining("n1", False)).previous == "draining"
+    assert (await ledger.reserve(reservation("new", SliceClaim("n1/nvidia1", whole=True)))).ok
+    assert not (await ledger.set_node_draining("nope", True)).ok
+    assert await audit(ledger) == []

@@ -218,3 +218,16 @@ def test_snapshot_not_mutated():
     copy = replace(snap)
     decide_batch([job(f"j{i}") for i in range(5)], snap)
     assert snap == copy
+
+
+def test_a_draining_node_takes_no_new_placement():
+    """A node the autoscaler drains (its devices look unhealthy to the domain: ``draining``)
+    takes no device and no host-only placement; the other node does."""
+    draining = replace(node("n1", "A100", 2, health="draining"), draining=True)
+    snap = snapshot(draining, node("n2", "A100", 1))
+    assert reserve(decide(job("j"), snap)).slices[0].node_id == "n2"
+    host = reserve(decide(job("h", count=0, cpu_milli=1000), snap))
+    assert [h.node_id for h in host.host] == ["n2"]
+    only = snapshot(draining)
+    assert not isinstance(decide(job("k"), only), Reserve)
+    assert not isinstance(decide(job("h", count=0, cpu_milli=1000), only), Reserve)

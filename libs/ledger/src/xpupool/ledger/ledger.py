@@ -195,6 +195,8 @@ class NodeRecord:
     last_seen_ms: int
     labels: dict[str, str]
     devices: list[DeviceRecord] = field(default_factory=list)
+    draining: bool = False
+    """Drained by the autoscaler: it takes no new grants (``reserve`` refuses them)."""
 
 
 @dataclass(frozen=True)
@@ -338,6 +340,11 @@ class Ledger:
     async def set_health(self, device_id: str, health: Health, reason: str = "") -> ScriptResult:
         """Set a device's health; ``previous`` in the answer tells whether it changed."""
         return await self._run("set_health", device_id, health.value, reason)
+
+    async def set_node_draining(self, node_id: str, draining: bool) -> ScriptResult:
+        """Drain a node (no new grants there; its leases run on) or take it back into service;
+        ``previous`` in the answer is ``draining`` or ``in_service``."""
+        return await self._run("set_draining", node_id, "1" if draining else "0")
 
     async def record_load(self, samples: Iterable[DeviceSample]) -> None:
         """Write live load for many devices in one round trip (last value wins); a changed
@@ -742,6 +749,7 @@ def _node(node_id: str, row: dict[Any, Any], devices: list[DeviceRecord]) -> Nod
         last_seen_ms=_int(r.get("last_seen_ms")),
         labels=labels if isinstance(labels, dict) else {},
         devices=devices,
+        draining=r.get("draining") == "1",
     )
 
 

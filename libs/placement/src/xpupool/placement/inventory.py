@@ -75,6 +75,8 @@ class NodeState:
     cpu_milli_free: int = 0
     memory_mib_total: int = 0
     memory_mib_free: int = 0
+    draining: bool = False
+    """Being emptied (by the autoscaler): no new placement goes there."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -257,11 +257,11 @@ class WorkingPool:
             self.node_devs.append(tuple(idxs))
 
         self.node_up = [
-            not idxs or any(self.devices[i].health != "lost" for i in idxs)
-            for idxs in self.node_devs
+            not node.draining and (not idxs or any(self.devices[i].health != "lost" for i in idxs))
+            for node, idxs in zip(self.nodes, self.node_devs, strict=True)
         ]
-        """False for a node whose devices are all lost: how a snapshot shows a node that is down
-        (host-only placement must not pick it)."""
+        """False for a node that is draining or whose devices are all lost (how a snapshot shows
+        a node that is down): host-only placement must not pick it."""
         usable = [d for d in self.devices if d.health != "lost"]
         self.total_devices = float(len(usable)) or 1.0
         self.total_memory_mib = float(sum(d.memory_total_mib for d in usable)) or 1.0

@@ -15,6 +15,8 @@ from xpupool.scheduler.domain import (
 )
 
 UNITS_FIELD = "units"
+DRAINING = "draining"
+"""The health the domain sees on the devices of a draining node (not healthy: no new grants)."""
 
 
 def devices_field(model: str) -> str:
@@ -36,8 +38,11 @@ def _device(node: NodeRecord, record: DeviceRecord) -> DeviceState:
         compute_free_pct=record.compute_free_pct,
         exclusive=record.exclusive,
         holders=record.holders,
-        # A node that stopped heartbeating takes no grants, whatever its devices last said.
-        health=record.health.value if node.status == "up" else "lost",
+        # A node that stopped heartbeating takes no grants, whatever its devices last said; a
+        # draining one takes none either, but its devices are not lost (it may come back).
+        health=(record.health.value if not node.draining else DRAINING)
+        if node.status == "up"
+        else "lost",
         util_pct=record.util_pct,
         capacity_units=spec.capacity_units,
         capabilities=frozenset(spec.capabilities),
@@ -59,6 +64,7 @@ def node_state(record: NodeRecord) -> NodeState:
         cpu_milli_free=record.cpu_free_milli,
         memory_mib_total=record.memory_total_mib,
         memory_mib_free=record.memory_free_mib,
+        draining=record.draining,
     )
 
 

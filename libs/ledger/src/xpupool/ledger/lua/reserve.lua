@@ -21,9 +21,9 @@ for i, s in ipairs(r.slices) do
     'holders', 'exclusive', 'node', 'mem_total')
   if not d[1] then return fail('device_gone', s.device_id) end
   if d[1] ~= 'healthy' then return fail('device_unhealthy', s.device_id) end
-  if redis.call('HGET', k('node', d[6]), 'status') ~= 'up' then
-    return fail('node_down', d[6])
-  end
+  local node = redis.call('HMGET', k('node', d[6]), 'status', 'draining')
+  if node[1] ~= 'up' then return fail('node_down', d[6]) end
+  if node[2] == '1' then return fail('node_draining', d[6]) end
   local mem_free, compute_free = tonumber(d[2]), tonumber(d[3])
   if s.whole then
     if tonumber(d[4]) > 0 then return fail('insufficient_capacity', s.device_id) end
@@ -38,8 +38,9 @@ for i, s in ipairs(r.slices) do
   end
 end
 for node_id, h in pairs(r.host) do
-  local n = redis.call('HMGET', k('node', node_id), 'cpu_free', 'mem_free', 'status')
+  local n = redis.call('HMGET', k('node', node_id), 'cpu_free', 'mem_free', 'status', 'draining')
   if n[3] ~= 'up' then return fail('node_down', node_id) end
+  if n[4] == '1' then return fail('node_draining', node_id) end
   if tonumber(n[1] or '0') < h.cpu_milli or tonumber(n[2] or '0') < h.memory_mib then
     return fail('insufficient_host_resources', node_id)
   end
