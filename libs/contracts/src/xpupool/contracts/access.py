@@ -80,6 +80,9 @@ def service_permissions(role: str) -> Permissions:
                     s.ALLOC_ENDED.pattern,
                     s.NODE_REGISTERED.address,
                     s.DEVICE_HEALTH.address,
+                    # Incoming capacity: the jobs the autoscaler's nodes are for.
+                    s.SCALE_PROVISIONING.address,
+                    s.SCALE_READY.address,
                 ),
             )
         case "lease-manager":

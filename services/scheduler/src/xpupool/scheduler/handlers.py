@@ -42,6 +42,8 @@ from xpupool.contracts import (
     JobState,
     JobTimedOut,
     ListJobs,
+    NodeProvisioning,
+    NodeReady,
     QueryError,
     decoder_for,
 )
@@ -73,6 +75,7 @@ from xpupool.scheduler.domain import (
     decide_batch,
     update_history,
 )
+from xpupool.scheduler.incoming import IncomingCapacity
 from xpupool.scheduler.settings import SchedulerSettings
 from xpupool.scheduler.snapshot import UNITS_FIELD, devices_field
 from xpupool.scheduler.snapshot_cache import SnapshotCache
@@ -116,6 +119,8 @@ class SchedulerDeps:
     extra_policies: Sequence[PlacementPolicy] = ()
     # The ledger as of the last cycle, re-read only where the ledger's change log says it changed.
     snapshots: SnapshotCache = field(default_factory=SnapshotCache)
+    # Nodes the autoscaler is provisioning and the jobs they are for.
+    incoming: IncomingCapacity = field(default_factory=IncomingCapacity)
 
 
 def _rejected(
@@ -420,7 +425,14 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
     # what the fair-share history folds in, so building a second pool for it is wasted work.
     pool = WorkingPool(snapshot, config)
     usage = current_usage(pool)
-    decisions = decide_batch(pending, pool, config, history=deps.history, policies=registry)
+    decisions = decide_batch(
+        pending,
+        pool,
+        config,
+        history=deps.history,
+        policies=registry,
+        incoming=deps.incoming.jobs(snapshot.now_s),
+    )
     deps.history = update_history(
         deps.history, usage, snapshot.now_s, config.fair_share.half_life_s
     )
@@ -553,3 +565,12 @@ async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgsp
         ]
     get_logger().error("outbox_entry_unknown", entry=fields)
     return []
+
+
+async def on_scale_event(event: NodeProvisioning | NodeReady, deps: SchedulerDeps) -> None:
+    """The autoscaler's provisioning and readiness events: incoming capacity, then a cycle."""
+    if isinstance(event, NodeProvisioning):
+        deps.incoming.provisioning(event)
+    else:
+        deps.incoming.ready(event)
+    deps.wake.set()

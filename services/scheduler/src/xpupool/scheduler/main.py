@@ -9,6 +9,9 @@ from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 from typing import Any
 
+import msgspec
+from nats.aio.msg import Msg
+
 from xpupool.bus import DispatchStats, Publisher, consume_stream, serve_subject
 from xpupool.bus.connection import bus_settings
 from xpupool.bus.lifecycle import (
@@ -18,7 +21,7 @@ from xpupool.bus.lifecycle import (
     supervise,
     watch_bus,
 )
-from xpupool.contracts import access, subjects
+from xpupool.contracts import NodeProvisioning, NodeReady, access, subjects
 from xpupool.ledger import OutboxRelay, open_ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
 from xpupool.placement.default import DefaultPolicy
@@ -103,6 +106,17 @@ async def run(settings: SchedulerSettings) -> None:
         async def on_capacity_change(_: Any) -> None:
             deps.wake.set()
 
+        scale_events = msgspec.json.Decoder(NodeProvisioning | NodeReady)
+        log = get_logger()
+
+        async def on_scale(msg: Msg) -> None:
+            try:
+                event = scale_events.decode(msg.data)
+            except msgspec.ValidationError as error:
+                log.warning("scale_event_invalid", subject=msg.subject, error=str(error))
+                return
+            await handlers.on_scale_event(event, deps)
+
         async def run_once(run_stop: asyncio.Event) -> None:
             # Everything on NATS lives here: a closed connection re-opens all of it (supervise).
             async with AsyncExitStack() as bus_stack:
@@ -139,6 +153,9 @@ async def run(settings: SchedulerSettings) -> None:
                     subjects.DEVICE_HEALTH,
                 ):
                     await bus.nc.subscribe(channel.pattern, cb=on_capacity_change)
+                # Every replica keeps its own view of the incoming capacity (no queue group).
+                for channel in (subjects.SCALE_PROVISIONING, subjects.SCALE_READY):
+                    await bus.nc.subscribe(channel.pattern, cb=on_scale)
                 relay = OutboxRelay(
                     ledger,
                     SERVICE,

@@ -165,6 +165,8 @@ class _Ctx:
     history: FairShareHistory | None
     now_s: float
     learners: tuple[LearningPolicy, ...] = ()
+    incoming: frozenset[str] = frozenset()
+    """Jobs that nodes being provisioned (by the autoscaler) will serve."""
 
 
 def _vendor(v: str) -> Vendor:
@@ -343,12 +345,16 @@ def _decide_host_only(
     if found is not None:
         return _Outcome(_reserve(pool, req, queue, priority, found, True), demand)
     return _Outcome(
-        _timed_out(item, ctx, _why_host_waits(req.job_id, pool, demand, policy)), demand
+        _timed_out(item, ctx, _why_host_waits(req.job_id, pool, demand, policy, ctx)), demand
     )
 
 
-def _why_host_waits(job: str, pool: WorkingPool, demand: Demand, policy: PlacementPolicy) -> Wait:
+def _why_host_waits(
+    job: str, pool: WorkingPool, demand: Demand, policy: PlacementPolicy, ctx: _Ctx
+) -> Wait:
     """Why a host-only request does not fit now (it never preempts)."""
+    if job in ctx.incoming:
+        return _incoming(job)
     ending = [lid for lid, pl in pool.leases.items() if pl.state.terminating]
     if ending:
         released = pool.release_many(ending)
@@ -376,6 +382,10 @@ def _why_host_waits(job: str, pool: WorkingPool, demand: Demand, policy: Placeme
     )
 
 
+def _incoming(job: str) -> Wait:
+    return Wait(job, Reason.CAPACITY_INCOMING, "nodes being provisioned for it will serve it")
+
+
 def _why_not(
     item: PendingRequest,
     pool: WorkingPool,
@@ -392,6 +402,9 @@ def _why_not(
     req = item.request
     cfg = ctx.config
     job = req.job_id
+    if job in ctx.incoming:
+        # Hardware is being bought for it: preempting someone now would only waste their work.
+        return _incoming(job)
     ok, allowed_ids, avoided = pool.dev_ok, demand.allowed, demand.avoided
     healthy = any(
         ok[i] and (allowed_ids is None or i in allowed_ids) and i not in avoided
@@ -609,8 +622,12 @@ def decide_batch(
     now_s: float | None = None,
     policies: PolicyRegistry | None = None,
     history: FairShareHistory | None = None,
+    incoming: frozenset[str] = frozenset(),
 ) -> list[tuple[str, Decision]]:
     """Decide every pending request against one snapshot, in fair-share order.
+
+    ``incoming``: jobs that nodes being provisioned will serve; one that does not fit now waits
+    ``capacity_incoming`` and preempts nothing.
 
     The order and the anti-starvation holds are described in :mod:`.fairshare`. Each Reserve and
     Preempt is applied to the working pool before the next request is considered, so the batch
@@ -618,6 +635,7 @@ def decide_batch(
     Returns ``(job_id, decision)`` in decision order, one per request.
     """
     wp, ctx = _setup(pool, config, now_s, policies, history)
+    ctx.incoming = incoming
     cfg = ctx.config
     wp.held_nodes = set()
     items = [_as_pending(p, ctx.now_s) for p in pending]
