@@ -84,3 +84,8 @@ bench-live POLICY="xpupool-online" SEED="42": sync
 # What CI runs
 [group("tests")]
 ci: test
+
+# Autoscaled pools against fixed peak- and mean-sized ones on the trace's own arrivals (JSON)
+[group("bench")]
+bench-autoscale *ARGS: sync
+    uv run --frozen python bench/autoscale/bench_autoscale.py {{ARGS}}

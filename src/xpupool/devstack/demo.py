@@ -15,7 +15,9 @@ import functools
 import os
 import signal
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis
@@ -42,6 +44,19 @@ DEFAULT_FLEET = [
 ]
 BURST = 60
 TENANTS = ("team-0", "team-1", "team-2")
+AUTOSCALED_POOL = "t4-burst"
+#: The demo's autoscaled pool (plain stack only: the secure one has no autoscaler identity yet):
+#: simulated 2xT4 nodes that the burst's T4 jobs make the autoscaler add, removed again once
+#: idle past a short cool-down.
+POOLS_YAML = f"""pools:
+  - name: {AUTOSCALED_POOL}
+    node: {{model: T4, count: 2, cpu_milli: 16000, memory_mib: 65536}}
+    min_size: 0
+    max_size: 2
+    provisioning_delay_s: 2
+    scale_down: {{cooldown_s: 6, low_watermark: 0.5}}
+    provider: {{type: simulated}}
+"""
 
 
 def burst(size: int = BURST) -> list[JobRequested]:
@@ -101,9 +116,58 @@ async def _drive(stack: Stack) -> int:
                 tenant: await clients.enter_async_context(stack.client(tenant))
                 for tenant in TENANTS
             }
-            return await _burst(by_tenant, ledger)
+            sizes: list[int] = []
+            sampler = (
+                asyncio.create_task(_sample_pool(redis, ledger, sizes))
+                if stack.autoscalers
+                else None
+            )
+            try:
+                code = await _burst(by_tenant, ledger)
+                if sampler is not None:
+                    code = max(code, await _scaled_back(redis, ledger, sizes))
+                return code
+            finally:
+                if sampler is not None:
+                    sampler.cancel()
     finally:
         await redis.aclose()
+
+
+async def _pool_size(redis: Redis, ledger: Ledger) -> int | None:
+    """Ready plus provisioning nodes of the demo's pool, from the autoscaler's last status."""
+    from xpupool.autoscaler.status import decode_status
+
+    raw = await redis.get(ledger.key("autoscaler", "status"))
+    if raw is None:
+        return None
+    for pool in decode_status(raw if isinstance(raw, bytes) else raw.encode()).pools:
+        if pool.name == AUTOSCALED_POOL:
+            return sum(1 for n in pool.nodes if n.state in ("ready", "provisioning", "draining"))
+    return None
+
+
+async def _sample_pool(redis: Redis, ledger: Ledger, sizes: list[int]) -> None:
+    while True:
+        size = await _pool_size(redis, ledger)
+        if size is not None:
+            sizes.append(size)
+        await asyncio.sleep(0.5)
+
+
+async def _scaled_back(
+    redis: Redis, ledger: Ledger, sizes: list[int], timeout_s: float = 40.0
+) -> int:
+    """Wait for the pool to shrink back to its minimum after the burst; report both."""
+    peak = max(sizes, default=0)
+    deadline = time.monotonic() + timeout_s
+    size = await _pool_size(redis, ledger)
+    while size and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        size = await _pool_size(redis, ledger)
+    after = "not reported" if size is None else f"{size} after its cool-down"
+    print(f"autoscaler     pool {AUTOSCALED_POOL}: 0 -> {peak} nodes under the burst, {after}")
+    return 0 if peak > 0 and size == 0 else 1
 
 
 async def _burst(clients: dict[str, XpupoolClient], ledger: Ledger) -> int:
@@ -190,10 +254,18 @@ def run_demo(secure: bool = False) -> int:
             "redis_url": os.environ.get("XPUPOOL_REDIS_URL"),
         }
     )
+    scaling: dict[str, Any] = {}
+    env = {"XPUPOOL_LOG_LEVEL": "warning"}
+    if not secure:
+        pools = Path(tempfile.mkdtemp(prefix="xpupool-demo-pools-")) / "pools.yaml"
+        pools.write_text(POOLS_YAML, encoding="utf-8")
+        scaling = {"autoscalers": 1, "pools_file": str(pools)}
+        env["XPUPOOL_AUTOSCALER_INTERVAL_S"] = "1"
     stack = Stack(
         nodes=DEFAULT_FLEET,
         namespace=os.environ.get("XPUPOOL_NAMESPACE", f"demo-{os.getpid()}"),
-        extra_env={"XPUPOOL_LOG_LEVEL": "warning"},
+        extra_env=env,
+        **scaling,
         **servers,
     )
     # SIGTERM stops the demo as Ctrl-C does, through the same clean stop.
