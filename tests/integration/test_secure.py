@@ -445,6 +445,43 @@ async def test_lease_manager_runs_its_ledger_flows_and_nothing_else(
     await _refused(redis.script_flush())
 
 
+async def test_autoscaler_runs_its_ledger_flows_and_nothing_else(
+    stack: Stack, redis_as: Callable[[str], Redis]
+) -> None:
+    """The autoscaler user reads the ledger (nodes, leases, pending jobs, time), drains a node,
+    and keeps its own fenced state (leader lease, journal, node records, histories, status)
+    with its scripts; other roles' write commands and admin commands are refused."""
+    from xpupool.autoscaler.state import AutoscalerState
+
+    ns = stack.namespace
+    await Ledger(redis_as(access.TELEMETRY_COLLECTOR), ns).register_node(
+        "n1", [device_spec("n1", 0)], 64_000, 256_000
+    )
+    scaler = Ledger(redis_as(access.AUTOSCALER), ns)
+    assert len(await scaler.nodes()) == 1 and await scaler.leases() == []
+    assert await scaler.pending_jobs() == [] and await scaler.now_ms() > 0
+    assert (await scaler.set_node_draining("n1", True)).ok
+    assert (await scaler.nodes())[0].draining
+    state = AutoscalerState(scaler.redis, scaler.prefix, "replica-a")
+    term = await state.hold(5_000)
+    assert term == 1 and await state.leader() == ("replica-a", 1)
+    await state.write(
+        term,
+        [["SET", "status", "{}"], ["HSET", "busy:pool", "0", "1"], ["HDEL", "busy:pool", "9"]],
+    )
+    assert await state.series("busy:pool") == [(0.0, 1.0)]
+    assert await state.journal() == {} and await state.nodes() == {}
+    assert await state.status_json() == b"{}"
+    await state.resign()
+    # Commands outside its flows (another role's writes) and admin commands are refused.
+    redis = scaler.redis
+    await _refused(redis.sadd(scaler.key("nodes"), "forged-node"))
+    await _refused(redis.lpush(scaler.key("autoscaler", "x"), "1"))
+    await _refused(redis.flushall())
+    await _refused(redis.keys("*"))
+    await _refused(redis.config_get("*"))
+
+
 async def test_redis_users_are_confined_to_the_ledger_prefix(
     stack: Stack, redis_as: Callable[[str], Redis]
 ) -> None:

@@ -45,7 +45,8 @@ DEFAULT_FLEET = [
 BURST = 60
 TENANTS = ("team-0", "team-1", "team-2")
 AUTOSCALED_POOL = "t4-burst"
-#: The demo's autoscaled pool (plain stack only: the secure one has no autoscaler identity yet):
+#: The demo's autoscaled pool (plain stack only: on the secure one the simulated provider cannot
+#: yet start collectors with their own identity):
 #: simulated 2xT4 nodes that the burst's T4 jobs make the autoscaler add, removed again once
 #: idle past a short cool-down.
 POOLS_YAML = f"""pools:

@@ -64,7 +64,12 @@ from xpupool.contracts.subjects import TENANT_NAME
 # Lower than nats-server's 1 MiB default on purpose: no xpupool message comes near it, and a
 # small limit bounds what one (tenant) connection can make every subscriber receive.
 MAX_PAYLOAD: Final = 256 * 1024
-SERVICE_ROLES: Final = (access.SCHEDULER, access.LEASE_MANAGER, access.TELEMETRY_COLLECTOR)
+SERVICE_ROLES: Final = (
+    access.SCHEDULER,
+    access.LEASE_MANAGER,
+    access.TELEMETRY_COLLECTOR,
+    access.AUTOSCALER,
+)
 NAMESPACE: Final = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 CERT_DAYS: Final = 825
 
@@ -95,8 +100,6 @@ LEDGER_SCRIPTS: Final[Mapping[str, tuple[str, ...]]] = {
         "reap_nodes",
     ),
     access.TELEMETRY_COLLECTOR: ("register_node", "heartbeat", "set_health", "record_load"),
-    # Not in SERVICE_ROLES yet (the secure stack starts no autoscaler): its script is listed so
-    # that every script has its one role.
     access.AUTOSCALER: ("set_draining",),
 }
 # What every ledger client needs: run the scripts (redis-py loads them on NOSCRIPT; pipelines
@@ -139,6 +142,24 @@ DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
         "time",
     ),
     access.TELEMETRY_COLLECTOR: ("hgetall", "smembers"),
+    # nodes/leases/pending_jobs/now_ms; its own state (``xpupool.autoscaler.state``: the fenced
+    # leader lease, journal and node records, read directly and written by its own scripts,
+    # which GET/SET/PEXPIRE/INCR/DEL the lease and HGET/HSET/HDEL the hashes).
+    access.AUTOSCALER: (
+        "hgetall",
+        "smembers",
+        "zrange",
+        "time",
+        "get",
+        "mget",
+        "set",
+        "pexpire",
+        "incr",
+        "del",
+        "hget",
+        "hset",
+        "hdel",
+    ),
 }
 
 # The collector is narrowed by key as well: it reads the whole ledger (it needs the leases that

@@ -27,12 +27,9 @@ from xpupool.contracts import subjects as s
 SCHEDULER: Final = "scheduler"
 LEASE_MANAGER: Final = "lease-manager"
 TELEMETRY_COLLECTOR: Final = "telemetry-collector"
-# The autoscaler has its NATS permissions below but is not in SERVICE_ROLES yet: the secure
-# configuration (xpupool.devstack.secure) makes a Redis ACL user for every role listed there,
-# and has none for the autoscaler's keys and scripts so far.
 AUTOSCALER: Final = "autoscaler"
 OPERATOR: Final = "operator"
-SERVICE_ROLES: Final = (SCHEDULER, LEASE_MANAGER, TELEMETRY_COLLECTOR, OPERATOR)
+SERVICE_ROLES: Final = (SCHEDULER, LEASE_MANAGER, TELEMETRY_COLLECTOR, AUTOSCALER, OPERATOR)
 
 _JS_API: Final = ("$JS.API.>", "$JS.ACK.>")
 
@@ -116,7 +113,8 @@ def service_permissions(role: str) -> Permissions:
         case "autoscaler":
             return Permissions(
                 # Its events are JetStream publishes (XPUPOOL_EVENTS): the API for the acks.
-                publish=(*_JS_API, "xpupool.scale.v1.>"),
+                # EndLease: a drain that preempts asks the lease-manager, as the scheduler does.
+                publish=(*_JS_API, "xpupool.scale.v1.>", s.LEASE_END.address),
                 subscribe=(
                     inbox,
                     s.NODE_REGISTERED.address,

@@ -184,7 +184,7 @@ JOB_RESERVED: Final = Channel(
 LEASE_END: Final = Channel(
     "xpupool.sched.v1.end_lease",
     (p.EndLease,),
-    "Internal: end a lease (preemption).",
+    "Internal: end a lease (a preemption by the scheduler, or by the autoscaler draining a node).",
     sender="scheduler",
     receivers=("lease-manager",),
     stream=SCHED_STREAM,

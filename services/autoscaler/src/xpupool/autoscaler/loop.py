@@ -30,7 +30,7 @@ A cycle (:meth:`Autoscaler.cycle`), on the ledger's clock:
    its ``ScaleDecision`` published (JetStream, ``Nats-Msg-Id`` from the decision id), then
    carried out: ``add`` at the provider (then ``NodeProvisioning``), a drain recorded and
    handed to the :class:`~xpupool.autoscaler.drain.NodeDrainer` (``NodeDraining``), leases
-   preempted with the pool's grace (``Ledger.end_after``), drained nodes removed at the
+   preempted with the pool's grace (``EndLease`` to the lease-manager), drained nodes removed at the
    provider once their leases are re-read as gone (``NodeRemoved``). A failed provider call is a
    ``ScaleFailed`` event and is retried next cycle with the same request id.
 5. **Report.** The status snapshot (``xpupool scale status``) and the metrics.
@@ -87,6 +87,8 @@ from xpupool.autoscaler.status import (
     ScaleStatus,
 )
 from xpupool.contracts import (
+    EndLease,
+    EndReason,
     JobReason,
     JobRequested,
     NodeDraining,
@@ -674,9 +676,17 @@ class Autoscaler:
                     ops.append(state.op_node(undrained))
                 await state.write(term, [*ops, state.op_drop_entry(decision.decision_id)])
             case ScaleAction.PREEMPT:
+                # The lease-manager ends leases (its script, its role): asked on the bus as the
+                # scheduler asks for a preemption, it warns the holder and keeps the grace.
                 for lease_id in entry.lease_ids:
-                    await self.deps.ledger.end_after(
-                        lease_id, "preempted", int(entry.grace_s * 1000)
+                    await self.publish(
+                        EndLease(
+                            lease_id=lease_id,
+                            reason=EndReason.PREEMPTED,
+                            detail=f"node drained by the autoscaler ({pool.name})",
+                            grace_s=entry.grace_s,
+                            requested_by="autoscaler",
+                        )
                     )
                 ops = []
                 for node_id in decision.node_ids:
