@@ -32,7 +32,9 @@ from xpupool.bus import round_trip
 from xpupool.bus.lifecycle import PARENT_PID_ENV
 from xpupool.contracts import (
     AllocationGranted,
+    GangSpec,
     JobReason,
+    JobRejected,
     JobRequested,
     NodeDraining,
     NodeProvisioning,
@@ -511,3 +513,29 @@ async def test_the_leader_lease_fences_every_write(ledger: Ledger) -> None:
     assert await ledger.redis.get(ledger.key("autoscaler", "status")) == b"{}"
     await b.resign()
     assert await a.hold(300) == 3  # taken again: a new term, so a resumes its journal
+
+
+async def test_a_request_only_a_pool_can_hold_waits_for_it_instead_of_being_rejected(
+    autoscaling: Start, ready: Ready
+) -> None:
+    """A gang of two on one node exceeds every registered node (one device each); the pools'
+    2-device nodes could hold it, so the scheduler keeps it pending (reason
+    ``insufficient_capacity``: the autoscaler's demand), the autoscaler adds a node and the
+    gang is granted there. A request no pool could hold either is still rejected."""
+    stack, replicas, _ = autoscaling([("pairs", 4.0, 1)], 30.0)
+    ledger = await ready(stack, 1)
+    async with stack.client() as client:
+        replicas.start("a")
+        # The acting replica publishes the pools' shapes with its first status.
+        assert await eventually(lambda: ledger.pool_shapes(), timeout_s=30)
+        gang = JobRequested(
+            job_id="pair", tenant="team-a", count=2, gang=GangSpec(same_node=True), lease_ttl_s=600
+        )
+        granted = await client.submit_and_wait(gang, timeout_s=60)
+        assert isinstance(granted, AllocationGranted), (granted, replicas.logs(), stack.logs())
+        assert {s.node_id for s in granted.slices} == {"pairs-1"}
+        too_big = JobRequested(
+            job_id="quad", tenant="team-a", count=4, gang=GangSpec(same_node=True)
+        )
+        refused = await client.submit_and_wait(too_big, timeout_s=30)
+        assert isinstance(refused, JobRejected) and refused.reason.value == "exceeds_node_capacity"

@@ -328,3 +328,17 @@ async def test_a_draining_node_takes_no_new_grant_and_keeps_its_leases(ledger: L
     assert (await ledger.reserve(reservation("new", SliceClaim("n1/nvidia1", whole=True)))).ok
     assert not (await ledger.set_node_draining("nope", True)).ok
     assert await audit(ledger) == []
+
+
+async def test_pool_shapes_are_read_back_and_a_bad_record_reads_as_none(ledger: Ledger) -> None:
+    """The autoscaler's pool shapes round-trip; a record that does not decode is no shapes
+    (the scheduler then rejects as if no pool existed) rather than an error."""
+    from xpupool.contracts import PoolShape
+
+    assert await ledger.pool_shapes() == []
+    shape = PoolShape(pool="p", devices=[device_spec("p#shape", 0)], cpu_milli=8000, max_size=2)
+    key = ledger.key("autoscaler", "shapes")
+    await ledger.redis.set(key, msgspec.json.encode([shape]))
+    assert await ledger.pool_shapes() == [shape]
+    await ledger.redis.set(key, b"not json")
+    assert await ledger.pool_shapes() == []

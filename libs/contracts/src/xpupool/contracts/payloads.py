@@ -109,6 +109,7 @@ __all__ = [
     "NodeLost",
     "NodeRegistered",
     "PartitionSpec",
+    "PoolShape",
     "JobReason",
     "LeaseError",
     "Percent",
@@ -821,6 +822,19 @@ class DeviceSpec(Struct, frozen=True, kw_only=True):
     cost_per_hour: float = 0.0
     parent_uuid: str | None = None
     partition: PartitionSpec | None = None
+
+
+class PoolShape(Struct, frozen=True, kw_only=True):
+    """A node an autoscaler pool could add (a ledger record, not an event): its devices as a
+    collector would register them, its host CPU and memory, and the pool's maximum size. The
+    scheduler keeps pending, instead of rejecting, a request only such nodes could hold, so the
+    autoscaler sees the demand."""
+
+    pool: Name
+    devices: list[DeviceSpec]
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    max_size: int = 0
 
 
 class NodeRegistered(

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 from redis.asyncio import Redis
 
-from xpupool.contracts import DeviceSample, DeviceSlice, DeviceSpec, Health, Vendor
+from xpupool.contracts import DeviceSample, DeviceSlice, DeviceSpec, Health, PoolShape, Vendor
 
 _SPEC_DECODER = msgspec.json.Decoder(DeviceSpec)
 
@@ -340,6 +340,17 @@ class Ledger:
     async def set_health(self, device_id: str, health: Health, reason: str = "") -> ScriptResult:
         """Set a device's health; ``previous`` in the answer tells whether it changed."""
         return await self._run("set_health", device_id, health.value, reason)
+
+    async def pool_shapes(self) -> list[PoolShape]:
+        """The nodes the autoscaler's pools could add (``{ns}:autoscaler:shapes``, written by
+        the acting autoscaler each cycle); empty without an autoscaler or on a bad record."""
+        raw = await self._redis.get(self.key("autoscaler", "shapes"))
+        if not raw:
+            return []
+        try:
+            return _SHAPES_DECODER.decode(raw)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return []
 
     async def set_node_draining(self, node_id: str, draining: bool) -> ScriptResult:
         """Drain a node (no new grants there; its leases run on) or take it back into service;
@@ -754,6 +765,7 @@ def _node(node_id: str, row: dict[Any, Any], devices: list[DeviceRecord]) -> Nod
 
 
 _SLICES_DECODER = msgspec.json.Decoder(list[TakenSlice])
+_SHAPES_DECODER = msgspec.json.Decoder(list[PoolShape])
 _HOST_DECODER = msgspec.json.Decoder(dict[str, HostClaim])
 _USAGE_DECODER = msgspec.json.Decoder(list[UsageClaim])
 

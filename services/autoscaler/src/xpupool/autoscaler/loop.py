@@ -69,10 +69,12 @@ from xpupool.autoscaler.solver import (
     ScaleUpProblem,
     ScaleUpSolver,
     job_devices,
+    pool_shape,
     split_actionable,
     steps_from_answer,
 )
 from xpupool.autoscaler.state import (
+    SHAPES,
     STATUS,
     AutoscalerState,
     JournalEntry,
@@ -99,6 +101,7 @@ from xpupool.contracts import (
     ScaleDecision,
     ScaleFailed,
 )
+from xpupool.devices.catalog import load_catalog
 from xpupool.ledger import LeaseRecord, Ledger
 from xpupool.obs import get_logger
 
@@ -165,6 +168,7 @@ class Autoscaler:
         self._recent: deque[ScaleDecision] = deque(maxlen=RECENT_DECISIONS)
         self._reload_error: str | None = None
         self._log = get_logger()
+        self._catalog = load_catalog()
 
     # ---- the loops --------------------------------------------------------------------------
 
@@ -609,7 +613,15 @@ class Autoscaler:
             jobs_by_id,
             forecasts,
         )
-        await state.write(term, [["SET", STATUS, msgspec.json.encode(status).decode()]])
+        # The scheduler keeps pending what only these nodes could hold (so it reaches us).
+        shapes = [pool_shape(p, self._catalog) for p in config.pools]
+        await state.write(
+            term,
+            [
+                ["SET", STATUS, msgspec.json.encode(status).decode()],
+                ["SET", SHAPES, msgspec.json.encode(shapes).decode()],
+            ],
+        )
         deps.metrics.observe(status)
         return status
 

@@ -28,7 +28,16 @@ import msgspec.structs
 
 from xpupool.autoscaler.decisions import DemandSummary, ScaleStep
 from xpupool.autoscaler.pools import PoolConfig
-from xpupool.contracts import Intent, JobReason, JobRequested, ScaleAction, ScaleReason
+from xpupool.contracts import (
+    DeviceSpec,
+    Intent,
+    JobReason,
+    JobRequested,
+    PoolShape,
+    ScaleAction,
+    ScaleReason,
+    Vendor,
+)
 from xpupool.devices.catalog import Catalog, load_catalog
 from xpupool.placement.demand import make_demand
 from xpupool.placement.engine import HeuristicPolicy, Placement, place, place_host_only
@@ -53,7 +62,9 @@ __all__ = [
     "ScaleUpProblem",
     "ScaleUpSolver",
     "job_devices",
+    "device_specs",
     "node_state",
+    "pool_shape",
     "split_actionable",
     "steps_from_answer",
 ]
@@ -391,31 +402,63 @@ class PlacementSolver:
         return _Node(pool.name, incoming, node_state(pool, node_id, self._catalog))
 
 
-def node_state(pool: PoolConfig, node_id: str, catalog: Catalog) -> InventoryNode:
-    """An empty node of ``pool``'s shape as the placement engine sees it, its devices described
-    from the catalog as a collector would report them (memory, capacity, capabilities,
-    isolation, one interconnect domain per node), each priced at its share of the node."""
+def device_specs(pool: PoolConfig, node_id: str, catalog: Catalog) -> list[DeviceSpec]:
+    """The devices of one node of ``pool``'s shape, described from the catalog as a collector
+    would register them (memory, capacity, capabilities, isolation, one interconnect domain per
+    node), each priced at its share of the node."""
     entry = catalog.lookup(pool.node.model)
     count = pool.node.count
     memory = (entry.memory_visible_mib or entry.memory_nominal_mib or 0) if entry else 0
     interconnect = pool.node.interconnect or (entry.interconnect if entry else "pcie")
-    devices = tuple(
-        DeviceState(
+    return [
+        DeviceSpec(
             device_id=f"{node_id}/{i}",
-            node_id=node_id,
-            vendor=pool.vendor,
+            vendor=Vendor(pool.vendor),
             model=entry.name if entry else pool.node.model,
-            memory_total_mib=memory,
-            memory_free_mib=memory,
             index=i,
+            uuid=f"{node_id}/{i}",
+            memory_mib=memory,
             capacity_units=pool.capacity_units / count,
-            capabilities=frozenset(entry.capability_list() if entry else ()),
-            isolation=frozenset(entry.isolation if entry else ()),
+            capabilities=entry.capability_list() if entry else [],
+            isolation=list(entry.isolation) if entry else [],
             interconnect=interconnect,
             domain="" if interconnect == "pcie" else f"{node_id}/{interconnect}",
             cost_per_hour=pool.cost_per_hour / count,
         )
         for i in range(count)
+    ]
+
+
+def pool_shape(pool: PoolConfig, catalog: Catalog) -> PoolShape:
+    """What the scheduler is told a node of ``pool`` would be (see ``PoolShape``)."""
+    return PoolShape(
+        pool=pool.name,
+        devices=device_specs(pool, f"{pool.name}#shape", catalog),
+        cpu_milli=pool.node.cpu_milli,
+        memory_mib=pool.node.memory_mib,
+        max_size=pool.max_size,
+    )
+
+
+def node_state(pool: PoolConfig, node_id: str, catalog: Catalog) -> InventoryNode:
+    """An empty node of ``pool``'s shape as the placement engine sees it (:func:`device_specs`)."""
+    devices = tuple(
+        DeviceState(
+            device_id=d.device_id,
+            node_id=node_id,
+            vendor=d.vendor.value,
+            model=d.model,
+            memory_total_mib=d.memory_mib,
+            memory_free_mib=d.memory_mib,
+            index=d.index,
+            capacity_units=d.capacity_units,
+            capabilities=frozenset(d.capabilities),
+            isolation=frozenset(d.isolation),
+            interconnect=d.interconnect,
+            domain=d.domain,
+            cost_per_hour=d.cost_per_hour,
+        )
+        for d in device_specs(pool, node_id, catalog)
     )
     return InventoryNode(
         node_id=node_id,

@@ -88,6 +88,8 @@ return 1
 JOURNAL: Final = "journal"
 NODES: Final = "nodes"
 STATUS: Final = "status"
+SHAPES: Final = "shapes"
+"""The pools' node shapes (``list[PoolShape]``), read by the scheduler (``Ledger.pool_shapes``)."""
 
 
 class LostLeadership(RuntimeError):

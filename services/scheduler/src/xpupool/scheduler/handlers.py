@@ -44,6 +44,7 @@ from xpupool.contracts import (
     ListJobs,
     NodeProvisioning,
     NodeReady,
+    PoolShape,
     QueryError,
     decoder_for,
 )
@@ -62,6 +63,7 @@ from xpupool.placement.default import DefaultPolicy
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.domain import (
     FairShareHistory,
+    NodeState,
     PendingRequest,
     PlacementPolicy,
     PoolSnapshot,
@@ -77,7 +79,7 @@ from xpupool.scheduler.domain import (
 )
 from xpupool.scheduler.incoming import IncomingCapacity
 from xpupool.scheduler.settings import SchedulerSettings
-from xpupool.scheduler.snapshot import UNITS_FIELD, devices_field
+from xpupool.scheduler.snapshot import UNITS_FIELD, devices_field, growable_nodes
 from xpupool.scheduler.snapshot_cache import SnapshotCache
 
 ADMITTED = JobReason.QUEUED.value
@@ -121,6 +123,16 @@ class SchedulerDeps:
     snapshots: SnapshotCache = field(default_factory=SnapshotCache)
     # Nodes the autoscaler is provisioning and the jobs they are for.
     incoming: IncomingCapacity = field(default_factory=IncomingCapacity)
+    # The autoscaler's pool shapes as last read, and the nodes they could add.
+    growable: tuple[list[PoolShape], tuple[NodeState, ...]] = ([], ())
+
+
+async def _growable(deps: SchedulerDeps) -> tuple[NodeState, ...]:
+    """The nodes the autoscaler's pools could add (rebuilt only when the shapes change)."""
+    shapes = await deps.ledger.pool_shapes()
+    if shapes != deps.growable[0]:
+        deps.growable = (shapes, growable_nodes(shapes))
+    return deps.growable[1]
 
 
 def _rejected(
@@ -432,6 +444,7 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
         history=deps.history,
         policies=registry,
         incoming=deps.incoming.jobs(snapshot.now_s),
+        growable=await _growable(deps),
     )
     deps.history = update_history(
         deps.history, usage, snapshot.now_s, config.fair_share.half_life_s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from xpupool.contracts import PoolShape
 from xpupool.ledger import DeviceRecord, LeaseRecord, NodeRecord
 from xpupool.scheduler.domain import (
     DeviceState,
@@ -66,6 +67,48 @@ def node_state(record: NodeRecord) -> NodeState:
         memory_mib_free=record.memory_free_mib,
         draining=record.draining,
     )
+
+
+#: The most nodes of one pool shape the domain considers when asking "could it ever fit".
+MAX_GROWABLE_PER_POOL = 64
+
+
+def growable_nodes(shapes: Sequence[PoolShape]) -> tuple[NodeState, ...]:
+    """Empty nodes the autoscaler's pools could add, each pool up to its maximum size (capped):
+    the nodes a request that fits nothing registered might still get."""
+    out: list[NodeState] = []
+    for shape in shapes:
+        for k in range(min(shape.max_size, MAX_GROWABLE_PER_POOL)):
+            node_id = f"{shape.pool}#growable-{k}"
+            out.append(
+                NodeState(
+                    node_id=node_id,
+                    devices=tuple(
+                        DeviceState(
+                            device_id=f"{node_id}/{d.index}",
+                            node_id=node_id,
+                            vendor=d.vendor.value,
+                            model=d.model,
+                            memory_total_mib=d.memory_mib,
+                            memory_free_mib=d.memory_mib,
+                            index=d.index,
+                            capacity_units=d.capacity_units,
+                            capabilities=frozenset(d.capabilities),
+                            isolation=frozenset(d.isolation),
+                            interconnect=d.interconnect,
+                            domain=f"{node_id}/{d.domain}" if d.domain else "",
+                            cost_per_hour=d.cost_per_hour,
+                            partition=d.partition.kind if d.partition is not None else "",
+                        )
+                        for d in shape.devices
+                    ),
+                    cpu_milli_total=shape.cpu_milli,
+                    cpu_milli_free=shape.cpu_milli,
+                    memory_mib_total=shape.memory_mib,
+                    memory_mib_free=shape.memory_mib,
+                )
+            )
+    return tuple(out)
 
 
 def lease_state(record: LeaseRecord) -> LeaseState:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from xpupool.contracts.payloads import DeviceSlice, JobRequested, JobReserved, Vendor
 from xpupool.devices.enforcement import slice_enforced
@@ -36,7 +37,13 @@ from xpupool.placement.engine import (
     place_in_class,
     placeable_count,
 )
-from xpupool.placement.inventory import HostCharge, LeaseSlice, LeaseState, PoolSnapshot
+from xpupool.placement.inventory import (
+    HostCharge,
+    LeaseSlice,
+    LeaseState,
+    NodeState,
+    PoolSnapshot,
+)
 from xpupool.placement.pool import PoolLease, WorkingPool, domain_key
 from xpupool.scheduler.domain.config import QueueConfig, SchedulerConfig, config_of, default_config
 from xpupool.scheduler.domain.fairshare import (
@@ -167,6 +174,16 @@ class _Ctx:
     learners: tuple[LearningPolicy, ...] = ()
     incoming: frozenset[str] = frozenset()
     """Jobs that nodes being provisioned (by the autoscaler) will serve."""
+    growable: tuple[NodeState, ...] = ()
+    """Nodes the autoscaler's pools could add (empty, each pool's maximum of them)."""
+    _grown: WorkingPool | None = None
+
+    def grown(self, pool: WorkingPool) -> WorkingPool:
+        """The pool with every node the pools could add: what could ever be placed."""
+        if self._grown is None:
+            snapshot = PoolSnapshot(nodes=(*pool.nodes, *self.growable), now_s=pool.now_s)
+            self._grown = WorkingPool(snapshot, self.config)
+        return self._grown
 
 
 def _vendor(v: str) -> Vendor:
@@ -273,6 +290,18 @@ def _decide_one(item: PendingRequest, pool: WorkingPool, ctx: _Ctx) -> _Outcome:
     cfg = ctx.config
     demand = make_demand(req, pool)
     rej = never_fits(req, pool, cfg, demand)
+    if (
+        rej is not None
+        and rej.reason in _GROWABLE
+        and ctx.growable
+        and never_fits(req, ctx.grown(pool), cfg) is None
+    ):
+        # No node holds it yet, but nodes a pool can add would: it waits, and the autoscaler
+        # sees the demand.
+        reason = Reason.NO_MATCHING_DEVICE if not demand.classes else Reason.INSUFFICIENT_CAPACITY
+        return _Outcome(
+            Wait(req.job_id, reason, f"only nodes a pool can add hold it ({rej.detail})")
+        )
     if rej is not None:
         return _Outcome(Reject(req.job_id, rej.reason, rej.field, rej.detail))
     for learner in ctx.learners:
@@ -380,6 +409,19 @@ def _why_host_waits(
         f"host-only: needs {demand.cpu_milli} mCPU and {demand.host_memory_mib} MiB of host "
         "memory free on one node",
     )
+
+
+_GROWABLE: Final = frozenset(
+    {
+        Reason.UNKNOWN_MODEL,
+        Reason.NO_MATCHING_DEVICE,
+        Reason.SHARE_TOO_LARGE,
+        Reason.EXCEEDS_NODE_CAPACITY,
+        Reason.EXCEEDS_DOMAIN_CAPACITY,
+        Reason.EXCEEDS_POOL_CAPACITY,
+    }
+)
+"""Rejections that more nodes could answer (not an invalid request or a quota limit)."""
 
 
 def _incoming(job: str) -> Wait:
@@ -623,11 +665,13 @@ def decide_batch(
     policies: PolicyRegistry | None = None,
     history: FairShareHistory | None = None,
     incoming: frozenset[str] = frozenset(),
+    growable: Sequence[NodeState] = (),
 ) -> list[tuple[str, Decision]]:
     """Decide every pending request against one snapshot, in fair-share order.
 
     ``incoming``: jobs that nodes being provisioned will serve; one that does not fit now waits
-    ``capacity_incoming`` and preempts nothing.
+    ``capacity_incoming`` and preempts nothing. ``growable``: nodes the autoscaler's pools
+    could add; a request only they could hold waits instead of being rejected.
 
     The order and the anti-starvation holds are described in :mod:`.fairshare`. Each Reserve and
     Preempt is applied to the working pool before the next request is considered, so the batch
@@ -636,6 +680,7 @@ def decide_batch(
     """
     wp, ctx = _setup(pool, config, now_s, policies, history)
     ctx.incoming = incoming
+    ctx.growable = tuple(growable)
     cfg = ctx.config
     wp.held_nodes = set()
     items = [_as_pending(p, ctx.now_s) for p in pending]
