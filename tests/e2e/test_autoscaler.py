@@ -56,7 +56,7 @@ T = TypeVar("T")
 MODEL = "A100-SXM4-80GB"
 
 REPLICA = """
-import asyncio, math, os, sys
+import asyncio, json, math, os, sys
 
 from xpupool.autoscaler.main import run
 from xpupool.autoscaler.providers.simulated import CollectorLauncher
@@ -81,7 +81,11 @@ class FakeSolver:
 
 delay = float(os.environ.get("TEST_COLLECTOR_DELAY_S", "0"))
 command = ["sh", "-c", f'sleep {delay}; exec "$0" -m xpupool.telemetry_collector', sys.executable]
-launcher = CollectorLauncher(os.environ["TEST_COLLECTOR_LOGS"], command=command)
+# On a secure stack the collectors run with their own identity, as the service's default does.
+identity = json.loads(os.environ.get("XPUPOOL_AUTOSCALER_COLLECTOR_ENV") or "{}")
+launcher = CollectorLauncher(
+    os.environ["TEST_COLLECTOR_LOGS"], command=command, base_env={**os.environ, **identity}
+)
 solver = FakeSolver() if os.environ.get("TEST_SOLVER") == "fake" else None
 asyncio.run(run(load_settings(AutoscalerSettings), solver=solver, launcher=launcher))
 """
@@ -515,13 +519,15 @@ async def test_the_leader_lease_fences_every_write(ledger: Ledger) -> None:
     assert await a.hold(300) == 3  # taken again: a new term, so a resumes its journal
 
 
+@pytest.mark.parametrize("stack_security", ["plain", "secure"])
 async def test_a_request_only_a_pool_can_hold_waits_for_it_instead_of_being_rejected(
     autoscaling: Start, ready: Ready
 ) -> None:
     """A gang of two on one node exceeds every registered node (one device each); the pools'
     2-device nodes could hold it, so the scheduler keeps it pending (reason
     ``insufficient_capacity``: the autoscaler's demand), the autoscaler adds a node and the
-    gang is granted there. A request no pool could hold either is still rejected."""
+    gang is granted there. A request no pool could hold either is still rejected. On the secure
+    stack too: the autoscaler with its own identity, its nodes' collectors with theirs."""
     stack, replicas, _ = autoscaling([("pairs", 4.0, 1)], 30.0)
     ledger = await ready(stack, 1)
     async with stack.client() as client:

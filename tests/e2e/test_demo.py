@@ -13,10 +13,11 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
-def test_the_demo_scales_its_pool_up_and_back_down() -> None:
+@pytest.mark.parametrize("flags", [[], ["--secure"]], ids=["plain", "secure"])
+def test_the_demo_scales_its_pool_up_and_back_down(flags: list[str]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("XPUPOOL_")}
     done = subprocess.run(
-        [sys.executable, "-m", "xpupool.cli.main", "demo"],
+        [sys.executable, "-m", "xpupool.cli.main", "demo", *flags],
         env=env,
         capture_output=True,
         text=True,

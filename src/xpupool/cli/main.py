@@ -306,11 +306,6 @@ def _dev_up(args: argparse.Namespace) -> int:
     if args.pools:
         from xpupool.autoscaler.pools import PoolConfigError, load_pools
 
-        if args.secure:
-            raise UsageError(
-                "--pools: on the secure stack the simulated provider cannot start collectors "
-                "with their own identity yet; use the plain stack"
-            )
         try:
             load_pools(args.pools)
         except PoolConfigError as error:

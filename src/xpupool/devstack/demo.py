@@ -45,10 +45,8 @@ DEFAULT_FLEET = [
 BURST = 60
 TENANTS = ("team-0", "team-1", "team-2")
 AUTOSCALED_POOL = "t4-burst"
-#: The demo's autoscaled pool (plain stack only: on the secure one the simulated provider cannot
-#: yet start collectors with their own identity):
-#: simulated 2xT4 nodes that the burst's T4 jobs make the autoscaler add, removed again once
-#: idle past a short cool-down.
+#: The demo's autoscaled pool: simulated 2xT4 nodes that the burst's T4 jobs make the
+#: autoscaler add, removed again once idle past a short cool-down.
 POOLS_YAML = f"""pools:
   - name: {AUTOSCALED_POOL}
     node: {{model: T4, count: 2, cpu_milli: 16000, memory_mib: 65536}}
@@ -255,13 +253,10 @@ def run_demo(secure: bool = False) -> int:
             "redis_url": os.environ.get("XPUPOOL_REDIS_URL"),
         }
     )
-    scaling: dict[str, Any] = {}
-    env = {"XPUPOOL_LOG_LEVEL": "warning"}
-    if not secure:
-        pools = Path(tempfile.mkdtemp(prefix="xpupool-demo-pools-")) / "pools.yaml"
-        pools.write_text(POOLS_YAML, encoding="utf-8")
-        scaling = {"autoscalers": 1, "pools_file": str(pools)}
-        env["XPUPOOL_AUTOSCALER_INTERVAL_S"] = "1"
+    env = {"XPUPOOL_LOG_LEVEL": "warning", "XPUPOOL_AUTOSCALER_INTERVAL_S": "1"}
+    pools = Path(tempfile.mkdtemp(prefix="xpupool-demo-pools-")) / "pools.yaml"
+    pools.write_text(POOLS_YAML, encoding="utf-8")
+    scaling: dict[str, Any] = {"autoscalers": 1, "pools_file": str(pools)}
     stack = Stack(
         nodes=DEFAULT_FLEET,
         namespace=os.environ.get("XPUPOOL_NAMESPACE", f"demo-{os.getpid()}"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import os
 import signal
 import subprocess
@@ -250,6 +251,10 @@ class Stack:
         env = self.base_env()
         if self.material is not None:
             env.update(self.material.service_env(name))
+            if name == "autoscaler":
+                # The simulated nodes it starts are collectors, with the collectors' identity.
+                collector = self.material.service_env("telemetry-collector")
+                env["XPUPOOL_AUTOSCALER_COLLECTOR_ENV"] = json.dumps(collector)
         return env
 
     def spawn(self, name: str, **overrides: str) -> ServiceProcess:

@@ -15,6 +15,8 @@ import socket
 from contextlib import AsyncExitStack
 from typing import Any
 
+import msgspec
+
 from xpupool.autoscaler.drain import LedgerDrainer, NodeDrainer
 from xpupool.autoscaler.loop import Autoscaler, AutoscalerDeps
 from xpupool.autoscaler.metrics import AutoscalerMetrics, serve_metrics
@@ -68,6 +70,14 @@ async def run(
         from xpupool.autoscaler.solver import PlacementSolver
 
         solver = PlacementSolver()
+    if launcher is None and settings.autoscaler_collector_env:
+        from xpupool.autoscaler.providers.simulated import CollectorLauncher
+
+        try:
+            identity = msgspec.json.decode(settings.autoscaler_collector_env, type=dict[str, str])
+        except msgspec.DecodeError as error:
+            raise SystemExit(f"autoscaler: XPUPOOL_AUTOSCALER_COLLECTOR_ENV: {error}") from None
+        launcher = CollectorLauncher(base_env={**os.environ, **identity})
 
     def providers(config: ProviderConfig) -> Provider:
         return make_provider(config, launcher=launcher)

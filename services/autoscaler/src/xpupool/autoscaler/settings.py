@@ -52,6 +52,10 @@ class AutoscalerSettings(msgspec.Struct, frozen=True, kw_only=True):
     # A node that became ready this recently and holds no lease yet still counts as incoming
     # capacity: the scheduler needs a cycle to place the demand it was bought for.
     autoscaler_settle_s: Annotated[float, msgspec.Meta(ge=0)] = 15.0
+    # The simulated provider's collectors run as telemetry-collectors, not as this replica: on
+    # a secured stack, their identity (NATS credentials, Redis user) as a JSON object of
+    # XPUPOOL_* variables laid over this replica's environment. Empty: this environment as is.
+    autoscaler_collector_env: str = ""
     # A scale-up whose nodes are not all ready after 3 x the pool's provisioning delay plus
     # this fails (ScaleFailed) and is no longer counted as incoming.
     autoscaler_provisioning_grace_s: PositiveSeconds = 120.0
