@@ -342,3 +342,14 @@ async def test_pool_shapes_are_read_back_and_a_bad_record_reads_as_none(ledger: 
     assert await ledger.pool_shapes() == [shape]
     await ledger.redis.set(key, b"not json")
     assert await ledger.pool_shapes() == []
+
+
+async def test_incoming_jobs_last_until_their_scale_up_is_overdue(ledger: Ledger) -> None:
+    """The jobs in-flight scale-ups are for, each until its deadline; a bad record is none."""
+    assert await ledger.incoming_jobs(0.0) == frozenset()
+    key = ledger.key("autoscaler", "incoming")
+    await ledger.redis.set(key, msgspec.json.encode({"j1": 100.0, "j2": 200.0}))
+    assert await ledger.incoming_jobs(150.0) == {"j2"}
+    assert await ledger.incoming_jobs(50.0) == {"j1", "j2"}
+    await ledger.redis.set(key, b"[1, 2]")
+    assert await ledger.incoming_jobs(0.0) == frozenset()

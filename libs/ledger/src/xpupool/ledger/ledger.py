@@ -352,6 +352,18 @@ class Ledger:
         except (msgspec.ValidationError, msgspec.DecodeError):
             return []
 
+    async def incoming_jobs(self, now_s: float) -> frozenset[str]:
+        """The pending jobs in-flight scale-ups are for (``{ns}:autoscaler:incoming``, written
+        by the acting autoscaler from its journal), until each scale-up is overdue."""
+        raw = await self._redis.get(self.key("autoscaler", "incoming"))
+        if not raw:
+            return frozenset()
+        try:
+            until = _INCOMING_DECODER.decode(raw)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return frozenset()
+        return frozenset(job for job, deadline in until.items() if deadline >= now_s)
+
     async def set_node_draining(self, node_id: str, draining: bool) -> ScriptResult:
         """Drain a node (no new grants there; its leases run on) or take it back into service;
         ``previous`` in the answer is ``draining`` or ``in_service``."""
@@ -766,6 +778,7 @@ def _node(node_id: str, row: dict[Any, Any], devices: list[DeviceRecord]) -> Nod
 
 _SLICES_DECODER = msgspec.json.Decoder(list[TakenSlice])
 _SHAPES_DECODER = msgspec.json.Decoder(list[PoolShape])
+_INCOMING_DECODER = msgspec.json.Decoder(dict[str, float])
 _HOST_DECODER = msgspec.json.Decoder(dict[str, HostClaim])
 _USAGE_DECODER = msgspec.json.Decoder(list[UsageClaim])
 

@@ -74,6 +74,8 @@ from xpupool.autoscaler.solver import (
     steps_from_answer,
 )
 from xpupool.autoscaler.state import (
+    INCOMING,
+    INCOMING_OVERDUE_S,
     SHAPES,
     STATUS,
     AutoscalerState,
@@ -613,13 +615,22 @@ class Autoscaler:
             jobs_by_id,
             forecasts,
         )
-        # The scheduler keeps pending what only these nodes could hold (so it reaches us).
+        # The scheduler keeps pending what only these nodes could hold (so it reaches us), and
+        # lets the jobs in-flight scale-ups are for wait for them (a scheduler that restarted
+        # after the NodeProvisioning event learns it here).
         shapes = [pool_shape(p, self._catalog) for p in config.pools]
+        incoming = {
+            job_id: (e.expected_ready_at or e.started_at) + INCOMING_OVERDUE_S
+            for e in journal.values()
+            if e.decision.action is ScaleAction.SCALE_UP
+            for job_id in e.decision.demand.job_ids
+        }
         await state.write(
             term,
             [
                 ["SET", STATUS, msgspec.json.encode(status).decode()],
                 ["SET", SHAPES, msgspec.json.encode(shapes).decode()],
+                ["SET", INCOMING, msgspec.json.encode(incoming).decode()],
             ],
         )
         deps.metrics.observe(status)

@@ -88,6 +88,10 @@ return 1
 JOURNAL: Final = "journal"
 NODES: Final = "nodes"
 STATUS: Final = "status"
+INCOMING: Final = "incoming"
+"""Job id -> until when (epoch s) an in-flight scale-up is for it (``Ledger.incoming_jobs``)."""
+INCOMING_OVERDUE_S: Final = 600.0
+"""How long past its expected ready time a scale-up still counts as incoming capacity."""
 SHAPES: Final = "shapes"
 """The pools' node shapes (``list[PoolShape]``), read by the scheduler (``Ledger.pool_shapes``)."""
 

@@ -443,7 +443,8 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
         config,
         history=deps.history,
         policies=registry,
-        incoming=deps.incoming.jobs(snapshot.now_s),
+        incoming=deps.incoming.jobs(snapshot.now_s)
+        | await deps.ledger.incoming_jobs(snapshot.now_s),
         growable=await _growable(deps),
     )
     deps.history = update_history(

@@ -5,9 +5,9 @@ ids a request answers; each ``NodeReady`` of that request counts one node in, an
 when all are ready, or once the expected ready time is long past (a provider that never
 delivers must not keep jobs waiting as "incoming" forever). While a job is listed here the
 scheduler says ``capacity_incoming`` instead of ``insufficient_capacity`` and does not preempt
-for it: the hardware on its way will serve it. A scheduler replica that starts after the event
-does not know it; the jobs then wait as ``insufficient_capacity`` (and may preempt) until the
-nodes are ready.
+for it: the hardware on its way will serve it. The events wake a cycle at once; a scheduler
+replica that starts after them learns the same from the ledger, where the acting autoscaler
+writes the jobs its in-flight scale-ups are for each cycle (``Ledger.incoming_jobs``).
 """
 
 from __future__ import annotations
