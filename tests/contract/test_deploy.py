@@ -82,3 +82,15 @@ def test_example_queue_config_is_valid() -> None:
     config = load_config(ROOT / "deploy" / "queues.example.yaml")
     assert config.resolve_queue("alice", None) == "vision"
     assert config.priority_value("critical") == 1000
+
+
+def test_the_image_build_context_leaves_out_local_state() -> None:
+    """deploy/Dockerfile copies the whole repository root: .dockerignore keeps the local
+    virtualenv, git history, caches and any generated identities out of the image."""
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".git", ".venv", "**/__pycache__", "secrets/", "**/identities/"} <= ignored
+    assert "COPY . ." in (ROOT / "deploy" / "Dockerfile").read_text()
