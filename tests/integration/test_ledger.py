@@ -353,3 +353,15 @@ async def test_incoming_jobs_last_until_their_scale_up_is_overdue(ledger: Ledger
     assert await ledger.incoming_jobs(50.0) == {"j1", "j2"}
     await ledger.redis.set(key, b"[1, 2]")
     assert await ledger.incoming_jobs(0.0) == frozenset()
+
+
+async def test_growth_reads_shapes_and_incoming_jobs_in_one_call(ledger: Ledger) -> None:
+    """What a scheduling cycle reads of the autoscaler: the same as the two reads apart."""
+    from xpupool.contracts import PoolShape
+
+    assert await ledger.growth(0.0) == ([], frozenset())
+    shape = PoolShape(pool="p", devices=[device_spec("p#shape", 0)], max_size=1)
+    await ledger.redis.set(ledger.key("autoscaler", "shapes"), msgspec.json.encode([shape]))
+    await ledger.redis.set(ledger.key("autoscaler", "incoming"), msgspec.json.encode({"j": 9.0}))
+    assert await ledger.growth(5.0) == ([shape], frozenset({"j"}))
+    assert await ledger.growth(10.0) == ([shape], frozenset())

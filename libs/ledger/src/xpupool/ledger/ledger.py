@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 from redis.asyncio import Redis
@@ -20,6 +20,12 @@ from redis.asyncio import Redis
 from xpupool.contracts import DeviceSample, DeviceSlice, DeviceSpec, Health, PoolShape, Vendor
 
 _SPEC_DECODER = msgspec.json.Decoder(DeviceSpec)
+
+AUTOSCALER_SHAPES: Final = "shapes"
+"""``{ns}:autoscaler:<this>``: the pools' node shapes (``list[PoolShape]``), written by the acting
+autoscaler (``xpupool.autoscaler.state``), read by the scheduler."""
+AUTOSCALER_INCOMING: Final = "incoming"
+"""``{ns}:autoscaler:<this>``: job id -> until when (epoch s) an in-flight scale-up is for it."""
 
 
 class ScriptResult(msgspec.Struct, frozen=True):
@@ -344,25 +350,21 @@ class Ledger:
     async def pool_shapes(self) -> list[PoolShape]:
         """The nodes the autoscaler's pools could add (``{ns}:autoscaler:shapes``, written by
         the acting autoscaler each cycle); empty without an autoscaler or on a bad record."""
-        raw = await self._redis.get(self.key("autoscaler", "shapes"))
-        if not raw:
-            return []
-        try:
-            return _SHAPES_DECODER.decode(raw)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            return []
+        return _pool_shapes(await self._redis.get(self.key("autoscaler", AUTOSCALER_SHAPES)))
 
     async def incoming_jobs(self, now_s: float) -> frozenset[str]:
         """The pending jobs in-flight scale-ups are for (``{ns}:autoscaler:incoming``, written
         by the acting autoscaler from its journal), until each scale-up is overdue."""
-        raw = await self._redis.get(self.key("autoscaler", "incoming"))
-        if not raw:
-            return frozenset()
-        try:
-            until = _INCOMING_DECODER.decode(raw)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            return frozenset()
-        return frozenset(job for job, deadline in until.items() if deadline >= now_s)
+        raw = await self._redis.get(self.key("autoscaler", AUTOSCALER_INCOMING))
+        return _incoming_jobs(raw, now_s)
+
+    async def growth(self, now_s: float) -> tuple[list[PoolShape], frozenset[str]]:
+        """:meth:`pool_shapes` and :meth:`incoming_jobs` in one round trip (a scheduling cycle
+        reads both)."""
+        shapes, incoming = await self._redis.mget(
+            self.key("autoscaler", AUTOSCALER_SHAPES), self.key("autoscaler", AUTOSCALER_INCOMING)
+        )
+        return _pool_shapes(shapes), _incoming_jobs(incoming, now_s)
 
     async def set_node_draining(self, node_id: str, draining: bool) -> ScriptResult:
         """Drain a node (no new grants there; its leases run on) or take it back into service;
@@ -779,6 +781,27 @@ def _node(node_id: str, row: dict[Any, Any], devices: list[DeviceRecord]) -> Nod
 _SLICES_DECODER = msgspec.json.Decoder(list[TakenSlice])
 _SHAPES_DECODER = msgspec.json.Decoder(list[PoolShape])
 _INCOMING_DECODER = msgspec.json.Decoder(dict[str, float])
+
+
+def _pool_shapes(raw: bytes | str | None) -> list[PoolShape]:
+    if not raw:
+        return []
+    try:
+        return _SHAPES_DECODER.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return []
+
+
+def _incoming_jobs(raw: bytes | str | None, now_s: float) -> frozenset[str]:
+    if not raw:
+        return frozenset()
+    try:
+        until = _INCOMING_DECODER.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return frozenset()
+    return frozenset(job for job, deadline in until.items() if deadline >= now_s)
+
+
 _HOST_DECODER = msgspec.json.Decoder(dict[str, HostClaim])
 _USAGE_DECODER = msgspec.json.Decoder(list[UsageClaim])
 

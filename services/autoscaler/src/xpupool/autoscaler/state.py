@@ -33,6 +33,7 @@ import msgspec
 from redis.asyncio import Redis
 
 from xpupool.contracts import ScaleDecision
+from xpupool.ledger.ledger import AUTOSCALER_INCOMING, AUTOSCALER_SHAPES
 
 __all__ = [
     "AutoscalerState",
@@ -88,11 +89,11 @@ return 1
 JOURNAL: Final = "journal"
 NODES: Final = "nodes"
 STATUS: Final = "status"
-INCOMING: Final = "incoming"
+INCOMING: Final = AUTOSCALER_INCOMING
 """Job id -> until when (epoch s) an in-flight scale-up is for it (``Ledger.incoming_jobs``)."""
 INCOMING_OVERDUE_S: Final = 600.0
 """How long past its expected ready time a scale-up still counts as incoming capacity."""
-SHAPES: Final = "shapes"
+SHAPES: Final = AUTOSCALER_SHAPES
 """The pools' node shapes (``list[PoolShape]``), read by the scheduler (``Ledger.pool_shapes``)."""
 
 

@@ -127,9 +127,8 @@ class SchedulerDeps:
     growable: tuple[list[PoolShape], tuple[NodeState, ...]] = ([], ())
 
 
-async def _growable(deps: SchedulerDeps) -> tuple[NodeState, ...]:
+def _growable(deps: SchedulerDeps, shapes: list[PoolShape]) -> tuple[NodeState, ...]:
     """The nodes the autoscaler's pools could add (rebuilt only when the shapes change)."""
-    shapes = await deps.ledger.pool_shapes()
     if shapes != deps.growable[0]:
         deps.growable = (shapes, growable_nodes(shapes))
     return deps.growable[1]
@@ -430,6 +429,8 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
                 job.reason if job.reason != ADMITTED else "",
             )
         )
+    # What the autoscaler could add, and the jobs its in-flight scale-ups are for.
+    shapes, incoming = await deps.ledger.growth(snapshot.now_s)
     read = time.perf_counter()
     # The learned default (kept across cycles) takes the classic ``xpupool`` policy's place.
     registry = deps.default_policy.cycle_registry(config.placement, deps.extra_policies)
@@ -443,9 +444,8 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
         config,
         history=deps.history,
         policies=registry,
-        incoming=deps.incoming.jobs(snapshot.now_s)
-        | await deps.ledger.incoming_jobs(snapshot.now_s),
-        growable=await _growable(deps),
+        incoming=deps.incoming.jobs(snapshot.now_s) | incoming,
+        growable=_growable(deps, shapes),
     )
     deps.history = update_history(
         deps.history, usage, snapshot.now_s, config.fair_share.half_life_s
