@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
+from xpupool.contracts import DeviceSpec
+
 __all__ = [
     "HARD_ISOLATION",
     "HEALTHY",
@@ -21,6 +23,7 @@ __all__ = [
     "LeaseState",
     "NodeState",
     "PoolSnapshot",
+    "empty_device",
 ]
 
 HEALTHY: Final = "healthy"
@@ -130,3 +133,25 @@ class PoolSnapshot:
     now_s: float = 0.0
     version: int = field(default=0)
     """The ledger's version counter, echoed back so the commit can detect staleness."""
+
+
+def empty_device(spec: DeviceSpec, node_id: str) -> DeviceState:
+    """A registered device as the domain sees it before anyone holds or loads it (a node the
+    autoscaler could add; the domain's view of a spec without ledger counters)."""
+    return DeviceState(
+        device_id=spec.device_id,
+        node_id=node_id,
+        vendor=spec.vendor.value,
+        model=spec.model,
+        memory_total_mib=spec.memory_mib,
+        memory_free_mib=spec.memory_mib,
+        index=spec.index,
+        uuid=spec.uuid,
+        capacity_units=spec.capacity_units,
+        capabilities=frozenset(spec.capabilities),
+        isolation=frozenset(spec.isolation),
+        interconnect=spec.interconnect,
+        domain=spec.domain,
+        cost_per_hour=spec.cost_per_hour,
+        partition=spec.partition.kind if spec.partition is not None else "",
+    )

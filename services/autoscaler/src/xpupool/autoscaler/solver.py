@@ -42,11 +42,11 @@ from xpupool.devices.catalog import Catalog, load_catalog
 from xpupool.placement.demand import make_demand
 from xpupool.placement.engine import HeuristicPolicy, Placement, place, place_host_only
 from xpupool.placement.inventory import (
-    DeviceState,
     HostCharge,
     LeaseSlice,
     LeaseState,
     PoolSnapshot,
+    empty_device,
 )
 from xpupool.placement.inventory import NodeState as InventoryNode
 from xpupool.placement.pool import WorkingPool
@@ -442,24 +442,7 @@ def pool_shape(pool: PoolConfig, catalog: Catalog) -> PoolShape:
 
 def node_state(pool: PoolConfig, node_id: str, catalog: Catalog) -> InventoryNode:
     """An empty node of ``pool``'s shape as the placement engine sees it (:func:`device_specs`)."""
-    devices = tuple(
-        DeviceState(
-            device_id=d.device_id,
-            node_id=node_id,
-            vendor=d.vendor.value,
-            model=d.model,
-            memory_total_mib=d.memory_mib,
-            memory_free_mib=d.memory_mib,
-            index=d.index,
-            capacity_units=d.capacity_units,
-            capabilities=frozenset(d.capabilities),
-            isolation=frozenset(d.isolation),
-            interconnect=d.interconnect,
-            domain=d.domain,
-            cost_per_hour=d.cost_per_hour,
-        )
-        for d in device_specs(pool, node_id, catalog)
-    )
+    devices = tuple(empty_device(d, node_id) for d in device_specs(pool, node_id, catalog))
     return InventoryNode(
         node_id=node_id,
         devices=devices,

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec.structs
+
 from xpupool.contracts import PoolShape
 from xpupool.ledger import DeviceRecord, LeaseRecord, NodeRecord
+from xpupool.placement.inventory import empty_device
 from xpupool.scheduler.domain import (
     DeviceState,
     HostCharge,
@@ -84,21 +87,13 @@ def growable_nodes(shapes: Sequence[PoolShape]) -> tuple[NodeState, ...]:
                 NodeState(
                     node_id=node_id,
                     devices=tuple(
-                        DeviceState(
-                            device_id=f"{node_id}/{d.index}",
-                            node_id=node_id,
-                            vendor=d.vendor.value,
-                            model=d.model,
-                            memory_total_mib=d.memory_mib,
-                            memory_free_mib=d.memory_mib,
-                            index=d.index,
-                            capacity_units=d.capacity_units,
-                            capabilities=frozenset(d.capabilities),
-                            isolation=frozenset(d.isolation),
-                            interconnect=d.interconnect,
-                            domain=f"{node_id}/{d.domain}" if d.domain else "",
-                            cost_per_hour=d.cost_per_hour,
-                            partition=d.partition.kind if d.partition is not None else "",
+                        empty_device(
+                            msgspec.structs.replace(
+                                d,
+                                device_id=f"{node_id}/{d.index}",
+                                domain=f"{node_id}/{d.domain}" if d.domain else "",
+                            ),
+                            node_id,
                         )
                         for d in shape.devices
                     ),
