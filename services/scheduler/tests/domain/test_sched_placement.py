@@ -221,9 +221,9 @@ def test_snapshot_not_mutated():
 
 
 def test_a_draining_node_takes_no_new_placement():
-    """A node the autoscaler drains (its devices look unhealthy to the domain: ``draining``)
-    takes no device and no host-only placement; the other node does."""
-    draining = replace(node("n1", "A100", 2, health="draining"), draining=True)
+    """A node the autoscaler drains takes no device and no host-only placement, its devices
+    healthy as they are; the other node does."""
+    draining = replace(node("n1", "A100", 2), draining=True)
     snap = snapshot(draining, node("n2", "A100", 1))
     assert reserve(decide(job("j"), snap)).slices[0].node_id == "n2"
     host = reserve(decide(job("h", count=0, cpu_milli=1000), snap))

@@ -189,7 +189,9 @@ class WorkingPool:
         self.dev_compute_free = [d.compute_free_pct for d in self.devices]
         self.dev_holders = [d.holders for d in self.devices]
         self.dev_exclusive = [d.exclusive for d in self.devices]
-        self.dev_ok = [d.health == HEALTHY for d in self.devices]
+        draining = {n.node_id for n in self.nodes if n.draining}
+        # A draining node's devices take no new slice, whatever their health.
+        self.dev_ok = [d.health == HEALTHY and d.node_id not in draining for d in self.devices]
         self.node_busy = [0] * len(self.nodes)
         self.classes: list[DeviceClass] = []
         self.class_devs: list[list[int]] = []

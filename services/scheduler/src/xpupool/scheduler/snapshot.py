@@ -19,8 +19,6 @@ from xpupool.scheduler.domain import (
 )
 
 UNITS_FIELD = "units"
-DRAINING = "draining"
-"""The health the domain sees on the devices of a draining node (not healthy: no new grants)."""
 
 
 def devices_field(model: str) -> str:
@@ -42,11 +40,8 @@ def _device(node: NodeRecord, record: DeviceRecord) -> DeviceState:
         compute_free_pct=record.compute_free_pct,
         exclusive=record.exclusive,
         holders=record.holders,
-        # A node that stopped heartbeating takes no grants, whatever its devices last said; a
-        # draining one takes none either, but its devices are not lost (it may come back).
-        health=(record.health.value if not node.draining else DRAINING)
-        if node.status == "up"
-        else "lost",
+        # A node that stopped heartbeating takes no grants, whatever its devices last said.
+        health=record.health.value if node.status == "up" else "lost",
         util_pct=record.util_pct,
         capacity_units=spec.capacity_units,
         capabilities=frozenset(spec.capabilities),
