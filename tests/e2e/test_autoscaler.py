@@ -427,6 +427,19 @@ async def test_a_replica_takes_over_mid_provisioning_without_provisioning_twice(
             return status is not None and status.leader == "b"
 
         await eventually(b_leads, timeout_s=20)
+
+        # While the node is still on its way, the ledger says which jobs it is for (what a
+        # scheduler that restarted reads), and the scheduler has them wait capacity_incoming.
+        async def incoming() -> bool:
+            now_s = await ledger.now_ms() / 1000
+            return set(futures) <= await ledger.incoming_jobs(now_s)
+
+        async def waiting_for_it() -> bool:
+            reasons = {job.job_id: job.reason for _, job in await ledger.pending_jobs()}
+            return all(reasons.get(j) == "capacity_incoming" for j in futures)
+
+        assert await eventually(incoming, timeout_s=10)
+        assert await eventually(waiting_for_it, timeout_s=10)
         try:
             grants = {j: await asyncio.wait_for(f, timeout=40) for j, f in futures.items()}
         except TimeoutError:
