@@ -79,7 +79,6 @@ class Run:
     cost: float = 0.0
     busy_peak: dict[str, int] = field(default_factory=dict)
     busy_mean: dict[str, float] = field(default_factory=dict)
-    decisions: int = 0
     scale_ups: int = 0
     removals: int = 0
     seconds: float = 0.0
@@ -208,7 +207,6 @@ def replay(
     predictive: bool = False,
     tick_s: float = 60.0,
     scale_down_every_s: float = 600.0,
-    seed: int = 42,
 ) -> Run:
     """One dynamic replay; ``fixed`` rows are up from the start and nothing scales, else the
     autoscaler runs (see the module docstring)."""
@@ -265,7 +263,6 @@ def replay(
         if not fleet.state.feasible(pods[i].demand).any():
             return False
         choice = policy.choose(fleet.state, pods[i].demand)
-        run.decisions += 1
         if choice is None:
             return False
         was_busy = fleet.busy(choice.node)
@@ -454,7 +451,6 @@ def replay(
         run.node_seconds.get(p, 0.0) / 3600 * cfg.cost_per_hour for p, cfg in pools.items()
     )
     run.seconds = time.perf_counter() - started
-    del seed
     return run
 
 
