@@ -26,6 +26,10 @@ AUTOSCALER_SHAPES: Final = "shapes"
 autoscaler (``xpupool.autoscaler.state``), read by the scheduler."""
 AUTOSCALER_INCOMING: Final = "incoming"
 """``{ns}:autoscaler:<this>``: job id -> until when (epoch s) an in-flight scale-up is for it."""
+INCOMING_OVERDUE_S: Final = 600.0
+"""How long past its expected ready time (or since it was asked for, without one) a scale-up
+still counts as incoming capacity: the autoscaler's ledger entries and the scheduler's view of
+``NodeProvisioning`` events both give up on it then."""
 
 
 class ScriptResult(msgspec.Struct, frozen=True):

@@ -75,7 +75,6 @@ from xpupool.autoscaler.solver import (
 )
 from xpupool.autoscaler.state import (
     INCOMING,
-    INCOMING_OVERDUE_S,
     SHAPES,
     STATUS,
     AutoscalerState,
@@ -105,6 +104,7 @@ from xpupool.contracts import (
 )
 from xpupool.devices.catalog import load_catalog
 from xpupool.ledger import LeaseRecord, Ledger
+from xpupool.ledger.ledger import INCOMING_OVERDUE_S
 from xpupool.obs import get_logger
 
 __all__ = ["Autoscaler", "AutoscalerDeps", "ProviderFactory"]

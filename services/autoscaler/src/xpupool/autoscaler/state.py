@@ -91,8 +91,6 @@ NODES: Final = "nodes"
 STATUS: Final = "status"
 INCOMING: Final = AUTOSCALER_INCOMING
 """Job id -> until when (epoch s) an in-flight scale-up is for it (``Ledger.incoming_jobs``)."""
-INCOMING_OVERDUE_S: Final = 600.0
-"""How long past its expected ready time a scale-up still counts as incoming capacity."""
 SHAPES: Final = AUTOSCALER_SHAPES
 """The pools' node shapes (``list[PoolShape]``), read by the scheduler (``Ledger.pool_shapes``)."""
 

@@ -15,12 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from xpupool.contracts import NodeProvisioning, NodeReady
+from xpupool.ledger.ledger import INCOMING_OVERDUE_S
 
 __all__ = ["IncomingCapacity"]
-
-#: How long past its expected ready time (or since it was asked for, without one) a request
-#: still counts as incoming.
-DEFAULT_OVERDUE_S = 600.0
 
 
 @dataclass(slots=True)
@@ -34,7 +31,7 @@ class _Request:
 class IncomingCapacity:
     """Provisioning requests in flight, by request id (one per scheduler replica)."""
 
-    overdue_s: float = DEFAULT_OVERDUE_S
+    overdue_s: float = INCOMING_OVERDUE_S
     _requests: dict[str, _Request] = field(default_factory=dict)
 
     def provisioning(self, event: NodeProvisioning) -> None:
