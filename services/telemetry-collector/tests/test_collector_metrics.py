@@ -33,7 +33,7 @@ def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 
 def test_scrape_serves_dcgm_gauges_health_and_tick_metrics() -> None:
-    """A scrape returns DCGM-named gauges with DCGM labels, the health state set, and the
+    """A scrape returns DCGM-named gauges with snake_case labels, the health state set, and the
     tick histogram and counter; a device without a sample keeps only its health."""
     metrics = CollectorMetrics()
     sample = DeviceSample(
@@ -53,10 +53,10 @@ def test_scrape_serves_dcgm_gauges_health_and_tick_metrics() -> None:
         got = scrape(port)
     labels = {
         "gpu": "0",
-        "UUID": "GPU-0",
+        "uuid": "GPU-0",
         "device": "nvidia0",
-        "modelName": "A100-SXM4-80GB",
-        "Hostname": "node-m",
+        "model_name": "A100-SXM4-80GB",
+        "hostname": "node-m",
     }
     expected = {
         "DCGM_FI_DEV_GPU_UTIL": 25.0,
@@ -85,3 +85,21 @@ def test_registries_are_per_collector() -> None:
         second.registry.get_sample_value("xpupool_collector_samples_total", {"outcome": "ok"})
         is None
     )
+
+
+def test_dcgm_label_spelling_is_opt_in() -> None:
+    """With dcgm_labels the device series use dcgm-exporter's camelCase label names."""
+    metrics = CollectorMetrics(dcgm_labels=True)
+    sample = DeviceSample(device_id="node-m/nvidia0", util_pct=50.0)
+    metrics.update_devices("node-m", [spec(0)], [sample], {})
+    labels = {
+        "gpu": "0",
+        "UUID": "GPU-0",
+        "device": "nvidia0",
+        "modelName": "A100-SXM4-80GB",
+        "Hostname": "node-m",
+    }
+    assert metrics.registry.get_sample_value("DCGM_FI_DEV_GPU_UTIL", labels) == 50.0
+    default = CollectorMetrics()
+    default.update_devices("node-m", [spec(0)], [sample], {})
+    assert default.registry.get_sample_value("DCGM_FI_DEV_GPU_UTIL", labels) is None

@@ -16,13 +16,12 @@ summing over replicas counts every pool once.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from xpupool.autoscaler.status import ScaleStatus
+from xpupool.obs.metrics import serve_metrics
 
 __all__ = ["AutoscalerMetrics", "serve_metrics"]
 
@@ -127,16 +126,3 @@ class AutoscalerMetrics:
         for bound in ("min", "max"):
             self.pool_limit.remove(pool, bound)
         self.pool_cost.remove(pool)
-
-
-@contextmanager
-def serve_metrics(registry: CollectorRegistry, port: int, addr: str) -> Iterator[int]:
-    """Serve ``registry`` as Prometheus text on ``addr:port`` (0: any free port) from a daemon
-    thread; yields the bound port."""
-    server, thread = start_http_server(port, addr=addr, registry=registry)
-    try:
-        yield int(server.server_port)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)

@@ -146,7 +146,7 @@ async def run(base: CollectorSettings, nodes: list[FleetNode]) -> None:
     catalog = load_catalog(Path(base.catalog) if base.catalog else None)
     async with AsyncExitStack() as stack:
         ledger = await open_ledger(stack, base.redis_url, base.namespace, tls_ca=base.redis_tls_ca)
-        metrics = CollectorMetrics()
+        metrics = CollectorMetrics(dcgm_labels=base.metrics_dcgm_labels)
         fleet = [node_deps(n, base, ledger, catalog, metrics) for n in nodes]
         for deps in fleet:
             stack.callback(deps.backend.close)

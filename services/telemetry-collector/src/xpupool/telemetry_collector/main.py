@@ -23,7 +23,7 @@ from xpupool.ledger import open_ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
 from xpupool.telemetry_collector import handlers
 from xpupool.telemetry_collector.health import HealthModel
-from xpupool.telemetry_collector.metrics import serve_metrics
+from xpupool.telemetry_collector.metrics import CollectorMetrics, serve_metrics
 from xpupool.telemetry_collector.settings import CollectorSettings
 
 SERVICE = "telemetry-collector"
@@ -67,6 +67,7 @@ async def run(settings: CollectorSettings) -> None:
             catalog=catalog,
             settings=settings,
             health=HealthModel(missed_limit=settings.missed_samples_lost),
+            metrics=CollectorMetrics(dcgm_labels=settings.metrics_dcgm_labels),
         )
         if settings.metrics_port:
             port = stack.enter_context(

@@ -1,10 +1,12 @@
 """Prometheus metrics of one collector: device gauges under DCGM-exporter names, plus our own.
 
-Device gauges keep DCGM-exporter's names, units and identity labels (``gpu``, ``UUID``,
-``device``, ``modelName``, ``Hostname``) for every vendor, so dashboards built for
-dcgm-exporter work on Ascend, Cambricon and AMD nodes too. Our own metrics follow Prometheus
-conventions (``xpupool_`` prefix, base units). Each collector owns its
-:class:`~prometheus_client.CollectorRegistry`; nothing goes to the process-wide default one.
+Device gauges keep DCGM-exporter's names and units for every vendor, so dashboards built for
+dcgm-exporter work on Ascend, Cambricon and AMD nodes too. Their identity labels are snake_case
+(``gpu``, ``uuid``, ``device``, ``model_name``, ``hostname``) so the exposition passes
+``promtool check metrics``; ``XPUPOOL_METRICS_DCGM_LABELS=true`` switches to DCGM-exporter's own
+spelling (``UUID``, ``modelName``, ``Hostname``) for dashboards that match on it. Our own
+metrics follow Prometheus conventions (``xpupool_`` prefix, base units). Each collector owns
+its :class:`~prometheus_client.CollectorRegistry`; nothing goes to the process-wide default one.
 
 Device series are rendered from the latest tick's snapshot at scrape time, so a device that
 leaves the node leaves the exposition instead of lingering with its last value.
@@ -12,18 +14,20 @@ leaves the node leaves the exposition instead of lingering with its last value.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from xpupool.contracts import DeviceSample, DeviceSpec, Health
+from xpupool.obs.metrics import serve_metrics
 
-__all__ = ["DCGM_LABELS", "CollectorMetrics", "DeviceReading", "serve_metrics"]
+__all__ = ["DCGM_LABELS", "DEVICE_LABELS", "CollectorMetrics", "DeviceReading", "serve_metrics"]
 
+DEVICE_LABELS: Final = ("gpu", "uuid", "device", "model_name", "hostname")
+# dcgm-exporter's spelling, opt-in: promtool flags its camelCase label names.
 DCGM_LABELS: Final = ("gpu", "UUID", "device", "modelName", "Hostname")
 _SAMPLE_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -46,7 +50,8 @@ def _labels(spec: DeviceSpec, node_id: str) -> tuple[str, str, str, str, str]:
 class _DeviceGauges:
     """A custom collector: renders the latest snapshot on every scrape (scraper's thread)."""
 
-    def __init__(self) -> None:
+    def __init__(self, label_names: tuple[str, ...]) -> None:
+        self.label_names = label_names
         # Replaced whole, never mutated, so the scrape thread needs no lock.
         self.readings: tuple[DeviceReading, ...] = ()
 
@@ -58,10 +63,11 @@ class _DeviceGauges:
         """The families filled from the latest snapshot."""
         return self._families(self.readings)
 
-    @staticmethod
-    def _families(readings: Sequence[DeviceReading]) -> list[Metric]:
+    def _families(self, readings: Sequence[DeviceReading]) -> list[Metric]:
+        names = self.label_names
+
         def gauge(name: str, doc: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, labels=DCGM_LABELS)
+            return GaugeMetricFamily(name, doc, labels=names)
 
         util = gauge("DCGM_FI_DEV_GPU_UTIL", "Device utilization (in %).")
         used = gauge("DCGM_FI_DEV_FB_USED", "Device memory used (in MiB).")
@@ -72,7 +78,7 @@ class _DeviceGauges:
         health = GaugeMetricFamily(
             "xpupool_device_health",
             "1 for the device's current health state, 0 for the others.",
-            labels=(*DCGM_LABELS, "state"),
+            labels=(*names, "state"),
         )
         for r in readings:
             for state in Health:
@@ -97,9 +103,9 @@ class _DeviceGauges:
 class CollectorMetrics:
     """Every metric of one collector, in its own registry."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, dcgm_labels: bool = False) -> None:
         self.registry = CollectorRegistry()
-        self._devices = _DeviceGauges()
+        self._devices = _DeviceGauges(DCGM_LABELS if dcgm_labels else DEVICE_LABELS)
         self.registry.register(self._devices)
         self.sample_duration = Histogram(
             "xpupool_collector_sample_duration_seconds",
@@ -140,16 +146,3 @@ class CollectorMetrics:
             )
             for spec in sorted(specs, key=lambda s: s.device_id)
         )
-
-
-@contextmanager
-def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> Iterator[int]:
-    """Serve ``registry`` as Prometheus text on ``addr:port`` (port 0: any free port) from a
-    daemon thread; yields the bound port and shuts the server down on exit."""
-    server, thread = start_http_server(port, addr=addr, registry=registry)
-    try:
-        yield int(server.server_port)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)

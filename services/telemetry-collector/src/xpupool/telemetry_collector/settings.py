@@ -43,9 +43,13 @@ class CollectorSettings(msgspec.Struct, frozen=True, kw_only=True):
     missed_samples_lost: int = 3
     cpu_milli: int = msgspec.field(default_factory=lambda: (os.cpu_count() or 1) * 1000)
     memory_mib: int = 0
-    # Prometheus text on this port (dcgm-exporter uses 9400); 0 serves no metrics.
-    metrics_port: int = 0
-    metrics_addr: str = "0.0.0.0"
+    # Prometheus text on this port (deployments use 9400, dcgm-exporter's); 0 serves no
+    # metrics. Loopback unless a deployment sets the address (e.g. 0.0.0.0 in a pod).
+    metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    metrics_addr: str = "127.0.0.1"
+    # Device labels in dcgm-exporter's camelCase (UUID, modelName, Hostname) instead of
+    # snake_case; promtool's lint flags them, so only for dashboards that need them.
+    metrics_dcgm_labels: bool = False
     # Added to every grant before a lease counts as over-using (driver and context overhead).
     overuse_tolerance_mib: int = 0
     # Simulated devices report the memory leased on them times this factor; above 1 every
