@@ -40,6 +40,7 @@ from xpupool.bus.connection import round_trip
 from xpupool.bus.envelope import MSG_ID_HEADER, Envelope, ce_headers, read_envelope
 from xpupool.bus.lifecycle import BusClosed
 from xpupool.bus.publisher import MessageTooLarge, Publisher, encoded_size
+from xpupool.bus.semconv import consumer_attributes
 from xpupool.contracts import decoder_for, describe_error, encode
 from xpupool.contracts.codec import DETAIL_LIMIT, clip
 from xpupool.contracts.subjects import Channel, Durable
@@ -172,17 +173,15 @@ class _Dispatcher:
 
     def span(self, msg: Msg) -> Any:
         """A CONSUMER span whose parent is the sender's trace (one trace per job)."""
-        parent = propagate.extract(msg.headers or {})
+        headers = msg.headers or {}
+        parent = propagate.extract(headers)
         return self.tracer.start_as_current_span(
             f"process {self.channel.address}",
             context=parent,
             kind=SpanKind.CONSUMER,
-            attributes={
-                "messaging.system": "nats",
-                "messaging.operation.name": "process",
-                "messaging.operation.type": "process",
-                "messaging.destination.name": msg.subject,
-            },
+            attributes=consumer_attributes(
+                self.channel.address, msg.subject, read_envelope(headers), len(msg.data)
+            ),
         )
 
     def decode(self, msg: Msg) -> tuple[Any, dict[str, str]] | InvalidMessage:

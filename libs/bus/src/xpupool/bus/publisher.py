@@ -17,6 +17,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
 from xpupool.bus.envelope import ce_headers
+from xpupool.bus.semconv import producer_attributes
 from xpupool.contracts import encode
 from xpupool.contracts.subjects import Channel, dedup_id, deliveries
 from xpupool.obs import get_logger
@@ -104,16 +105,11 @@ class Publisher:
         with self._tracer.start_as_current_span(
             f"send {channel.address}",
             kind=SpanKind.PRODUCER,
-            attributes={
-                "messaging.system": "nats",
-                "messaging.operation.name": "send",
-                "messaging.operation.type": "send",
-                "messaging.destination.name": subject,
-                "messaging.message.id": headers["ce-id"],
-            },
-        ):
+            attributes=producer_attributes(channel.address, subject, headers),
+        ) as span:
             propagate.inject(headers)
             data = encode(event)
+            span.set_attribute("messaging.message.body.size", len(data))
             try:
                 check_size(self._nc, subject, data, headers)
             except MessageTooLarge as error:
