@@ -35,6 +35,7 @@ from xpupool.contracts import (
     RenewLease,
 )
 from xpupool.lease_manager.env import job_environment
+from xpupool.lease_manager.metrics import LeaseManagerMetrics
 from xpupool.ledger import Holder, LeaseRecord, Ledger, ScriptResult
 from xpupool.obs import get_logger
 
@@ -189,8 +190,10 @@ def granted_event(lease: LeaseRecord) -> AllocationGranted:
     )
 
 
-async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgspec.Struct]:
-    """The public event for one lease-manager outbox entry."""
+async def build_events(
+    fields: dict[str, str], ledger: Ledger, metrics: LeaseManagerMetrics | None = None
+) -> Sequence[msgspec.Struct]:
+    """The public event for one lease-manager outbox entry (ends counted in ``metrics``)."""
     kind = fields.get("kind")
     if kind == "node_lost":
         last_seen = int(fields.get("last_seen_ms") or 0)
@@ -231,7 +234,7 @@ async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgsp
             )
         ]
     if kind == "ended":
-        return [
+        ended = [
             LeaseEnded(
                 job_id=lease.job_id,
                 lease_id=lease.lease_id,
@@ -242,5 +245,8 @@ async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgsp
                 detail=lease.end_detail,
             )
         ]
+        if metrics is not None:
+            metrics.observe_events(ended, lease)
+        return ended
     get_logger().error("outbox_entry_unknown", entry=fields)
     return []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, suppress
 
 from xpupool.bus import DispatchStats, consume_stream, serve_subject
 from xpupool.bus.connection import bus_settings
@@ -17,6 +17,7 @@ from xpupool.bus.lifecycle import (
 )
 from xpupool.contracts import access, subjects
 from xpupool.lease_manager import handlers
+from xpupool.lease_manager.metrics import LeaseManagerMetrics, serve_metrics
 from xpupool.lease_manager.settings import LeaseManagerSettings
 from xpupool.ledger import Ledger, OutboxRelay, open_ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
@@ -57,6 +58,20 @@ async def reap_nodes(
         await asyncio.sleep(interval_s)
 
 
+async def lease_metrics_loop(
+    ledger: Ledger, metrics: LeaseManagerMetrics, interval_s: float, stop: asyncio.Event
+) -> None:
+    """Refresh the lease gauge from the ledger on the event loop, so a scrape (on the metrics
+    server's thread) only renders the last values and never touches Redis or the loop."""
+    while not stop.is_set():
+        try:
+            metrics.observe_leases(await ledger.leases())
+        except Exception as error:  # noqa: BLE001  (Redis away: keep the last values, retry)
+            get_logger().warning("lease_metrics_refresh_failed", error=repr(error))
+        with suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
+
+
 async def run(settings: LeaseManagerSettings) -> None:
     """Run the lease-manager until SIGINT/SIGTERM."""
     configure_logging(SERVICE, settings.log_level)
@@ -67,6 +82,18 @@ async def run(settings: LeaseManagerSettings) -> None:
             stack, settings.redis_url, settings.namespace, tls_ca=settings.redis_tls_ca
         )
         stats = DispatchStats()
+        metrics = LeaseManagerMetrics()
+        if settings.lease_manager_metrics_port:
+            port = stack.enter_context(
+                serve_metrics(
+                    metrics.registry,
+                    settings.lease_manager_metrics_port,
+                    settings.lease_manager_metrics_addr,
+                )
+            )
+            get_logger().info(
+                "metrics_serving", addr=settings.lease_manager_metrics_addr, port=port
+            )
 
         async def run_once(run_stop: asyncio.Event) -> None:
             # Everything on NATS lives here: a closed connection re-opens all of it (supervise).
@@ -95,7 +122,7 @@ async def run(settings: LeaseManagerSettings) -> None:
                 relay = OutboxRelay(
                     ledger,
                     SERVICE,
-                    functools.partial(handlers.build_events, ledger=ledger),
+                    functools.partial(handlers.build_events, ledger=ledger, metrics=metrics),
                     bus.publisher.publish,
                 )
                 await run_until_stopped(
@@ -127,6 +154,9 @@ async def run(settings: LeaseManagerSettings) -> None:
                     ),
                     reap_nodes(
                         ledger, settings.node_grace_s, settings.node_check_interval_s, run_stop
+                    ),
+                    lease_metrics_loop(
+                        ledger, metrics, settings.lease_manager_metrics_refresh_s, run_stop
                     ),
                 )
 

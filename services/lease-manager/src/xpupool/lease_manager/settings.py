@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 
@@ -27,3 +29,10 @@ class LeaseManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
     idle_warning_s: float = 60.0
     node_grace_s: float = 15.0
     node_check_interval_s: float = 1.0
+    # Prometheus text on this port (deployments use 9402); 0 serves no metrics. Loopback unless
+    # a deployment sets the address (e.g. 0.0.0.0 in a pod). Prefixed like the autoscaler's so a
+    # devstack's shared environment can give every service its own port.
+    lease_manager_metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    lease_manager_metrics_addr: str = "127.0.0.1"
+    # How often the lease gauges are re-read from the ledger (on the event loop, not per scrape).
+    lease_manager_metrics_refresh_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0

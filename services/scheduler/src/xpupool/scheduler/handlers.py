@@ -78,6 +78,7 @@ from xpupool.scheduler.domain import (
     update_history,
 )
 from xpupool.scheduler.incoming import IncomingCapacity
+from xpupool.scheduler.metrics import SchedulerMetrics, queue_rows
 from xpupool.scheduler.settings import SchedulerSettings
 from xpupool.scheduler.snapshot import UNITS_FIELD, devices_field, growable_nodes
 from xpupool.scheduler.snapshot_cache import SnapshotCache
@@ -125,6 +126,7 @@ class SchedulerDeps:
     incoming: IncomingCapacity = field(default_factory=IncomingCapacity)
     # The autoscaler's pool shapes as last read, and the nodes they could add.
     growable: tuple[list[PoolShape], tuple[NodeState, ...]] = ([], ())
+    metrics: SchedulerMetrics = field(default_factory=SchedulerMetrics)
 
 
 def _growable(deps: SchedulerDeps, shapes: list[PoolShape]) -> tuple[NodeState, ...]:
@@ -411,6 +413,7 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
     await ledger.time_out_pending()
     jobs = await ledger.pending_jobs(deps.settings.batch_limit)
     if not jobs:
+        deps.metrics.observe_queues(())
         return []
     snapshot, now_ms = await deps.snapshots.read(ledger)
     memory_total = device_memory(snapshot)
@@ -432,6 +435,15 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
     # What the autoscaler could add, and the jobs its in-flight scale-ups are for.
     shapes, incoming = await deps.ledger.growth(snapshot.now_s)
     read = time.perf_counter()
+    deps.metrics.observe_queues(
+        queue_rows(
+            (
+                config.resolve_queue(p.request.tenant or "", p.request.queue) or "unresolved",
+                snapshot.now_s - p.enqueued_at_s,
+            )
+            for p in pending
+        )
+    )
     # The learned default (kept across cycles) takes the classic ``xpupool`` policy's place.
     registry = deps.default_policy.cycle_registry(config.placement, deps.extra_policies)
     # One working pool per cycle: the usage it starts with (before decide_batch mutates it) is
@@ -465,7 +477,11 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
             for _, d in reserves
         ]
     )
-    for (job_id, _), result in zip(reserves, results, strict=True):
+    for (job_id, reserve), result in zip(reserves, results, strict=True):
+        if result.ok:
+            since_ms = records[job_id][0].since_ms
+            waited_s = (now_ms - since_ms) / 1000 if since_ms is not None else 0.0
+            deps.metrics.granted(reserve.queue, waited_s)
         if not result.ok and result.reason != "job_finished":
             log.info("commit_refused", job_id=job_id, reason=result.reason, detail=result.detail)
             deps.wake.set()  # decide again on fresh state
@@ -477,6 +493,7 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
             case Reserve():
                 pass  # committed above
             case Preempt(victims=victims, detail=detail):
+                deps.metrics.preemptions.labels(decision.reserve.queue).inc(len(victims))
                 for lease_id in victims:
                     # The EndLease command leaves through the outbox, atomically with the mark.
                     await ledger.request_preemption(
@@ -496,6 +513,7 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
                 events.extend(await _waiting(job, request, reason, detail, deps))
             case Reject(reason=reason, field=field, detail=detail):
                 await ledger.drop_pending(job_id, reason.value, field, detail)
+                deps.metrics.rejections.labels(reason.value).inc()
             case _:
                 pass  # TimedOut: the ledger's own deadline ends it atomically (time_out_pending)
     log.info(
@@ -506,6 +524,7 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
         decide_s=round(decided - read, 4),
         commit_s=round(time.perf_counter() - decided, 4),
     )
+    deps.metrics.cycle_seconds.observe(time.perf_counter() - started)
     return events
 
 

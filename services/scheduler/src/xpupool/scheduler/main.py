@@ -31,7 +31,9 @@ from xpupool.placement.workload import load_demands
 from xpupool.scheduler import handlers
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.domain.config import BUILTIN_POLICIES
+from xpupool.scheduler.metrics import serve_metrics
 from xpupool.scheduler.settings import SchedulerSettings
+from xpupool.scheduler.snapshot_cache import SnapshotCache
 
 SERVICE = "scheduler"
 CYCLE_LOCK_MS = 10_000
@@ -68,6 +70,20 @@ async def cycle_loop(
             await asyncio.sleep(0.2)
 
 
+async def pool_metrics_loop(deps: handlers.SchedulerDeps, stop: asyncio.Event) -> None:
+    """Refresh the pool gauges from the ledger on the event loop, so a scrape (on the metrics
+    server's thread) only renders the last summary and never touches Redis or the loop."""
+    cache = SnapshotCache()  # its own: the cycle's cache must not be read concurrently
+    while not stop.is_set():
+        try:
+            snapshot, _ = await cache.read(deps.ledger)
+            deps.metrics.observe_pool(snapshot)
+        except Exception as error:  # noqa: BLE001  (Redis away: keep the last summary, retry)
+            get_logger().warning("pool_metrics_refresh_failed", error=repr(error))
+        with suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=deps.settings.scheduler_metrics_refresh_s)
+
+
 def trace_policies(settings: SchedulerSettings) -> list[PlacementPolicy]:
     """The trace policies, told to expect the configured workload file (if any)."""
     workload = (
@@ -102,6 +118,15 @@ async def run(settings: SchedulerSettings) -> None:
             extra_policies=extra,
         )
         stats = DispatchStats()
+        if settings.scheduler_metrics_port:
+            port = stack.enter_context(
+                serve_metrics(
+                    deps.metrics.registry,
+                    settings.scheduler_metrics_port,
+                    settings.scheduler_metrics_addr,
+                )
+            )
+            get_logger().info("metrics_serving", addr=settings.scheduler_metrics_addr, port=port)
 
         async def on_capacity_change(_: Any) -> None:
             deps.wake.set()
@@ -177,6 +202,7 @@ async def run(settings: SchedulerSettings) -> None:
                     ),
                     relay.run(run_stop),
                     cycle_loop(deps, bus.publisher, run_stop),
+                    pool_metrics_loop(deps, run_stop),
                 )
 
         await supervise(run_once, stop)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 
@@ -37,3 +39,10 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     # The default policy learns the request shapes over a window of this many requests (the
     # weight of a request halves after this many newer ones).
     placement_shape_half_life: float = 5000.0
+    # Prometheus text on this port (deployments use 9401); 0 serves no metrics. Loopback unless
+    # a deployment sets the address (e.g. 0.0.0.0 in a pod). Prefixed like the autoscaler's so a
+    # devstack's shared environment can give every service its own port.
+    scheduler_metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    scheduler_metrics_addr: str = "127.0.0.1"
+    # How often the pool gauges are re-read from the ledger (on the event loop, not per scrape).
+    scheduler_metrics_refresh_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0

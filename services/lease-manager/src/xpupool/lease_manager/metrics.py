@@ -1,0 +1,94 @@
+"""The lease-manager's Prometheus metrics (its own registry, nothing on the process-wide one).
+
+The lease-manager exports the lease and usage series; the scheduler exports the pool, queue and
+decision series, so no series is exported by two services.
+
+- ``xpupool_leases{state}``: live leases and reservations by ledger state, ledger-wide, re-read
+  by the service's event loop (:meth:`LeaseManagerMetrics.observe_leases`), never on a scrape;
+- ``xpupool_lease_ends_total{reason}``: leases ended, by end reason;
+- ``xpupool_usage_device_seconds_total{tenant,queue,model}``: device time of ended leases
+  (granted to ended, per device held; a host-only lease adds none).
+
+Several replicas: the lease gauge is ledger-wide, so every replica reports the same values and
+dashboards take ``max by (state)``; an outbox entry is relayed by one replica, so the end and
+usage counters, counted when the ``ended`` entry becomes a LeaseEnded event, are summed over
+replicas (a relay retried after a failed publish may count an end twice: at-least-once, like
+the event itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+import msgspec
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from xpupool.contracts import EndReason, LeaseEnded
+from xpupool.ledger import LeaseRecord
+from xpupool.obs.metrics import serve_metrics
+
+__all__ = ["LeaseManagerMetrics", "lease_states", "serve_metrics", "usage_of"]
+
+UNKNOWN_MODEL: Final = "unknown"
+
+
+def lease_states(leases: Iterable[LeaseRecord]) -> dict[str, int]:
+    """How many leases are in each state."""
+    counts: dict[str, int] = {}
+    for lease in leases:
+        counts[lease.state] = counts.get(lease.state, 0) + 1
+    return counts
+
+
+def usage_of(lease: LeaseRecord) -> dict[str, float]:
+    """Device-seconds of an ended lease by device model (granted to ended, per device held)."""
+    if lease.granted_ms is None or lease.ended_ms is None:
+        return {}
+    seconds = max(lease.ended_ms - lease.granted_ms, 0) / 1000
+    by_model: dict[str, float] = {}
+    for s in lease.slices:
+        model = s.meta.model if s.meta is not None else UNKNOWN_MODEL
+        by_model[model] = by_model.get(model, 0.0) + seconds
+    return by_model
+
+
+class LeaseManagerMetrics:
+    """Every series the lease-manager exports."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.leases = Gauge(
+            "xpupool_leases", "Live leases and reservations by state", ("state",), registry=r
+        )
+        self.lease_ends = Counter(
+            "xpupool_lease_ends", "Leases ended, by end reason", ("reason",), registry=r
+        )
+        self.usage = Counter(
+            "xpupool_usage_device_seconds",
+            "Device time of ended leases (granted to ended, per device held)",
+            ("tenant", "queue", "model"),
+            registry=r,
+        )
+        # Every reason exists from the start, so a rate over it is 0 rather than no data.
+        for reason in EndReason:
+            self.lease_ends.labels(reason.value)
+        self._states: set[str] = set()
+
+    def observe_leases(self, leases: Iterable[LeaseRecord]) -> None:
+        """Set the lease gauge from the ledger's live leases; a state now empty reads 0."""
+        counts = lease_states(leases)
+        for state in self._states | set(counts):
+            self.leases.labels(state).set(counts.get(state, 0))
+        self._states |= set(counts)
+
+    def observe_events(self, events: Sequence[msgspec.Struct], lease: LeaseRecord | None) -> None:
+        """Count the ends among the events relayed for one outbox entry."""
+        for event in events:
+            if not isinstance(event, LeaseEnded):
+                continue
+            self.lease_ends.labels(event.reason.value).inc()
+            if lease is not None:
+                for model, seconds in usage_of(lease).items():
+                    self.usage.labels(lease.tenant, lease.queue, model).inc(seconds)

@@ -1,0 +1,218 @@
+"""The scheduler's Prometheus metrics (its own registry, nothing on the process-wide one).
+
+The scheduler exports the pool, queue and decision series; the lease-manager exports the lease,
+outbox and usage series, so no series is exported by two services.
+
+- ``xpupool_pool_devices{vendor,model,state}``, ``xpupool_pool_memory_bytes{...}`` and
+  ``xpupool_pool_capacity_units{...}`` (normalized capacity): ``state`` is ``total``, ``used``
+  or ``free``; ``xpupool_pool_device_utilization_ratio{vendor,model}``: mean live load (0-1)
+  of the devices that report one. Rendered at scrape time from a snapshot the service's event
+  loop refreshes (:meth:`SchedulerMetrics.observe_pool`), never read on the scrape thread.
+- ``xpupool_scheduler_queue_pending_requests{queue}`` and
+  ``xpupool_scheduler_queue_oldest_wait_seconds{queue}``: as of this replica's last cycle.
+- ``xpupool_scheduler_grants_total{queue}``, ``xpupool_scheduler_rejections_total{reason}``,
+  ``xpupool_scheduler_preemptions_total{queue}`` (victim leases asked to end);
+- ``xpupool_scheduler_submit_to_grant_seconds``: histogram from a request's admission to its
+  committed reservation; ``xpupool_scheduler_cycle_duration_seconds``: one cycle.
+
+Several replicas: pool gauges are ledger-wide, so every replica reports the same values and
+dashboards take ``max by (...)``; queue gauges are each replica's last cycle, also read with
+``max by (queue)``; every decision is made by exactly one replica (the cycle lock, and each
+commit re-checks), so the counters and histograms are summed over replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from xpupool.contracts import JobReason
+from xpupool.obs.metrics import serve_metrics
+from xpupool.placement.inventory import PoolSnapshot
+
+__all__ = ["PoolRow", "QueueRow", "SchedulerMetrics", "pool_rows", "serve_metrics"]
+
+MIB: Final = 1024 * 1024
+_LATENCY_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5, 10, 30, 60, 300, 1800)
+_CYCLE_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass(frozen=True)
+class PoolRow:
+    """One (vendor, model) of the pool: counts and sums over its schedulable devices."""
+
+    vendor: str
+    model: str
+    devices: int
+    devices_used: int
+    memory_bytes: int
+    memory_free_bytes: int
+    capacity_units: float
+    capacity_free_units: float
+    util_sum: float
+    util_reporting: int
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One queue as of a cycle: pending requests and how long the oldest has waited."""
+
+    queue: str
+    pending: int
+    oldest_wait_s: float
+
+
+def pool_rows(snapshot: PoolSnapshot) -> tuple[PoolRow, ...]:
+    """The pool by vendor and model. A device counts as used when anything holds part of it;
+    its free capacity is the fraction of memory nobody holds, times its capacity units."""
+    acc: dict[tuple[str, str], list[float]] = {}
+    for node in snapshot.nodes:
+        for d in node.devices:
+            row = acc.setdefault((d.vendor, d.model), [0.0] * 8)
+            used = d.exclusive or d.holders > 0 or d.memory_free_mib < d.memory_total_mib
+            free_frac = 0.0 if d.exclusive else d.memory_free_mib / max(d.memory_total_mib, 1)
+            row[0] += 1
+            row[1] += 1 if used else 0
+            row[2] += d.memory_total_mib * MIB
+            row[3] += (0 if d.exclusive else d.memory_free_mib) * MIB
+            row[4] += d.capacity_units
+            row[5] += d.capacity_units * free_frac
+            if d.util_pct is not None:
+                row[6] += d.util_pct / 100
+                row[7] += 1
+    return tuple(
+        PoolRow(v, m, int(r[0]), int(r[1]), int(r[2]), int(r[3]), r[4], r[5], r[6], int(r[7]))
+        for (v, m), r in sorted(acc.items())
+    )
+
+
+class _PoolGauges:
+    """A custom collector over the last pool summary (rendered on the scrape thread)."""
+
+    def __init__(self) -> None:
+        # Replaced whole by the event loop, never mutated, so the scrape thread needs no lock.
+        self.rows: tuple[PoolRow, ...] = ()
+
+    def describe(self) -> Iterable[Metric]:
+        """The families, empty: lets the registry reject a duplicate name at registration."""
+        return self._families(())
+
+    def collect(self) -> Iterable[Metric]:
+        """The families filled from the latest summary."""
+        return self._families(self.rows)
+
+    @staticmethod
+    def _families(rows: Sequence[PoolRow]) -> list[Metric]:
+        labels = ("vendor", "model", "state")
+        devices = GaugeMetricFamily(
+            "xpupool_pool_devices", "Schedulable devices: total, used, free", labels=labels
+        )
+        memory = GaugeMetricFamily(
+            "xpupool_pool_memory_bytes", "Device memory: total, used, free", labels=labels
+        )
+        units = GaugeMetricFamily(
+            "xpupool_pool_capacity_units",
+            "Normalized device capacity: total, used, free",
+            labels=labels,
+        )
+        util = GaugeMetricFamily(
+            "xpupool_pool_device_utilization_ratio",
+            "Mean live load (0-1) of the devices that report one",
+            labels=("vendor", "model"),
+        )
+        for r in rows:
+            for family, total, free in (
+                (devices, r.devices, r.devices - r.devices_used),
+                (memory, r.memory_bytes, r.memory_free_bytes),
+                (units, r.capacity_units, r.capacity_free_units),
+            ):
+                family.add_metric((r.vendor, r.model, "total"), total)
+                family.add_metric((r.vendor, r.model, "used"), total - free)
+                family.add_metric((r.vendor, r.model, "free"), free)
+            if r.util_reporting:
+                util.add_metric((r.vendor, r.model), r.util_sum / r.util_reporting)
+        return [devices, memory, units, util]
+
+
+class SchedulerMetrics:
+    """Every series the scheduler exports."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self._pool = _PoolGauges()
+        r.register(self._pool)
+        self.queue_pending = Gauge(
+            "xpupool_scheduler_queue_pending_requests",
+            "Pending requests per queue as of this replica's last cycle",
+            ("queue",),
+            registry=r,
+        )
+        self.queue_oldest = Gauge(
+            "xpupool_scheduler_queue_oldest_wait_seconds",
+            "How long the oldest pending request of a queue has waited",
+            ("queue",),
+            registry=r,
+        )
+        self.grants = Counter(
+            "xpupool_scheduler_grants", "Reservations committed", ("queue",), registry=r
+        )
+        self.rejections = Counter(
+            "xpupool_scheduler_rejections", "Requests rejected, by reason", ("reason",), registry=r
+        )
+        self.preemptions = Counter(
+            "xpupool_scheduler_preemptions",
+            "Leases asked to end so a queue's request can run",
+            ("queue",),
+            registry=r,
+        )
+        self.grant_latency = Histogram(
+            "xpupool_scheduler_submit_to_grant_seconds",
+            "From a request's admission to its committed reservation",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.cycle_seconds = Histogram(
+            "xpupool_scheduler_cycle_duration_seconds",
+            "One scheduling cycle: ledger read, decisions, commits",
+            buckets=_CYCLE_BUCKETS,
+            registry=r,
+        )
+        # Every reason exists from the start, so a rate over it is 0 rather than no data.
+        for reason in JobReason:
+            self.rejections.labels(reason.value)
+        self._queues: set[str] = set()
+
+    def observe_pool(self, snapshot: PoolSnapshot) -> None:
+        """Replace the pool summary (called from the event loop, read by scrapes)."""
+        self._pool.rows = pool_rows(snapshot)
+
+    def observe_queues(self, rows: Iterable[QueueRow]) -> None:
+        """Set the queue gauges from one cycle; a queue with nothing pending reads 0."""
+        seen = set()
+        for row in rows:
+            seen.add(row.queue)
+            self.queue_pending.labels(row.queue).set(row.pending)
+            self.queue_oldest.labels(row.queue).set(row.oldest_wait_s)
+        for queue in self._queues - seen:
+            self.queue_pending.labels(queue).set(0)
+            self.queue_oldest.labels(queue).set(0)
+        self._queues |= seen
+
+    def granted(self, queue: str, waited_s: float) -> None:
+        """Count one committed reservation and how long its request waited for it."""
+        self.grants.labels(queue).inc()
+        self.grant_latency.observe(max(waited_s, 0.0))
+
+
+def queue_rows(waits: Iterable[tuple[str, float]]) -> list[QueueRow]:
+    """Per queue: how many pending and the longest wait, from (queue, waited seconds) pairs."""
+    acc: dict[str, tuple[int, float]] = {}
+    for queue, waited in waits:
+        count, oldest = acc.get(queue, (0, 0.0))
+        acc[queue] = (count + 1, max(oldest, waited))
+    return [QueueRow(q, n, w) for q, (n, w) in sorted(acc.items())]
