@@ -18,6 +18,7 @@ import nats.errors
 import redis.exceptions
 from redis.asyncio import Redis
 
+from xpupool.cli import usage as usage_cli
 from xpupool.client import connected
 from xpupool.contracts import DeviceDemand, DeviceSelector, HostDemand, JobRequested, Vendor
 from xpupool.devices.catalog import CatalogError
@@ -197,6 +198,15 @@ async def _status(args: argparse.Namespace) -> int:
                 f"{d.holders} holder(s)"
             )
     return 0
+
+
+async def _usage(args: argparse.Namespace) -> int:
+    _, redis_url, namespace = _urls(args)
+    redis = _redis_client(args, redis_url)
+    try:
+        return await usage_cli.run(args, redis, namespace)
+    finally:
+        await redis.aclose()
 
 
 async def _explain(args: argparse.Namespace) -> int:
@@ -515,6 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="devices per node with their free and used share")
     status.add_argument("--json", action="store_true")
+    usage_cli.add_parser(sub)
     explain = sub.add_parser("explain", help="where a job stands and why")
     explain.add_argument("job_id")
 
@@ -657,6 +668,8 @@ def _run(args: argparse.Namespace) -> int:
             return asyncio.run(_status(args))
         case "explain":
             return asyncio.run(_explain(args))
+        case "usage":
+            return asyncio.run(_usage(args))
         case "scale":
             return asyncio.run(_scale_status(args))
         case "dev":

@@ -131,6 +131,8 @@ __all__ = [
     "ScaleReason",
     "TelemetrySampled",
     "Timestamp",
+    "UsageRecord",
+    "UsageSlice",
     "Vendor",
 ]
 
@@ -1078,3 +1080,38 @@ class InjectFault(Struct, frozen=True, kw_only=True, tag_field="type", tag="xpup
     device_id: str = ""
     fault: Literal["xid", "overheat", "disappear", "clear", "kill_node"]
     xid_code: int = 79
+
+
+class UsageSlice(Struct, frozen=True, kw_only=True):
+    """One device (or share of it) a lease held, with what it was granted and what telemetry
+    shows was used over the lease's life: capacity in device-seconds (a share counts its
+    fraction ``share``), memory in MiB-seconds."""
+
+    device_id: str
+    node_id: str = ""
+    vendor: str = "simulated"
+    model: str = "unknown"
+    whole: bool = False
+    share: float = 0.0
+    memory_mib: int = 0
+    granted_capacity_s: float = 0.0
+    used_capacity_s: float = 0.0
+    granted_memory_mib_s: float = 0.0
+    used_memory_mib_s: float = 0.0
+
+
+class UsageRecord(Struct, frozen=True, kw_only=True):
+    """What one lease used, written by the ledger in the script that ends it (one per lease)
+    or computed up to now for a running lease (``running``). ``granted_ms`` is 0 for a
+    reservation that was never claimed (it used nothing)."""
+
+    lease_id: str
+    job_id: str
+    tenant: str
+    queue: str
+    granted_ms: int
+    ended_ms: int
+    end_reason: str
+    duration_s: float
+    slices: list[UsageSlice] = []
+    running: bool = False

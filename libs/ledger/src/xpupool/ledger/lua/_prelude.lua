@@ -109,6 +109,61 @@ local function begin_ending(lease_id, reason, grace_ms, now)
   return true
 end
 
+-- Usage accounting: when a lease ends, one record of what it held and for how long, written in
+-- the same script that ends it (end_lease is the only way a lease ends, and it ends once), into
+-- usage-rec (lease_id -> JSON) indexed by end time in usage-ended. Used capacity comes from the
+-- devices' load integrals (record_load's util_int, mem_int) less their values at the grant
+-- (load_base): a device's load is counted toward a share up to that share's grant, since the
+-- ledger cannot tell which holder of a shared device did the work.
+-- A device's load integrals (record_load's util_int, mem_int) carried forward to ``now``: the last
+-- sample's value held since it, at most LOAD_HOLD_MS, as record_load does at the next sample.
+local LOAD_HOLD_MS = 60000
+local function load_integrals(device_id, now)
+  local d = redis.call('HMGET', k('dev', device_id), 'util_int', 'mem_int', 'util', 'mem_used',
+    'load_ms')
+  local u, m = tonumber(d[1] or '0') or 0, tonumber(d[2] or '0') or 0
+  if d[5] then
+    local dt = math.max(0, math.min(now - tonumber(d[5]), LOAD_HOLD_MS)) / 1000
+    if d[3] then u = u + tonumber(d[3]) * dt end
+    if d[4] then m = m + tonumber(d[4]) * dt end
+  end
+  return u, m
+end
+local function write_usage(lease_id, reason, now)
+  local lk = k('lease', lease_id)
+  local l = redis.call('HMGET', lk, 'job_id', 'tenant', 'queue', 'slices', 'granted_ms',
+    'load_base', 'created_ms')
+  local granted = tonumber(l[5] or '0') or 0
+  local dur_s = 0
+  if granted > 0 then dur_s = math.max(0, now - granted) / 1000 end
+  local base = cjson.decode(l[6] or '{}')
+  local slices = {}
+  for _, s in ipairs(cjson.decode(l[4] or '[]')) do
+    local share = s.whole and 1 or (tonumber(s.compute_pct) or 0) / 100
+    local meta = type(s.meta) == 'table' and s.meta or {}
+    local cur_u, cur_m = load_integrals(s.device_id, now)
+    local b = base[s.device_id] or {0, 0}
+    local granted_s = dur_s * share
+    local granted_mem = dur_s * (tonumber(s.memory_mib) or 0)
+    local used_s, used_mem = 0, 0
+    if granted > 0 then
+      used_s = math.min(granted_s, math.max(0, (cur_u - b[1]) / 100))
+      used_mem = math.min(granted_mem, math.max(0, cur_m - b[2]))
+    end
+    table.insert(slices, {device_id = s.device_id, node_id = s.node_id,
+      vendor = meta.vendor or 'simulated', model = meta.model or 'unknown', whole = s.whole,
+      share = share, memory_mib = s.memory_mib, granted_capacity_s = granted_s,
+      used_capacity_s = used_s, granted_memory_mib_s = granted_mem, used_memory_mib_s = used_mem})
+  end
+  local body = cjson.encode({lease_id = lease_id, job_id = l[1] or '', tenant = l[2] or '',
+    queue = l[3] or '', granted_ms = granted, ended_ms = now, end_reason = reason,
+    duration_s = dur_s})
+  -- cjson writes an empty table as {}: a host-only lease's slices must still read as a list.
+  local sj = #slices > 0 and cjson.encode(slices) or '[]'
+  redis.call('HSET', k('usage-rec'), lease_id, '{"slices":' .. sj .. ',' .. string.sub(body, 2))
+  redis.call('ZADD', k('usage-ended'), now, lease_id)
+end
+
 -- Ends one lease: gives every slice, host share and quota unit back, records why, and queues the
 -- terminal event in the lease-manager's outbox. Idempotent: an ended lease stays ended.
 local function end_lease(lease_id, reason, detail, now)
@@ -116,6 +171,7 @@ local function end_lease(lease_id, reason, detail, now)
   local l = redis.call('HMGET', lk, 'state', 'slices', 'host', 'usage', 'job_id', 'queue')
   if not l[1] then return 'unknown' end
   if l[1] == 'ended' then return 'already_ended' end
+  write_usage(lease_id, reason, now)
   for _, s in ipairs(cjson.decode(l[2])) do
     local dk = k('dev', s.device_id)
     if redis.call('EXISTS', dk) == 1 then

@@ -23,6 +23,13 @@ end
 redis.call('HSET', lk, 'state', 'active', 'token', token, 'granted_ms', now, 'expires_ms', expires,
   'secret', ARGV[2])
 redis.call('ZADD', k('expiry'), expires, ARGV[1])
+-- Where the devices' load integrals stood at the grant: usage accounting's baseline.
+local load_base = {}
+for _, s in ipairs(cjson.decode(redis.call('HGET', lk, 'slices') or '[]')) do
+  local u, m = load_integrals(s.device_id, now)
+  load_base[s.device_id] = {u, m}
+end
+redis.call('HSET', lk, 'load_base', cjson.encode(load_base))
 local idle_after = tonumber(l[7] or '0') or 0
 if idle_after > 0 then redis.call('ZADD', k('idle-watch'), now + idle_after, ARGV[1]) end
 redis.call('HSET', k('job', l[5]), 'state', 'leased')
