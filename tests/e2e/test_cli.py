@@ -56,7 +56,9 @@ async def test_submit_wait_status_explain_release(
     grant = json.loads(submitted.stdout)
     assert grant["type"] == "xpupool.alloc.granted.v1" and grant["slices"][0]["compute_pct"] == 50
 
-    status = json.loads((await asyncio.to_thread(_cli, stack, "status", "--json")).stdout)
+    status = json.loads(
+        (await asyncio.to_thread(_cli, stack, "status", "--nodes", "--json")).stdout
+    )
     device = status[0]["devices"][0]
     assert device["compute_free_pct"] == 50 and device["holders"] == 1
 

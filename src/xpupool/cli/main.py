@@ -157,6 +157,15 @@ async def _lease_command(args: argparse.Namespace) -> int:
 async def _status(args: argparse.Namespace) -> int:
     _, redis_url, namespace = _urls(args)
     redis = _redis_client(args, redis_url)
+    if not args.nodes:
+        from xpupool.cli import console
+
+        try:
+            summary = await console.read_summary(Ledger(redis, namespace))
+        finally:
+            await redis.aclose()
+        console.print_summary(summary, args.json)
+        return 0
     try:
         nodes = await Ledger(redis, namespace).nodes()
     finally:
@@ -269,6 +278,21 @@ async def _scale_status(args: argparse.Namespace) -> int:
     else:
         print(render(status, now))
     return 0
+
+
+def _add_console(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    top = sub.add_parser("top", help="the pool and queues, live, with the latest events")
+    top.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    top.add_argument("--iterations", type=int, default=0, help="frames to draw (0: until Ctrl-C)")
+    top.add_argument("--once", action="store_true", help="draw one frame and exit")
+    events = sub.add_parser("events", help="pool events: grants, preemptions, health, scaling")
+    events.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+    events.add_argument("--tenant", help="only this tenant's (with its credentials: its own)")
+    events.add_argument(
+        "--type", action="append", default=[], help="e.g. granted, alloc, health (repeatable)"
+    )
+    events.add_argument("--limit", type=int, default=50, help="recent events without --follow")
+    events.add_argument("--json", action="store_true", help="JSON lines (also when not a tty)")
 
 
 def _fleet(text: str | None) -> list[NodeSpec]:
@@ -523,8 +547,14 @@ def build_parser() -> argparse.ArgumentParser:
     leases.add_argument("--limit", type=int, default=50)
     leases.add_argument("--json", action="store_true")
 
-    status = sub.add_parser("status", help="devices per node with their free and used share")
-    status.add_argument("--json", action="store_true")
+    status = sub.add_parser(
+        "status", help="the pool by vendor and model, and per queue (--nodes: devices per node)"
+    )
+    status.add_argument("--json", action="store_true", help="JSON (also when not a terminal)")
+    status.add_argument(
+        "--nodes", action="store_true", help="devices per node with their free and used share"
+    )
+    _add_console(sub)
     usage_cli.add_parser(sub)
     explain = sub.add_parser("explain", help="where a job stands and why")
     explain.add_argument("job_id")
@@ -666,6 +696,13 @@ def _run(args: argparse.Namespace) -> int:
             return asyncio.run(_lease_command(args))
         case "status":
             return asyncio.run(_status(args))
+        case "top" | "events":
+            from xpupool.cli.console import run_command
+
+            security = _nats_security(args)
+            return asyncio.run(
+                run_command(args, *_urls(args), creds=security["creds"], tls_ca=security["tls_ca"])
+            )
         case "explain":
             return asyncio.run(_explain(args))
         case "usage":

@@ -1,0 +1,69 @@
+"""The operator console against a running stack: ``status`` totals after a grant, ``events``
+with its filters, one frame of ``top``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+import pytest
+
+from tests.e2e.conftest import Ready
+from tests.e2e.test_cli import _cli
+from xpupool.devstack.stack import NodeSpec, Stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+async def test_status_events_top_after_a_grant(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
+    stack = make_stack([NodeSpec("node-k", "2xA100-80GB")])
+    await ready(stack, 1)
+    submitted = await asyncio.to_thread(
+        _cli,
+        stack,
+        "submit",
+        "--tenant",
+        "con",
+        "--job-id",
+        "con-1",
+        "--compute-pct",
+        "50",
+        "--wait",
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    grant = json.loads(submitted.stdout)
+
+    shown = await asyncio.to_thread(_cli, stack, "status", "--json")
+    assert shown.returncode == 0, shown.stderr
+    status = json.loads(shown.stdout)
+    [pool] = status["pool"]
+    assert pool["devices"] == 2 and pool["healthy"] == 2
+    # 50% of one of two devices: a quarter of the group's compute.
+    assert pool["compute_used_pct"] == 25.0
+    taken = grant["slices"][0]["memory_mib"]
+    assert taken > 0 and pool["memory_used_mib"] == taken
+    assert pool["memory_free_mib"] == pool["memory_total_mib"] - taken
+    assert sum(q["running"] for q in status["queues"]) == 1
+    assert sum(q["pending"] for q in status["queues"]) == 0
+    assert sum(q["pool_compute_share"] for q in status["queues"]) == 0.25
+
+    listed = await asyncio.to_thread(_cli, stack, "events", "--type", "granted")
+    assert listed.returncode == 0, listed.stderr
+    lines = [json.loads(x) for x in listed.stdout.splitlines()]
+    assert [(x["type"], x["tenant"], x["job"], x["lease"]) for x in lines] == [
+        ("alloc.granted", "con", "con-1", grant["lease_id"])
+    ]
+    assert "node-k/" in lines[0]["summary"]
+    mine = await asyncio.to_thread(_cli, stack, "events", "--tenant", "con")
+    assert mine.returncode == 0, mine.stderr
+    assert {json.loads(x)["job"] for x in mine.stdout.splitlines()} == {"con-1"}
+    others = await asyncio.to_thread(_cli, stack, "events", "--tenant", "nobody")
+    assert others.returncode == 0 and others.stdout == ""
+
+    top = await asyncio.to_thread(_cli, stack, "top", "--once")
+    assert top.returncode == 0, top.stderr
+    assert "pool" in top.stdout and "latest events" in top.stdout
+    assert "alloc.granted" in top.stdout and "con-1" in top.stdout
