@@ -29,10 +29,11 @@ from rich.live import Live
 from rich.table import Table
 
 from xpupool.bus.connection import connect_client
+from xpupool.contracts import Health
 from xpupool.contracts import subjects as s
 from xpupool.contracts.access import OPERATOR, service_inbox, tenant_inbox
 from xpupool.ledger import Ledger
-from xpupool.ledger.ledger import LeaseRecord, NodeRecord
+from xpupool.ledger.ledger import DeviceRecord, LeaseRecord, NodeRecord
 
 #: The queue a lease or request is shown under when it names none.
 NO_QUEUE = "(none)"
@@ -88,7 +89,7 @@ class EventLine:
 def pool_summary(nodes: Iterable[NodeRecord]) -> list[PoolRow]:
     """The pool by (vendor, model), in name order; lost nodes' devices are left out (they hold
     nothing placement can use)."""
-    groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    groups: dict[tuple[str, str], list[DeviceRecord]] = defaultdict(list)
     for node in nodes:
         if node.status == "lost":
             continue
@@ -100,10 +101,10 @@ def pool_summary(nodes: Iterable[NodeRecord]) -> list[PoolRow]:
         free = sum(d.memory_free_mib for d in devices)
         compute_free = sum(d.compute_free_pct for d in devices) / len(devices)
         utils = [d.util_pct for d in devices if d.util_pct is not None]
-        healthy = sum(1 for d in devices if str(d.health) in ("healthy", "Health.HEALTHY"))
+        healthy = sum(1 for d in devices if d.health == Health.HEALTHY)
         rows.append(
             PoolRow(
-                vendor=_plain(vendor),
+                vendor=vendor,
                 model=model,
                 devices=len(devices),
                 healthy=healthy,
@@ -224,10 +225,6 @@ def _short_type(kind: str) -> str:
     if parts and parts[-1].startswith("v") and parts[-1][1:].isdigit():
         parts = parts[:-1]
     return ".".join(parts)
-
-
-def _plain(value: str) -> str:
-    return value.split(".", 1)[1].lower() if value.startswith("Vendor.") else value
 
 
 @dataclass(frozen=True)
