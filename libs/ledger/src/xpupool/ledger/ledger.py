@@ -8,7 +8,7 @@ arguments and decodes their answers. Time always comes from Redis ``TIME`` insid
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from importlib import resources
@@ -21,6 +21,8 @@ from xpupool.contracts import DeviceSample, DeviceSlice, DeviceSpec, Health, Poo
 
 _SPEC_DECODER = msgspec.json.Decoder(DeviceSpec)
 
+TRACE_FIELDS: Final = ("traceparent", "tracestate")
+"""The W3C trace-context fields a job and its lease keep (and the outbox relay reads)."""
 AUTOSCALER_SHAPES: Final = "shapes"
 """``{ns}:autoscaler:<this>``: the pools' node shapes (``list[PoolShape]``), written by the acting
 autoscaler (``xpupool.autoscaler.state``), read by the scheduler."""
@@ -271,6 +273,8 @@ class JobRecord:
     detail: str
     since_ms: int | None
     nominated: bool = False
+    trace: dict[str, str] = field(default_factory=dict)
+    """The job's W3C trace context (``traceparent``, ``tracestate``), empty when it has none."""
 
 
 def _int(value: Any, default: int = 0) -> int:
@@ -423,11 +427,16 @@ class Ledger:
         *,
         tenant: str = "",
         limits: AdmissionLimits | None = None,
+        trace: Mapping[str, str] | None = None,
     ) -> ScriptResult:
         """Admit a request into the persistent pending queue (idempotent per job id); refused
         with ``job_<state>`` when the job already went further (a duplicate), and a new request
-        with ``rate_limited`` / ``too_many_pending`` when its tenant is over ``limits``."""
+        with ``rate_limited`` / ``too_many_pending`` when its tenant is over ``limits``.
+
+        ``trace`` (a W3C carrier: ``traceparent``, ``tracestate``) is kept with the job and
+        copied onto its lease, so every later step of the job continues that trace."""
         limits = limits or AdmissionLimits()
+        trace = trace or {}
         return await self._run(
             "pend",
             job_id,
@@ -440,6 +449,8 @@ class Ledger:
             limits.rate_per_s,
             limits.burst,
             limits.max_pending,
+            trace.get("traceparent", ""),
+            trace.get("tracestate", ""),
         )
 
     async def pending_count(self, tenant: str) -> int:
@@ -477,6 +488,7 @@ class Ledger:
                         detail=r.get("detail", ""),
                         since_ms=_int(r.get("since_ms")) or None,
                         nominated=r.get("nominated") == "1",
+                        trace=_trace_of(r),
                     ),
                 )
             )
@@ -697,6 +709,11 @@ class Ledger:
             for i, row, live in zip(lease_ids, raw[:-1], raw[-1], strict=True)
         ]
 
+    async def trace_of(self, kind: str, record_id: str) -> dict[str, str]:
+        """The trace context kept with a ``job`` or ``lease`` (empty when none, or gone)."""
+        values = await self._redis.hmget(self.key(kind, record_id), list(TRACE_FIELDS))
+        return {n: _str(v) for n, v in zip(TRACE_FIELDS, values, strict=True) if v}
+
     async def get_lease(self, lease_id: str) -> LeaseRecord | None:
         """One lease, or None."""
         return (await self.get_leases([lease_id]))[0]
@@ -824,7 +841,13 @@ def _job(job_id: str, row: dict[Any, Any]) -> JobRecord:
         reason=r.get("reason", ""),
         detail=r.get("detail", ""),
         since_ms=_int(r.get("since_ms")) or None,
+        trace=_trace_of(r),
     )
+
+
+def _trace_of(row: Mapping[str, str]) -> dict[str, str]:
+    """The W3C carrier kept in a job or lease hash (only the fields that are set)."""
+    return {name: row[name] for name in TRACE_FIELDS if row.get(name)}
 
 
 def _lease(lease_id: str, row: dict[Any, Any]) -> LeaseRecord:

@@ -4,6 +4,11 @@ A script that changes state also XADDs an entry to its service's outbox in the s
 so an event can be late but never lost: a relay killed before publishing leaves the entry
 pending, and the next relay (itself after a restart, or a peer via XAUTOCLAIM) publishes it.
 Events carry deterministic ids, so a republish is deduplicated by JetStream.
+
+Each entry is relayed inside a span that continues the job's trace: the entry's own
+``traceparent``/``tracestate`` when the script wrote them, else the ones its lease (or job) keeps
+(``reserve.lua`` copies the job's onto the lease). A relay never starts a trace of its own for an
+event of a traced job; an entry of an untraced job gets a root span.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind
 from redis.exceptions import ResponseError
 
 from xpupool.ledger.ledger import Ledger
@@ -23,6 +31,8 @@ BuildEvents = Callable[[dict[str, str]], Awaitable[Sequence[msgspec.Struct]]]
 Publish = Callable[[msgspec.Struct], Awaitable[None]]
 
 GROUP = "relay"
+# Entry fields that name what an event is about, as span attributes operators search by.
+_IDS = ("job_id", "lease_id", "node_id")
 STALE_AFTER_MS = 15_000
 
 
@@ -43,6 +53,8 @@ class OutboxRelay:
         self._publish = publish
         self._consumer = consumer or f"{socket.gethostname()}-{id(self):x}"
         self._log = get_logger().bind(outbox=service)
+        self._service = service
+        self._tracer = trace.get_tracer("xpupool.ledger")
 
     async def run(self, stop: asyncio.Event) -> None:
         """Relay until ``stop`` is set; transient failures are retried, never fatal."""
@@ -58,8 +70,7 @@ class OutboxRelay:
                 else:
                     entries = await self._read(">", block_ms=500)
                 for entry_id, fields in entries:
-                    for event in await self._build_events(fields):
-                        await self._publish(event)
+                    await self._relay(fields)
                     await redis.xack(self._stream, GROUP, entry_id)
                     await redis.xdel(self._stream, entry_id)
             except asyncio.CancelledError:
@@ -70,6 +81,30 @@ class OutboxRelay:
                 await asyncio.sleep(0.5)
                 if "NOGROUP" in repr(error):
                     await self._ensure_group()
+
+    async def _relay(self, fields: dict[str, str]) -> None:
+        """Publish one entry's events under the trace of the job the entry is about."""
+        kind = fields.get("kind", "")
+        attributes = {f"xpupool.{name}": fields[name] for name in _IDS if fields.get(name)}
+        with self._tracer.start_as_current_span(
+            f"relay {kind}",
+            context=await self._trace_context(fields),
+            kind=SpanKind.INTERNAL,
+            attributes={"xpupool.outbox": self._service, "xpupool.outbox.kind": kind} | attributes,
+        ):
+            for event in await self._build_events(fields):
+                await self._publish(event)
+
+    async def _trace_context(self, fields: dict[str, str]) -> Context:
+        if fields.get("traceparent"):
+            return propagate.extract(fields)
+        for kind in ("lease", "job"):
+            record_id = fields.get(f"{kind}_id")
+            if record_id:
+                carrier = await self._ledger.trace_of(kind, record_id)
+                if carrier:
+                    return propagate.extract(carrier)
+        return Context()  # untraced: a root, never the relay loop's own context
 
     async def _ensure_group(self) -> None:
         try:

@@ -7,11 +7,15 @@ Span names follow the messaging semantic conventions: ``send <subject-template>`
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import Link, Span
+from opentelemetry.util.types import AttributeValue
 
 
 def configure_tracing(service: str) -> TracerProvider:
@@ -34,3 +38,45 @@ def current_trace_id() -> str | None:
     """The current trace id as 32 hex digits, or None outside a span."""
     context = trace.get_current_span().get_span_context()
     return format(context.trace_id, "032x") if context.is_valid else None
+
+
+def trace_carrier() -> dict[str, str]:
+    """The current trace context as a W3C carrier (``traceparent``, ``tracestate``), to keep
+    with a record whose later steps continue this trace; empty outside a span."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+def continue_trace(
+    name: str,
+    carrier: Mapping[str, str],
+    attributes: Mapping[str, AttributeValue] | None = None,
+) -> AbstractContextManager[Span]:
+    """A span in the trace that ``carrier`` names (a job's, kept in the ledger), as the current
+    span; without a carrier, a child of the current span.
+
+    A step of a job that someone else started (a holder's renewal with its own trace, a
+    scheduling cycle serving many jobs) is a child of the job's trace and links the caller's
+    span, so the job reads as one trace and the caller's stays reachable.
+    """
+    tracer = trace.get_tracer("xpupool.obs")
+    caller = trace.get_current_span().get_span_context()
+    if not carrier.get("traceparent"):
+        return tracer.start_as_current_span(name, attributes=attributes)
+    parent = propagate.extract(carrier)
+    job = trace.get_current_span(parent).get_span_context()
+    links = [Link(caller)] if caller.is_valid and caller.trace_id != job.trace_id else []
+    return tracer.start_as_current_span(name, context=parent, links=links, attributes=attributes)
+
+
+def links_to(carriers: list[Mapping[str, str]]) -> list[Link]:
+    """Links to the traces ``carriers`` name (those without a valid context are left out): a
+    span that serves many jobs at once links each job instead of joining one."""
+    links = []
+    for carrier in carriers:
+        if carrier.get("traceparent"):
+            context = trace.get_current_span(propagate.extract(carrier)).get_span_context()
+            if context.is_valid:
+                links.append(Link(context))
+    return links

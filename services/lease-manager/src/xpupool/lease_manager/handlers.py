@@ -7,10 +7,12 @@ State changes happen in ledger scripts, which also queue the resulting events in
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Final
 
 import msgspec
+from opentelemetry.trace import Span
 
 from xpupool.bus import InvalidMessage
 from xpupool.contracts import (
@@ -37,7 +39,7 @@ from xpupool.contracts import (
 from xpupool.lease_manager.env import job_environment
 from xpupool.lease_manager.metrics import LeaseManagerMetrics
 from xpupool.ledger import Holder, LeaseRecord, Ledger, ScriptResult
-from xpupool.obs import get_logger
+from xpupool.obs import continue_trace, get_logger
 
 _LEASE_ERRORS = {e.value: e for e in LeaseError}
 
@@ -54,7 +56,10 @@ _ENDING_DETAIL: Final = {
 
 async def grant_reservation(event: JobReserved, ledger: Ledger) -> Sequence[msgspec.Struct]:
     """Turn the scheduler's reservation into a fenced lease (the outbox announces it)."""
-    result = await ledger.grant(event.lease_id)
+    attributes = {"xpupool.lease_id": event.lease_id, "xpupool.job_id": event.job_id}
+    with continue_trace("lease grant", {}, attributes) as span:
+        result = await ledger.grant(event.lease_id)
+        span.set_attribute("xpupool.outcome", "granted" if result.ok else result.reason)
     if not result.ok:
         # Already ended (e.g. the reservation expired unclaimed): its terminal event is out.
         get_logger().warning("grant_refused", reason=result.reason, lease_id=event.lease_id)
@@ -64,10 +69,13 @@ async def grant_reservation(event: JobReserved, ledger: Ledger) -> Sequence[msgs
 async def end_lease(command: EndLease, ledger: Ledger) -> Sequence[msgspec.Struct]:
     """End a lease on the scheduler's request (preemption, a cancel); idempotent. With a grace
     period the holder is warned first and the lease ends at its deadline (or when released)."""
-    if command.grace_s > 0:
-        await ledger.end_after(command.lease_id, command.reason.value, int(command.grace_s * 1000))
-    else:
-        await ledger.end(command.lease_id, command.reason.value, command.detail)
+    attributes = {"xpupool.lease_id": command.lease_id, "xpupool.reason": command.reason.value}
+    with continue_trace("lease end", await ledger.trace_of("lease", command.lease_id), attributes):
+        if command.grace_s > 0:
+            grace_ms = int(command.grace_s * 1000)
+            await ledger.end_after(command.lease_id, command.reason.value, grace_ms)
+        else:
+            await ledger.end(command.lease_id, command.reason.value, command.detail)
     return []
 
 
@@ -79,6 +87,17 @@ def _refusal(lease_id: str, tenant: str, result: ScriptResult) -> LeaseReply:
     return LeaseReply(ok=False, lease_id=lease_id, error=error, detail=detail[:200])
 
 
+async def _trace(ledger: Ledger, command: RenewLease | ReleaseLease) -> dict[str, str]:
+    """The job trace a holder's command joins (its own trace, if another, is linked)."""
+    return await ledger.trace_of("lease", command.lease_id)
+
+
+def _holder_span(
+    name: str, lease_id: str, tenant: str, trace: dict[str, str]
+) -> AbstractContextManager[Span]:
+    return continue_trace(name, trace, {"xpupool.lease_id": lease_id, "xpupool.tenant": tenant})
+
+
 async def renew_lease(
     command: RenewLease, ledger: Ledger, *, tenant: str
 ) -> Sequence[msgspec.Struct]:
@@ -86,7 +105,10 @@ async def renew_lease(
     secret and current fencing token; anything else is refused and changes nothing."""
     ttl_ms = None if command.ttl_s is None else int(command.ttl_s * 1000)
     holder = Holder(tenant, command.lease_secret, command.fencing_token)
-    result = await ledger.renew(command.lease_id, holder, ttl_ms)
+    trace = await _trace(ledger, command)
+    with _holder_span("lease renew", command.lease_id, tenant, trace) as span:
+        result = await ledger.renew(command.lease_id, holder, ttl_ms)
+        span.set_attribute("xpupool.outcome", "renewed" if result.ok else result.reason)
     if not result.ok:
         return [_refusal(command.lease_id, tenant, result)]
     return [LeaseReply(ok=True, lease_id=command.lease_id, expires_at=_time(result.expires_ms))]
@@ -98,7 +120,10 @@ async def release_lease(
     """Give a lease back, on the same checks as a renewal: a stale, replayed or foreign release
     is refused (``lease_ended``, ``stale_token``, ``not_owner``, ``bad_secret``), never ``ok``."""
     holder = Holder(tenant, command.lease_secret, command.fencing_token)
-    result = await ledger.release(command.lease_id, holder)
+    trace = await _trace(ledger, command)
+    with _holder_span("lease release", command.lease_id, tenant, trace) as span:
+        result = await ledger.release(command.lease_id, holder)
+        span.set_attribute("xpupool.outcome", "released" if result.ok else result.reason)
     if not result.ok:
         return [_refusal(command.lease_id, tenant, result)]
     return [LeaseReply(ok=True, lease_id=command.lease_id)]

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 import msgspec
+from opentelemetry import trace
 
 from xpupool.bus import InvalidMessage
 from xpupool.contracts import (
@@ -58,7 +59,7 @@ from xpupool.ledger import (
     SliceMeta,
     UsageClaim,
 )
-from xpupool.obs import get_logger
+from xpupool.obs import continue_trace, get_logger, links_to, trace_carrier
 from xpupool.placement.default import DefaultPolicy
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.domain import (
@@ -82,6 +83,11 @@ from xpupool.scheduler.metrics import SchedulerMetrics, queue_rows
 from xpupool.scheduler.settings import SchedulerSettings
 from xpupool.scheduler.snapshot import UNITS_FIELD, devices_field, growable_nodes
 from xpupool.scheduler.snapshot_cache import SnapshotCache
+from xpupool.scheduler.tracing import (
+    CYCLE_SPAN,
+    DECISION_SPAN,
+    decision_attributes,
+)
 
 ADMITTED = JobReason.QUEUED.value
 _REQUEST_DECODER = decoder_for((JobRequested,))
@@ -186,6 +192,7 @@ async def admit_job(
         ADMITTED,
         tenant=tenant,
         limits=AdmissionLimits(limits.rate_per_s, limits.burst, limits.max_pending),
+        trace=trace_carrier(),
     )
     if not admitted.ok:
         refused = job_reason(admitted.reason)
@@ -408,13 +415,27 @@ async def _waiting(
 
 async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
     """Decide every pending request against one ledger snapshot and commit the outcomes."""
-    ledger, log = deps.ledger, get_logger()
+    ledger = deps.ledger
     started = time.perf_counter()
     await ledger.time_out_pending()
     jobs = await ledger.pending_jobs(deps.settings.batch_limit)
     if not jobs:
         deps.metrics.observe_queues(())
         return []
+    # One cycle serves many jobs: its span links each job's trace rather than joining one, and
+    # each job's decision span is a child of that job's trace.
+    with trace.get_tracer("xpupool.scheduler").start_as_current_span(
+        CYCLE_SPAN,
+        links=links_to([job.trace for _, job in jobs]),
+        attributes={"xpupool.pending": len(jobs)},
+    ):
+        return await _decide_and_commit(deps, jobs, started)
+
+
+async def _decide_and_commit(
+    deps: SchedulerDeps, jobs: list[tuple[bytes | str, JobRecord]], started: float
+) -> Sequence[msgspec.Struct]:
+    ledger, log = deps.ledger, get_logger()
     snapshot, now_ms = await deps.snapshots.read(ledger)
     memory_total = device_memory(snapshot)
     config = deps.config.current()
@@ -485,6 +506,14 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
         if not result.ok and result.reason != "job_finished":
             log.info("commit_refused", job_id=job_id, reason=result.reason, detail=result.detail)
             deps.wake.set()  # decide again on fresh state
+    committed = {job_id: result for (job_id, _), result in zip(reserves, results, strict=True)}
+    for job_id, decision in decisions:
+        job, request = records[job_id]
+        attributes = decision_attributes(
+            request, request.tenant or "", decision, committed.get(job_id)
+        )
+        with continue_trace(DECISION_SPAN, job.trace, attributes):
+            pass  # decided, and a reservation committed, above: the span records the outcome
     decisions.sort(key=lambda item: not isinstance(item[1], Reserve | Preempt))
     events: list[msgspec.Struct] = []
     for job_id, decision in decisions:

@@ -1,6 +1,7 @@
 -- Park a request that cannot be placed now in the persistent pending queue (idempotent).
 -- ARGV: job_id, priority (higher goes first), request JSON, max_wait_ms ('' = none), reason,
--- detail, tenant, rate_per_s (<= 0: unlimited), burst, max_pending (< 0: unlimited).
+-- detail, tenant, rate_per_s (<= 0: unlimited), burst, max_pending (< 0: unlimited),
+-- traceparent, tracestate ('' = none): the job's trace, which every later step continues.
 -- The score orders by priority, then arrival in seconds (both exact in a double).
 -- A new request of a tenant over its rate (a token bucket kept as its theoretical arrival time,
 -- GCRA) or at its maximum of pending requests is refused before anything is written. A
@@ -41,6 +42,9 @@ end
 local since = now
 redis.call('HSET', jk, 'state', 'pending', 'since_ms', since, 'reason', ARGV[5], 'detail', ARGV[6],
   'tenant', tenant)
+if (ARGV[11] or '') ~= '' then
+  redis.call('HSET', jk, 'traceparent', ARGV[11], 'tracestate', ARGV[12] or '')
+end
 redis.call('EXPIRE', jk, RETAIN_S)
 -- The tenant's jobs, newest last, for its queries: as long as job records live, at most 1,000.
 local tk = k('tenant-jobs', tenant)

@@ -81,6 +81,9 @@ redis.call('HSET', lk, 'job_id', r.job_id, 'tenant', r.tenant, 'owner', r.owner,
   'host', cjson.encode(r.host), 'usage', cjson.encode(r.usage), 'ttl_ms', r.ttl_ms,
   'created_ms', now, 'expires_ms', now + r.hold_ms, 'token', 0,
   'max_runtime_ms', r.max_runtime_ms or 0, 'idle_after_ms', r.idle_after_ms or 0)
+-- The lease continues its job's trace: the relay, renewals and the end read it from here.
+local trace = redis.call('HMGET', jk, 'traceparent', 'tracestate')
+if trace[1] then redis.call('HSET', lk, 'traceparent', trace[1], 'tracestate', trace[2] or '') end
 redis.call('ZADD', k('expiry'), now + r.hold_ms, r.lease_id)
 redis.call('SADD', k('leases'), r.lease_id)
 redis.call('HSET', jk, 'state', 'reserved', 'lease_id', r.lease_id)

@@ -1,0 +1,52 @@
+"""What a scheduling decision says about one job, as span attributes operators search by.
+
+Attributes, never span names: every decision span is ``schedule decision``, and a search for a
+tenant's refused jobs filters on ``xpupool.tenant`` and ``xpupool.outcome``.
+"""
+
+from __future__ import annotations
+
+from opentelemetry.util.types import AttributeValue
+
+from xpupool.contracts import JobRequested
+from xpupool.ledger import ScriptResult
+from xpupool.scheduler.domain.decide import Preempt, Reject, Reserve, TimedOut, Wait
+
+DECISION_SPAN = "schedule decision"
+CYCLE_SPAN = "schedule cycle"
+
+
+def decision_attributes(
+    request: JobRequested,
+    tenant: str,
+    decision: object,
+    committed: ScriptResult | None,
+) -> dict[str, AttributeValue]:
+    """The attributes of one job's decision in a cycle; ``committed`` is the ledger's answer to
+    a reservation (None for every other decision)."""
+    attributes: dict[str, AttributeValue] = {
+        "xpupool.job_id": request.job_id,
+        "xpupool.tenant": tenant,
+        "xpupool.queue": request.queue,
+        "xpupool.outcome": type(decision).__name__.lower(),
+    }
+    match decision:
+        case Reserve(slices=slices, policy=policy):
+            attributes["xpupool.policy"] = policy
+            models = sorted({s.model for s in slices if s.model})
+            if models:
+                attributes["xpupool.device_model"] = ",".join(models)
+            if committed is not None and committed.ok:
+                attributes["xpupool.lease_id"] = committed.lease_id
+            elif committed is not None:
+                attributes["xpupool.outcome"] = "commit_refused"
+                attributes["xpupool.reason"] = committed.reason
+        case Preempt(victims=victims):
+            attributes["xpupool.reason"] = "preemption_in_progress"
+            attributes["xpupool.victims"] = list(victims)
+        case Wait(reason=reason) | Reject(reason=reason) | TimedOut(reason=reason):
+            attributes["xpupool.reason"] = reason.value
+    return attributes
+
+
+__all__ = ["CYCLE_SPAN", "DECISION_SPAN", "decision_attributes"]
