@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
+from opentelemetry import propagate
 
 from xpupool.bus.connection import connect_client, round_trip
 from xpupool.bus.envelope import ce_headers
@@ -126,6 +127,8 @@ class XpupoolClient:
         # names another tenant (tenant_mismatch).
         subject = s.JOB_REQUESTED.subject(tenant=self.tenant or self._space(request.tenant))
         headers = ce_headers(JobRequested, self.source, event_id=request.job_id)
+        # The caller's trace (if any) is the job's: every step of the job continues it.
+        propagate.inject(headers)
         await self.js.publish(subject, encode(request), headers=headers, timeout=5)
 
     async def submit_raw(
@@ -150,7 +153,9 @@ class XpupoolClient:
         return secret, self._space(tenant or (grant.tenant if grant else None))
 
     async def _lease_request(self, subject: str, command: msgspec.Struct) -> LeaseReply:
-        reply = await self.nc.request(subject, encode(command), timeout=5)
+        headers: dict[str, str] = {}
+        propagate.inject(headers)  # the caller's trace; the lease manager links it to the job's
+        reply = await self.nc.request(subject, encode(command), timeout=5, headers=headers or None)
         result: LeaseReply = _REPLY_DECODER.decode(reply.data)
         return result
 
