@@ -274,6 +274,15 @@ class WorkingPool:
         self.queue_leases: dict[str, set[str]] = {}
         self.quota_stale: set[str] = set()
         """Queues whose leases changed since ``quota.refresh_over_quota`` last marked them."""
+        self.terminating: set[str] = set()
+        """Leases whose end was already requested: a request that does not fit asks for them
+        on every decision, which must not cost a pass over every lease."""
+        self.queue_priorities: dict[str, dict[int, int]] = {}
+        """Per queue, how many of its leases hold each priority: whether a request may preempt
+        within its queue at all, without a pass over every lease."""
+        self.quota_added: dict[str, set[str]] = {}
+        """Per stale queue, the leases added since the last marking: a queue without a guarantee
+        flags each lease on its own, so only these need marking (not every lease it holds)."""
         self.quota_marked_for: Accounts | None = None
         """The config the over-quota flags were last computed with (None: never)."""
         self.usage: dict[str, Usage] = {}
@@ -450,6 +459,11 @@ class WorkingPool:
             self.node_leases[ni].add(lease.lease_id)
         self.queue_leases.setdefault(pl.queue, set()).add(lease.lease_id)
         self.quota_stale.add(pl.queue)
+        self.quota_added.setdefault(pl.queue, set()).add(lease.lease_id)
+        if lease.terminating:
+            self.terminating.add(lease.lease_id)
+        counts = self.queue_priorities.setdefault(pl.queue, {})
+        counts[lease.priority] = counts.get(lease.priority, 0) + 1
         self._charge_usage(pl, +1.0)
         return pl
 
@@ -477,6 +491,11 @@ class WorkingPool:
             self.node_leases[ni].discard(lease_id)
         self.queue_leases[pl.queue].discard(lease_id)
         self.quota_stale.add(pl.queue)
+        self.terminating.discard(lease_id)
+        counts = self.queue_priorities[pl.queue]
+        counts[pl.state.priority] -= 1
+        if not counts[pl.state.priority]:
+            del counts[pl.state.priority]
         self._charge_usage(pl, -1.0)
         return pl
 

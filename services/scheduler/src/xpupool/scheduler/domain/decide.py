@@ -384,7 +384,7 @@ def _why_host_waits(
     """Why a host-only request does not fit now (it never preempts)."""
     if job in ctx.incoming:
         return _incoming(job)
-    ending = [lid for lid, pl in pool.leases.items() if pl.state.terminating]
+    ending = _ending(pool)
     if ending:
         released = pool.release_many(ending)
         try:
@@ -428,6 +428,24 @@ def _incoming(job: str) -> Wait:
     return Wait(job, Reason.CAPACITY_INCOMING, "nodes being provisioned for it will serve it")
 
 
+def _ending(pool: WorkingPool) -> list[str]:
+    """The leases whose end was requested, in the pool's order; none without a pass over every
+    lease in the usual case (nothing is ending), which a request that does not fit pays."""
+    if not pool.terminating:
+        return []
+    return [lid for lid, pl in pool.leases.items() if pl.state.terminating]
+
+
+def _no_victims(pool: WorkingPool, queue: str, priority: int) -> bool:
+    """True when no lease can be a preemption victim of (``queue``, ``priority``): only its own
+    queue holds leases, and none of lower priority. ``can_preempt`` takes from another queue only
+    an over-quota lease and from one's own only a lower priority, so the plan would be empty; this
+    saves the plan's pass over every lease, the scheduler path's tail on a full pool."""
+    if any(lids for q, lids in pool.queue_leases.items() if q != queue):
+        return False
+    return all(p >= priority for p in pool.queue_priorities.get(queue, {}))
+
+
 def _why_not(
     item: PendingRequest,
     pool: WorkingPool,
@@ -460,7 +478,7 @@ def _why_not(
         return check_quota(pool, cfg, queue, demand, ci).allowed
 
     # Capacity already on its way back: do not preempt more while leases are ending.
-    ending = [lid for lid, pl in pool.leases.items() if pl.state.terminating]
+    ending = _ending(pool)
     if ending:
         mine = any(pool.leases[lid].state.preempted_for == job for lid in ending)
         released = pool.release_many(ending)
@@ -508,7 +526,7 @@ def _why_not(
     )
     eligible: dict[str, PoolLease] = {}
     young: dict[str, PoolLease] = {}
-    plan = plan_for(ready=eligible, young=young)
+    plan = None if _no_victims(pool, queue, priority) else plan_for(ready=eligible, young=young)
     if plan is not None:
         iq = check_quota(pool, cfg, queue, demand, plan.placement.class_index).in_quota
         reserve = _reserve(pool, req, queue, priority, plan.placement, iq)

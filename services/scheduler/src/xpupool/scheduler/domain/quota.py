@@ -151,14 +151,25 @@ def refresh_over_quota(pool: WorkingPool, config: SchedulerConfig) -> None:
     fresh = pool.quota_marked_for is config
     queues = pool.quota_stale if fresh else set(pool.queue_leases)
     for qname in queues:
-        _mark_queue(pool, config.queue(qname), pool.queue_leases.get(qname, set()))
+        q = config.queue(qname)
+        held = pool.queue_leases.get(qname, set())
+        if fresh and not _guaranteed(q):
+            # Flags here depend on each lease alone: re-marking every lease the queue holds
+            # after each grant made a decision O(leases), the scheduler path's tail.
+            held = held & pool.quota_added.get(qname, set())
+        _mark_queue(pool, q, held)
     pool.quota_stale = set()
+    pool.quota_added = {}
     pool.quota_marked_for = config
+
+
+def _guaranteed(q: QueueConfig | None) -> bool:
+    return q is not None and (q.guaranteed_units > 0 or bool(q.guaranteed_devices))
 
 
 def _mark_queue(pool: WorkingPool, q: QueueConfig | None, lease_ids: set[str]) -> None:
     leases = pool.leases
-    if q is None or (q.guaranteed_units <= 0 and not q.guaranteed_devices):
+    if q is None or not _guaranteed(q):
         # No guarantee: every device lease is borrowed capacity, whatever the order.
         for lid in lease_ids:
             pl = leases[lid]
