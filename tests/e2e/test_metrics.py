@@ -14,13 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from tests.conftest import eventually
 from tests.e2e.conftest import Ready
+from xpupool.autoscaler.metrics import AutoscalerMetrics
+from xpupool.autoscaler.status import PoolStatus, ScaleStatus
 from xpupool.client import connected
 from xpupool.contracts import AllocationGranted, DeviceDemand, JobRequested
 from xpupool.devstack.servers import free_port
 from xpupool.devstack.stack import NodeSpec, Stack
+from xpupool.placement.inventory import DeviceState, NodeState, PoolSnapshot
+from xpupool.scheduler.metrics import MIB, QueueRow, pool_rows, queue_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -192,3 +197,59 @@ async def test_prometheus_answers_every_dashboard_query(
         except (AssertionError, TimeoutError):
             missing.append((name, expr))
     assert missing == []
+
+
+def test_autoscaler_exposition_passes_promtool() -> None:
+    """The autoscaler's registry after a cycle's status and a decision passes promtool too
+    (its service needs a provider; the stack above runs none)."""
+    metrics = AutoscalerMetrics()
+    pool = PoolStatus(
+        name="a100",
+        provider="fake",
+        model="A100-SXM4-80GB",
+        devices_per_node=8,
+        min_size=0,
+        max_size=4,
+        ready=1,
+        provisioning=1,
+        draining=0,
+        node_cost_per_hour=30.0,
+        cost_per_hour=60.0,
+    )
+    metrics.observe(ScaleStatus(leader="as-1", term=1, at=0.0, interval_s=1.0, pools=[pool]))
+    metrics.decisions.labels("scale_up", "pending_demand").inc()
+    metrics.cycle_seconds.observe(0.01)
+    assert promtool_check(generate_latest(metrics.registry).decode()) == (0, "")
+
+
+def test_pool_rows_sum_devices_memory_and_capacity_by_model() -> None:
+    """A device counts as used when anything holds part of it; free capacity is the unheld
+    fraction of its memory times its units; utilization averages the reporting devices."""
+
+    def dev(
+        i: int, free: int, *, exclusive: bool = False, util: float | None = None
+    ) -> DeviceState:
+        return DeviceState(
+            device_id=f"n/d{i}",
+            node_id="n",
+            vendor="nvidia",
+            model="A100",
+            memory_total_mib=1000,
+            memory_free_mib=free,
+            exclusive=exclusive,
+            capacity_units=2.0,
+            util_pct=util,
+        )
+
+    snapshot = PoolSnapshot(
+        nodes=(NodeState("n", (dev(0, 1000), dev(1, 250, util=50.0), dev(2, 0, exclusive=True))),)
+    )
+    (row,) = pool_rows(snapshot)
+    assert (row.devices, row.devices_used) == (3, 2)
+    assert (row.memory_bytes, row.memory_free_bytes) == (3000 * MIB, 1250 * MIB)
+    assert (row.capacity_units, row.capacity_free_units) == (6.0, 2.5)
+    assert (row.util_sum, row.util_reporting) == (0.5, 1)
+    assert queue_rows([("q", 3.0), ("r", 1.0), ("q", 7.0)]) == [
+        QueueRow("q", 2, 7.0),
+        QueueRow("r", 1, 1.0),
+    ]

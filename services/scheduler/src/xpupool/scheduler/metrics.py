@@ -10,8 +10,9 @@ outbox and usage series, so no series is exported by two services.
   loop refreshes (:meth:`SchedulerMetrics.observe_pool`), never read on the scrape thread.
 - ``xpupool_scheduler_queue_pending_requests{queue}`` and
   ``xpupool_scheduler_queue_oldest_wait_seconds{queue}``: as of this replica's last cycle.
-- ``xpupool_scheduler_grants_total{queue}``, ``xpupool_scheduler_rejections_total{reason}``,
-  ``xpupool_scheduler_preemptions_total{queue}`` (victim leases asked to end);
+- ``xpupool_scheduler_grants_total{queue}``, ``xpupool_scheduler_rejections_total{reason}``
+  (what a cycle rejected; requests refused at admission are answered at once and not counted
+  here), ``xpupool_scheduler_preemptions_total{queue}`` (victim leases asked to end);
 - ``xpupool_scheduler_submit_to_grant_seconds``: histogram from a request's admission to its
   committed reservation; ``xpupool_scheduler_cycle_duration_seconds``: one cycle.
 
@@ -34,7 +35,7 @@ from xpupool.contracts import JobReason
 from xpupool.obs.metrics import serve_metrics
 from xpupool.placement.inventory import PoolSnapshot
 
-__all__ = ["PoolRow", "QueueRow", "SchedulerMetrics", "pool_rows", "serve_metrics"]
+__all__ = ["PoolRow", "QueueRow", "SchedulerMetrics", "pool_rows", "queue_rows", "serve_metrics"]
 
 MIB: Final = 1024 * 1024
 _LATENCY_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5, 10, 30, 60, 300, 1800)
