@@ -238,13 +238,14 @@ def format_idle(leases: Sequence[IdleLease], fmt: Literal["text", "json", "csv"]
     return table(headers, cells) if cells else "no running lease is below that utilisation\n"
 
 
-async def read_usage(ledger: Ledger, since_ms: int, until_ms: int) -> list[UsageRecord]:
-    """Ended leases' records in the range, plus running leases counted up to now when the
-    range reaches now."""
-    records = await ended_usage(ledger, since_ms, until_ms)
+async def read_usage(ledger: Ledger, since_ms: int, until_ms: int | None) -> list[UsageRecord]:
+    """Ended leases' records in the range (``until_ms`` None: up to now), plus the running
+    leases counted up to now when the range reaches now."""
     now = await ledger.now_ms()
-    if until_ms >= now:
-        records += [r for r in await live_usage(ledger) if r.granted_ms <= until_ms]
+    until = now if until_ms is None else until_ms
+    records = await ended_usage(ledger, since_ms, until)
+    if until >= now:
+        records += [r for r in await live_usage(ledger) if r.granted_ms <= until]
     return records
 
 
@@ -277,7 +278,7 @@ async def run(args: argparse.Namespace, redis: Redis, namespace: str) -> int:
         return 0
     try:
         since = parse_time(args.since, now)
-        until = parse_time(args.until, now) if args.until else now
+        until = parse_time(args.until, now) if args.until else None
     except ValueError as error:
         sys.stderr.write(f"xpupool: error: {error}\n")
         return 2

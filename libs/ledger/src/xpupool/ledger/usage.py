@@ -13,9 +13,6 @@ from xpupool.ledger.ledger import LeaseRecord, Ledger
 _RECORD = msgspec.json.Decoder(UsageRecord)
 _BASE = msgspec.json.Decoder(dict[str, tuple[float, float]])
 
-#: How long ended leases' usage records are kept by default (XPUPOOL_USAGE_RETENTION_S).
-DEFAULT_RETENTION_S = 90 * 24 * 3600
-
 
 #: A sample's value is held at most this long (LOAD_HOLD_MS in _prelude.lua).
 LOAD_HOLD_MS = 60_000
@@ -84,7 +81,7 @@ async def ended_usage(ledger: Ledger, since_ms: int, until_ms: int) -> list[Usag
     """The records of leases that ended in [since_ms, until_ms], oldest first; a record that
     does not decode is reported, never skipped silently."""
     redis = ledger.redis
-    ids = await redis.zrangebyscore(ledger.key("usage-ended"), since_ms, until_ms)
+    ids: list[Any] = list(await redis.zrangebyscore(ledger.key("usage-ended"), since_ms, until_ms))
     if not ids:
         return []
     raws = await redis.hmget(ledger.key("usage-rec"), ids)

@@ -20,6 +20,7 @@ from xpupool.lease_manager import handlers
 from xpupool.lease_manager.metrics import LeaseManagerMetrics, serve_metrics
 from xpupool.lease_manager.settings import LeaseManagerSettings
 from xpupool.ledger import Ledger, OutboxRelay, open_ledger
+from xpupool.ledger.usage import trim_usage
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
 
 SERVICE = "lease-manager"
@@ -40,6 +41,22 @@ async def expire_leases(
             await ledger.expire_due()
         except Exception as error:  # noqa: BLE001  (Redis away: try again next tick)
             log.warning("expiry_failed", error=repr(error))
+        await asyncio.sleep(interval_s)
+
+
+async def trim_usage_records(
+    ledger: Ledger, retention_s: float, interval_s: float, stop: asyncio.Event
+) -> None:
+    """Drop usage records of leases that ended more than ``retention_s`` ago, so the usage
+    index stays bounded (a batch per call; a backlog drains over a few ticks)."""
+    log = get_logger()
+    while not stop.is_set():
+        try:
+            trimmed = await trim_usage(ledger, retention_s)
+            if trimmed:
+                log.info("usage_records_trimmed", count=trimmed)
+        except Exception as error:  # noqa: BLE001  (Redis away: try again next tick)
+            log.warning("usage_trim_failed", error=repr(error))
         await asyncio.sleep(interval_s)
 
 
@@ -154,6 +171,9 @@ async def run(settings: LeaseManagerSettings) -> None:
                     ),
                     reap_nodes(
                         ledger, settings.node_grace_s, settings.node_check_interval_s, run_stop
+                    ),
+                    trim_usage_records(
+                        ledger, settings.usage_retention_s, settings.usage_trim_interval_s, run_stop
                     ),
                     lease_metrics_loop(
                         ledger, metrics, settings.lease_manager_metrics_refresh_s, run_stop

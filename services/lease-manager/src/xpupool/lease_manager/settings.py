@@ -27,6 +27,10 @@ class LeaseManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_runtime_warning_s: float = 60.0
     # How long an idle lease's holder is warned before the lease is reclaimed (idle_reclaim_s).
     idle_warning_s: float = 60.0
+    # How long ended leases' usage records are kept (xpupool usage reads them), and how often
+    # older ones are trimmed.
+    usage_retention_s: Annotated[float, msgspec.Meta(gt=0)] = 90 * 24 * 3600.0
+    usage_trim_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     node_grace_s: float = 15.0
     node_check_interval_s: float = 1.0
     # Prometheus text on this port (deployments use 9402); 0 serves no metrics. Loopback unless

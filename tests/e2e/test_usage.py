@@ -1,0 +1,77 @@
+"""xpupool usage against a running stack: a job granted, run and released shows up in the
+usage report with its device-hours, cost and efficiency, and in --idle while it holds an idle
+device."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from tests.e2e.conftest import Ready
+from xpupool.devstack.stack import NodeSpec, Stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def _cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(
+        os.environ,
+        XPUPOOL_NATS_URL=stack.nats_url or "",
+        XPUPOOL_REDIS_URL=stack.redis_url or "",
+        XPUPOOL_NAMESPACE=stack.namespace,
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "xpupool.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+async def test_a_released_job_is_in_the_usage_report(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
+    stack = make_stack([NodeSpec("node-u", "1xA100-80GB")])
+    await ready(stack, 1)
+    submitted = await asyncio.to_thread(
+        _cli, stack, "submit", "--tenant", "acct", "--job-id", "u-1", "--wait"
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    grant = json.loads(submitted.stdout)
+    await asyncio.sleep(1.0)
+
+    running = await asyncio.to_thread(_cli, stack, "usage", "--json")
+    assert running.returncode == 0, running.stderr
+    (row,) = json.loads(running.stdout)
+    assert row["key"] == "acct" and row["leases"] == 1 and row["device_hours"] > 0
+
+    idle = await asyncio.to_thread(_cli, stack, "usage", "--idle", "--below", "1.01", "--json")
+    assert idle.returncode == 0, idle.stderr
+    (holding,) = json.loads(idle.stdout)  # below 101 %: every running lease is listed
+    assert holding["lease_id"] == grant["lease_id"] and holding["tenant"] == "acct"
+
+    holder = ["--tenant", "acct", "--secret", grant["lease_secret"]]
+    released = await asyncio.to_thread(
+        _cli, stack, "release", grant["lease_id"], "--token", str(grant["fencing_token"]), *holder
+    )
+    assert released.returncode == 0, released.stderr
+
+    report = await asyncio.to_thread(_cli, stack, "usage", "--by", "model", "--json")
+    assert report.returncode == 0, report.stderr
+    (model,) = json.loads(report.stdout)
+    assert model["key"].startswith("A100") and model["leases"] == 1
+    assert model["device_hours"] >= 1.0 / 3600
+    assert model["cost"] > 0 and model["capacity_hours"] == pytest.approx(model["device_hours"])
+    assert model["efficiency"] is not None and 0.0 <= model["efficiency"] <= 1.0
+
+    csv_out = (await asyncio.to_thread(_cli, stack, "usage", "--csv", "--since", "1h")).stdout
+    assert csv_out.splitlines()[0].startswith("tenant,leases") and "acct," in csv_out
+    bad = await asyncio.to_thread(_cli, stack, "usage", "--since", "yesterday-ish")
+    assert bad.returncode == 2 and "not a duration" in bad.stderr
