@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -67,3 +71,39 @@ async def test_status_events_top_after_a_grant(
     assert top.returncode == 0, top.stderr
     assert "pool" in top.stdout and "latest events" in top.stdout
     assert "alloc.granted" in top.stdout and "con-1" in top.stdout
+
+
+async def test_events_follow_prints_a_new_grant(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
+    stack = make_stack([NodeSpec("node-f", "1xA100-80GB")])
+    await ready(stack, 1)
+    env = dict(
+        os.environ,
+        XPUPOOL_NATS_URL=stack.nats_url or "",
+        XPUPOOL_REDIS_URL=stack.redis_url or "",
+        XPUPOOL_NAMESPACE=stack.namespace,
+    )
+    follower = await asyncio.to_thread(
+        subprocess.Popen,
+        [sys.executable, "-m", "xpupool.cli.main", "events", "--follow", "--type", "granted"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follower.stderr is not None and follower.stdout is not None
+        banner = await asyncio.wait_for(asyncio.to_thread(follower.stderr.readline), 30)
+        assert banner.startswith("following "), banner
+        submitted = await asyncio.to_thread(
+            _cli, stack, "submit", "--tenant", "fol", "--job-id", "fol-1", "--count", "1", "--wait"
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        first = await asyncio.wait_for(asyncio.to_thread(follower.stdout.readline), 30)
+        line = json.loads(first)
+        assert (line["type"], line["tenant"], line["job"]) == ("alloc.granted", "fol", "fol-1")
+    finally:
+        follower.send_signal(signal.SIGINT)
+        await asyncio.to_thread(follower.communicate, timeout=10)
+    assert follower.returncode == 130

@@ -123,13 +123,19 @@ def test_queues_count_running_reserved_pending_and_pool_share() -> None:
         _lease("l2", "train", "reserved", [50]),
         _lease("l3", "", "active", [50]),
     ]
-    rows = {r.queue: r for r in queue_summary(leases, ["train", None, "infer"], 400)}
+    usage = {"train": {"units": 2.5, "devices:A100-80GB": 2.5}, "idle": {"units": 0.0}}
+    rows = {r.queue: r for r in queue_summary(leases, ["train", None, "infer"], 400, usage)}
+    # A queue with only zero counters and nothing running or waiting is not listed.
     assert set(rows) == {"train", "infer", NO_QUEUE}
+    assert rows["train"].quota_used == {"devices:A100-80GB": 2.5, "units": 2.5}
+    assert rows["infer"].quota_used == {}
     train = rows["train"]
     assert (train.running, train.reserved, train.pending, train.devices_held) == (1, 1, 1, 3)
     assert train.compute_pct == 250 and train.pool_compute_share == 0.625
     assert (rows[NO_QUEUE].running, rows[NO_QUEUE].pending) == (1, 1)
     assert (rows["infer"].running, rows["infer"].pool_compute_share) == (0, 0.0)
+    charged = queue_summary([], [], 100, {"batch": {"units": 1.0}})
+    assert [(r.queue, r.running, r.quota_used) for r in charged] == [("batch", 0, {"units": 1.0})]
 
 
 def test_pending_queue_reads_the_request_and_survives_a_bad_body() -> None:

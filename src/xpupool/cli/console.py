@@ -12,7 +12,7 @@ import asyncio
 import os
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -28,7 +28,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from xpupool.bus.connection import connect_client
+from xpupool.bus.connection import connect_client, round_trip
 from xpupool.contracts import Health
 from xpupool.contracts import subjects as s
 from xpupool.contracts.access import OPERATOR, service_inbox, tenant_inbox
@@ -71,6 +71,8 @@ class QueueRow:
     compute_pct: int
     pool_compute_share: float
     """Share of the whole pool's compute this queue holds (0-1)."""
+    quota_used: dict[str, float]
+    """The queue's quota counters in the ledger (``units``, ``devices:<model>``), as charged."""
 
 
 @dataclass(frozen=True)
@@ -121,10 +123,15 @@ def pool_summary(nodes: Iterable[NodeRecord]) -> list[PoolRow]:
 
 
 def queue_summary(
-    leases: Iterable[LeaseRecord], pending_queues: Iterable[str | None], pool_compute_pct: int
+    leases: Iterable[LeaseRecord],
+    pending_queues: Iterable[str | None],
+    pool_compute_pct: int,
+    usage: Mapping[str, Mapping[str, float]] | None = None,
 ) -> list[QueueRow]:
     """Per queue: live leases (active and reserved), waiting requests and the compute held, as a
-    share of ``pool_compute_pct`` (100 per device in the pool)."""
+    share of ``pool_compute_pct`` (100 per device in the pool), with the quota counters in
+    ``usage`` (by queue name)."""
+    usage = usage or {}
     running: dict[str, int] = defaultdict(int)
     reserved: dict[str, int] = defaultdict(int)
     pending: dict[str, int] = defaultdict(int)
@@ -142,7 +149,8 @@ def queue_summary(
         compute[queue] += sum(x.compute_pct for x in lease.slices)
     for name in pending_queues:
         pending[name or NO_QUEUE] += 1
-    names = sorted(set(running) | set(reserved) | set(pending))
+    charged = {q for q, counters in usage.items() if any(counters.values())}
+    names = sorted(set(running) | set(reserved) | set(pending) | charged)
     return [
         QueueRow(
             queue=q,
@@ -153,6 +161,7 @@ def queue_summary(
             memory_mib=memory[q],
             compute_pct=compute[q],
             pool_compute_share=round(compute[q] / pool_compute_pct, 3) if pool_compute_pct else 0,
+            quota_used={k: round(v, 3) for k, v in sorted(usage.get(q, {}).items())},
         )
         for q in names
     ]
@@ -243,7 +252,10 @@ async def read_summary(ledger: Ledger) -> Summary:
     pool = pool_summary(nodes)
     pool_compute = 100 * sum(row.devices for row in pool)
     live = [lease for lease in leases if lease.state in ("active", "reserved")]
-    return Summary(pool, queue_summary(live, (pending_queue(b) for b, _ in pending), pool_compute))
+    queued = [pending_queue(b) for b, _ in pending]
+    names = sorted({lease.queue for lease in live if lease.queue} | {q for q in queued if q})
+    usage = {name: await ledger.usage(name) for name in names}
+    return Summary(pool, queue_summary(live, queued, pool_compute, usage))
 
 
 def summary_json(summary: Summary) -> dict[str, Any]:
@@ -277,6 +289,7 @@ def summary_tables(summary: Summary) -> Group:
     queues = Table(title="queues")
     for column in ("queue", "running", "reserved", "pending", "devices", "memory", "pool share"):
         queues.add_column(column)
+    queues.add_column("quota used")
     for q in summary.queues:
         queues.add_row(
             q.queue,
@@ -286,6 +299,7 @@ def summary_tables(summary: Summary) -> Group:
             str(q.devices_held),
             _mib(q.memory_mib),
             f"{q.pool_compute_share:.0%}",
+            " ".join(f"{k}={v:g}" for k, v in q.quota_used.items()) or "-",
         )
     return Group(pool, queues)
 
@@ -457,6 +471,10 @@ async def _events(args: Any, nc: Nats) -> int:
                 _emit(line, as_json)
 
         await follow_events(nc, subjects, on_event)
+        await round_trip(nc)  # subscribed at the server once this returns
+        # On stderr, so JSON lines on stdout stay clean; a script can wait for it.
+        sys.stderr.write(f"following {' '.join(subjects)}\n")
+        sys.stderr.flush()
         await done.wait()  # until Ctrl-C
         return 0
     try:
