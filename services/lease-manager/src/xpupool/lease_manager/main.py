@@ -17,7 +17,12 @@ from xpupool.bus.lifecycle import (
 )
 from xpupool.contracts import access, subjects
 from xpupool.lease_manager import handlers
-from xpupool.lease_manager.metrics import LeaseManagerMetrics, serve_metrics
+from xpupool.lease_manager.metrics import (
+    OUTBOXES,
+    LeaseManagerMetrics,
+    outbox_lag,
+    serve_metrics,
+)
 from xpupool.lease_manager.settings import LeaseManagerSettings
 from xpupool.ledger import Ledger, OutboxRelay, open_ledger
 from xpupool.ledger.usage import trim_usage
@@ -78,11 +83,14 @@ async def reap_nodes(
 async def lease_metrics_loop(
     ledger: Ledger, metrics: LeaseManagerMetrics, interval_s: float, stop: asyncio.Event
 ) -> None:
-    """Refresh the lease gauge from the ledger on the event loop, so a scrape (on the metrics
-    server's thread) only renders the last values and never touches Redis or the loop."""
+    """Refresh the lease and outbox gauges from the ledger on the event loop, so a scrape (on
+    the metrics server's thread) only renders the last values and never touches Redis or the
+    event loop."""
     while not stop.is_set():
         try:
             metrics.observe_leases(await ledger.leases())
+            for outbox in OUTBOXES:
+                metrics.observe_outbox(outbox, *await outbox_lag(ledger, outbox))
         except Exception as error:  # noqa: BLE001  (Redis away: keep the last values, retry)
             get_logger().warning("lease_metrics_refresh_failed", error=repr(error))
         with suppress(TimeoutError):

@@ -7,30 +7,58 @@ decision series, so no series is exported by two services.
   by the service's event loop (:meth:`LeaseManagerMetrics.observe_leases`), never on a scrape;
 - ``xpupool_lease_ends_total{reason}``: leases ended, by end reason;
 - ``xpupool_usage_device_seconds_total{tenant,queue,model}``: device time of ended leases
-  (granted to ended, per device held; a host-only lease adds none).
+  (granted to ended, per device held; a host-only lease adds none);
+- ``xpupool_outbox_entries{outbox}`` and ``xpupool_outbox_oldest_age_seconds{outbox}``: events
+  written by ledger scripts and not yet relayed (a relayed entry is deleted), for the
+  scheduler's and the lease-manager's outboxes, ledger-wide like the lease gauge.
 
-Several replicas: the lease gauge is ledger-wide, so every replica reports the same values and
-dashboards take ``max by (state)``; an outbox entry is relayed by one replica, so the end and
-usage counters, counted when the ``ended`` entry becomes a LeaseEnded event, are summed over
-replicas (a relay retried after a failed publish may count an end twice: at-least-once, like
-the event itself).
+Several replicas: the lease and outbox gauges are ledger-wide, so every replica reports the
+same values and dashboards take ``max by (state)`` / ``max by (outbox)``; an outbox entry is
+relayed by one replica, so the end and usage counters, counted when the ``ended`` entry
+becomes a LeaseEnded event, are summed over replicas (a relay retried after a failed publish
+may count an end twice: at-least-once, like the event itself).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from xpupool.contracts import EndReason, LeaseEnded
-from xpupool.ledger import LeaseRecord
+from xpupool.ledger import LeaseRecord, Ledger
 from xpupool.obs.metrics import serve_metrics
 
-__all__ = ["LeaseManagerMetrics", "lease_states", "serve_metrics", "usage_of"]
+__all__ = [
+    "OUTBOXES",
+    "LeaseManagerMetrics",
+    "lease_states",
+    "outbox_lag",
+    "serve_metrics",
+    "usage_of",
+]
 
 UNKNOWN_MODEL: Final = "unknown"
+# The services whose ledger scripts queue events in an outbox (``OutboxRelay``).
+OUTBOXES: Final = ("scheduler", "lease-manager")
+
+
+async def outbox_lag(ledger: Ledger, service: str) -> tuple[int, float]:
+    """Entries waiting in a service's outbox and the age (s) of the oldest, by Redis's clock
+    (stream ids carry the ms they were added at)."""
+    stream = ledger.key("outbox", service)
+    entries = int(await ledger.redis.xlen(stream))
+    if not entries:
+        return 0, 0.0
+    first: Any = await ledger.redis.xrange(stream, count=1)
+    seconds, micros = await ledger.redis.time()
+    if not first:
+        return entries, 0.0
+    raw = first[0][0]
+    added_ms = int((raw.decode() if isinstance(raw, bytes) else str(raw)).split("-")[0])
+    return entries, max(int(seconds) * 1000 + int(micros) // 1000 - added_ms, 0) / 1000
 
 
 def lease_states(leases: Iterable[LeaseRecord]) -> dict[str, int]:
@@ -71,6 +99,18 @@ class LeaseManagerMetrics:
             ("tenant", "queue", "model"),
             registry=r,
         )
+        self.outbox_entries = Gauge(
+            "xpupool_outbox_entries",
+            "Outbox entries not yet relayed to NATS",
+            ("outbox",),
+            registry=r,
+        )
+        self.outbox_age = Gauge(
+            "xpupool_outbox_oldest_age_seconds",
+            "Age of the oldest outbox entry not yet relayed (0 when empty)",
+            ("outbox",),
+            registry=r,
+        )
         # Every reason exists from the start, so a rate over it is 0 rather than no data.
         for reason in EndReason:
             self.lease_ends.labels(reason.value)
@@ -82,6 +122,11 @@ class LeaseManagerMetrics:
         for state in self._states | set(counts):
             self.leases.labels(state).set(counts.get(state, 0))
         self._states |= set(counts)
+
+    def observe_outbox(self, outbox: str, entries: int, oldest_age_s: float) -> None:
+        """Set one outbox's lag gauges."""
+        self.outbox_entries.labels(outbox).set(entries)
+        self.outbox_age.labels(outbox).set(oldest_age_s)
 
     def observe_events(self, events: Sequence[msgspec.Struct], lease: LeaseRecord | None) -> None:
         """Count the ends among the events relayed for one outbox entry."""
