@@ -1,0 +1,237 @@
+"""One trace per job, as an operator's collector receives it: the services export over OTLP/HTTP
+to a receiver inside the test, which decodes what they send with ``opentelemetry-proto``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import pytest
+from opentelemetry import context, propagate, trace
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as SpanProto
+from opentelemetry.sdk.trace import TracerProvider
+
+from tests.conftest import eventually
+from tests.e2e.conftest import Ready
+from xpupool.contracts import AllocationGranted, JobRequested, subjects
+from xpupool.devstack.stack import NodeSpec, Stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+@dataclass(frozen=True)
+class Received:
+    """One exported span, flattened: ids as hex, attributes as Python values."""
+
+    service: str
+    name: str
+    kind: int
+    trace_id: str
+    span_id: str
+    parent_id: str
+    attributes: dict[str, object]
+    links: tuple[str, ...]
+    """The trace ids the span links to."""
+
+
+def _value(value: AnyValue) -> object:
+    which = value.WhichOneof("value")
+    if which == "array_value":
+        return [_value(v) for v in value.array_value.values]
+    return getattr(value, which) if which else None
+
+
+@dataclass
+class Receiver:
+    """A minimal OTLP/HTTP trace receiver: ``POST /v1/traces`` with a protobuf body."""
+
+    spans: list[Received] = field(default_factory=list)
+    port: int = 0
+    connections: set[asyncio.StreamWriter] = field(default_factory=set)
+
+    def add(self, body: bytes) -> None:
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource in request.resource_spans:
+            attributes = {a.key: _value(a.value) for a in resource.resource.attributes}
+            service = str(attributes.get("service.name", ""))
+            for scope in resource.scope_spans:
+                for span in scope.spans:
+                    self.spans.append(
+                        Received(
+                            service=service,
+                            name=span.name,
+                            kind=span.kind,
+                            trace_id=span.trace_id.hex(),
+                            span_id=span.span_id.hex(),
+                            parent_id=span.parent_span_id.hex(),
+                            attributes={a.key: _value(a.value) for a in span.attributes},
+                            links=tuple(link.trace_id.hex() for link in span.links),
+                        )
+                    )
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections.add(writer)
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:  # the exporter keeps its connection alive between exports
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path = lines[0].split(" ")[:2]
+                headers = {
+                    k.strip().lower(): v.strip()
+                    for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)
+                }
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                if method == "POST" and path == "/v1/traces":
+                    self.add(body)
+                    status, answer = "200 OK", ExportTraceServiceResponse().SerializeToString()
+                else:
+                    status, answer = "404 Not Found", b""
+                writer.write(
+                    f"HTTP/1.1 {status}\r\nContent-Type: application/x-protobuf\r\n"
+                    f"Content-Length: {len(answer)}\r\n\r\n".encode()
+                    + answer
+                )
+                await writer.drain()
+        self.connections.discard(writer)
+        writer.close()
+
+    async def close(self) -> None:
+        """Drop the exporters' kept-alive connections (the services outlive the receiver)."""
+        for writer in list(self.connections):
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    def of_trace(self, trace_id: str) -> list[Received]:
+        return [s for s in self.spans if s.trace_id == trace_id]
+
+    def named(self, trace_id: str, name: str) -> list[Received]:
+        return [s for s in self.of_trace(trace_id) if s.name == name]
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    received = Receiver()
+    server = await asyncio.start_server(received.handle, "127.0.0.1", 0)
+    received.port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield received
+        await received.close()
+
+
+def _traced_stack(make_stack: Callable[..., Stack], receiver: Receiver) -> Stack:
+    return make_stack(
+        [NodeSpec("node-a", "2xA100-80GB")],
+        extra_env={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_COMPRESSION": "none",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+        },
+    )
+
+
+KIND_CONSUMER = SpanProto.SpanKind.SPAN_KIND_CONSUMER
+KIND_PRODUCER = SpanProto.SpanKind.SPAN_KIND_PRODUCER
+REQUESTED = f"process {subjects.JOB_REQUESTED.address}"
+
+
+async def test_submit_grant_renew_release_is_one_trace(
+    make_stack: Callable[..., Stack], ready: Ready, receiver: Receiver
+) -> None:
+    stack = _traced_stack(make_stack, receiver)
+    await ready(stack, 2)
+    trace_id, submitter = secrets.token_hex(16), secrets.token_hex(8)
+    token = context.attach(propagate.extract({"traceparent": f"00-{trace_id}-{submitter}-01"}))
+    try:
+        async with stack.client() as client:
+            outcome = await client.submit_and_wait(JobRequested(job_id="tr-1", tenant="team-a"))
+            assert isinstance(outcome, AllocationGranted), outcome
+            assert (await client.renew(outcome.lease_id, outcome.fencing_token)).ok
+            assert (await client.release(outcome.lease_id, outcome.fencing_token)).ok
+    finally:
+        context.detach(token)
+
+    steps = ["lease release", "relay ended", "lease renew", "relay renewed", "relay granted"]
+    await eventually(lambda: all(receiver.named(trace_id, n) for n in steps), timeout_s=30)
+    spans = receiver.of_trace(trace_id)
+    names = {s.name for s in spans}
+    assert {REQUESTED, "schedule decision", "relay reserved", "lease grant"} <= names, names
+    assert {"scheduler", "lease-manager"} <= {s.service for s in spans}
+
+    # Connected: every parent is in the trace, except those of the messages the client sent,
+    # whose parent is the submitter's span (a client without an SDK adds no spans of its own).
+    ids = {s.span_id for s in spans}
+    outside = [s for s in spans if s.parent_id not in ids]
+    assert outside and all(s.parent_id for s in spans), "a span of the job started a new trace"
+    assert all(s.kind == KIND_CONSUMER for s in outside), [s.name for s in outside]
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        assert {s.parent_id for s in outside} == {submitter}
+
+    # The scheduling cycle serves many jobs: its own trace, linking this job's.
+    cycles = [s for s in receiver.spans if s.name == "schedule cycle" and trace_id in s.links]
+    assert cycles and all(c.trace_id != trace_id for c in cycles)
+
+    [admission] = receiver.named(trace_id, REQUESTED)
+    assert admission.kind == KIND_CONSUMER and admission.service == "scheduler"
+    expected = {
+        "messaging.system": "nats",
+        "messaging.operation.type": "process",
+        "messaging.destination.name": "xpupool.tenant.v1.team-a.jobs.requested",
+        "messaging.message.id": "tr-1",
+        "cloudevents.event_id": "tr-1",
+        "cloudevents.event_type": "xpupool.job.requested.v1",
+    }
+    assert {k: admission.attributes.get(k) for k in expected} == expected
+    sends = [s for s in spans if s.kind == KIND_PRODUCER]
+    assert sends and all(s.name.startswith("send ") for s in sends)
+    for send in sends:
+        assert send.attributes["messaging.system"] == "nats"
+        assert send.attributes["messaging.operation.type"] == "send"
+        assert send.attributes["messaging.message.id"] == send.attributes["cloudevents.event_id"]
+        assert send.attributes["cloudevents.event_source"]
+
+    [decision] = receiver.named(trace_id, "schedule decision")
+    assert decision.attributes["xpupool.job_id"] == "tr-1"
+    assert decision.attributes["xpupool.tenant"] == "team-a"
+    assert decision.attributes["xpupool.outcome"] == "reserve"
+    assert decision.attributes["xpupool.lease_id"] == outcome.lease_id
+    assert decision.attributes["xpupool.device_model"] == outcome.slices[0].model
+    assert "xpupool.queue" in decision.attributes
+    [renew] = receiver.named(trace_id, "lease renew")
+    assert renew.service == "lease-manager"
+    assert renew.attributes["xpupool.lease_id"] == outcome.lease_id
+    assert renew.attributes["xpupool.outcome"] == "renewed"
+
+
+async def test_a_job_without_trace_context_gets_a_root(
+    make_stack: Callable[..., Stack], ready: Ready, receiver: Receiver
+) -> None:
+    stack = _traced_stack(make_stack, receiver)
+    await ready(stack, 2)
+    async with stack.client() as client:
+        outcome = await client.submit_and_wait(JobRequested(job_id="tr-2", tenant="team-a"))
+        assert isinstance(outcome, AllocationGranted), outcome
+
+    def admission() -> list[Received]:
+        return [
+            s
+            for s in receiver.spans
+            if s.name == REQUESTED and s.attributes.get("messaging.message.id") == "tr-2"
+        ]
+
+    await eventually(admission, timeout_s=30)
+    [root] = admission()
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        assert root.parent_id == ""  # the client had no trace: the admission starts one
+    await eventually(lambda: receiver.named(root.trace_id, "relay granted"), timeout_s=30)
+    names = {s.name for s in receiver.of_trace(root.trace_id)}
+    assert {"schedule decision", "relay reserved", "lease grant"} <= names, names
