@@ -182,3 +182,13 @@ async def test_retention_trims_old_records_only(ledger: Ledger) -> None:
     assert await trim_usage(ledger, retention_s=0.2) == 1
     assert [r.lease_id for r in await ended_usage(ledger, 0, 2**62)] == [second]
     assert await ledger.redis.hexists(ledger.key("usage-rec"), first) == 0
+
+
+async def test_an_unclaimed_reservation_ends_with_a_record_of_nothing_used(ledger: Ledger) -> None:
+    await ledger.register_node("n1", [device_spec("n1", 0)])
+    assert (await ledger.reserve(reservation("r", _claim(0), hold_ms=50))).ok
+    await asyncio.sleep(0.1)
+    assert (await ledger.expire_due()).ended == ["lease-r"]
+    (record,) = await ended_usage(ledger, 0, 2**62)
+    assert record.granted_ms == 0 and record.end_reason == "expired" and record.duration_s == 0
+    assert record.slices[0].granted_capacity_s == 0 and not record.running
