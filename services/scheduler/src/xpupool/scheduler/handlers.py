@@ -483,6 +483,7 @@ async def _decide_and_commit(
     deps.history = update_history(
         deps.history, usage, snapshot.now_s, config.fair_share.half_life_s
     )
+    deps.metrics.observe_fair_share({q: u.units for q, u in deps.history.usage.items()})
 
     decided = time.perf_counter()
 

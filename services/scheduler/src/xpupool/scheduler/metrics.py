@@ -10,6 +10,8 @@ outbox and usage series, so no series is exported by two services.
   loop refreshes (:meth:`SchedulerMetrics.observe_pool`), never read on the scrape thread.
 - ``xpupool_scheduler_queue_pending_requests{queue}`` and
   ``xpupool_scheduler_queue_oldest_wait_seconds{queue}``: as of this replica's last cycle.
+- ``xpupool_scheduler_fair_share_usage_units{queue}``: the decayed normalized capacity a queue
+  (subtree included) has used, as this replica's fair-share history ranks queues by;
 - ``xpupool_scheduler_grants_total{queue}``, ``xpupool_scheduler_rejections_total{reason}``
   (what a cycle rejected; requests refused at admission are answered at once and not counted
   here), ``xpupool_scheduler_preemptions_total{queue}`` (victim leases asked to end);
@@ -24,7 +26,7 @@ commit re-checks), so the counters and histograms are summed over replicas.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -159,6 +161,12 @@ class SchedulerMetrics:
             ("queue",),
             registry=r,
         )
+        self.fair_share_usage = Gauge(
+            "xpupool_scheduler_fair_share_usage_units",
+            "Decayed normalized capacity a queue has used (what fair share ranks queues by)",
+            ("queue",),
+            registry=r,
+        )
         self.grants = Counter(
             "xpupool_scheduler_grants", "Reservations committed", ("queue",), registry=r
         )
@@ -203,6 +211,11 @@ class SchedulerMetrics:
             self.queue_pending.labels(queue).set(0)
             self.queue_oldest.labels(queue).set(0)
         self._queues |= seen
+
+    def observe_fair_share(self, usage_units: Mapping[str, float]) -> None:
+        """Set each queue's decayed usage from the fair-share history after a cycle."""
+        for queue, units in usage_units.items():
+            self.fair_share_usage.labels(queue).set(units)
 
     def granted(self, queue: str, waited_s: float) -> None:
         """Count one committed reservation and how long its request waited for it."""
