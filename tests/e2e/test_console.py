@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +108,68 @@ async def test_events_follow_prints_a_new_grant(
         follower.send_signal(signal.SIGINT)
         await asyncio.to_thread(follower.communicate, timeout=10)
     assert follower.returncode == 130
+
+
+def _cli_as(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "xpupool.cli.main", *args],
+        env=dict(os.environ, **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+async def test_on_the_secure_stack_a_tenant_sees_only_its_own_events(
+    tmp_path: Path, ready: Ready
+) -> None:
+    stack = Stack(
+        nodes=[NodeSpec("node-s", "1xA100-80GB")],
+        secure=True,
+        tenants=["alice", "bob"],
+        workdir=tmp_path / "stack",
+    )
+    stack.workdir.mkdir(parents=True, exist_ok=True)
+    stack.start()
+    try:
+        await ready(stack, 1)
+        alice, operator = stack.tenant_env("alice"), stack.operator_env()
+        follower = await asyncio.to_thread(
+            subprocess.Popen,
+            [sys.executable, "-m", "xpupool.cli.main", "events", "--follow", "--tenant", "alice"],
+            env=dict(os.environ, **alice),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert follower.stderr is not None and follower.stdout is not None
+            banner = await asyncio.wait_for(asyncio.to_thread(follower.stderr.readline), 30)
+            assert banner.startswith("following xpupool.tenant.v1.alice.events"), banner
+            submitted = await asyncio.to_thread(
+                _cli_as, alice, "submit", "--tenant", "alice", "--job-id", "sec-1", "--wait"
+            )
+            assert submitted.returncode == 0, submitted.stderr
+            lines: list[dict[str, str]] = []
+            while not any(x["type"] == "alloc.granted" for x in lines):
+                raw = await asyncio.wait_for(asyncio.to_thread(follower.stdout.readline), 30)
+                lines.append(json.loads(raw))
+            assert {(x["tenant"], x["job"]) for x in lines} == {("alice", "sec-1")}
+        finally:
+            follower.send_signal(signal.SIGINT)
+            await asyncio.to_thread(follower.communicate, timeout=10)
+
+        # Alice's credentials cannot read bob's subjects: the server refuses, the CLI says so.
+        snooping = await asyncio.to_thread(_cli_as, alice, "events", "--follow", "--tenant", "bob")
+        assert snooping.returncode == 2 and "refused" in snooping.stderr, snooping.stderr
+        assert snooping.stdout == ""
+        # Nor the event streams (no JetStream API for a tenant).
+        history = await asyncio.to_thread(_cli_as, alice, "events", "--tenant", "alice")
+        assert history.returncode == 2 and "--follow" in history.stderr, history.stderr
+
+        # Operator credentials see every tenant's events in the stream.
+        seen = await asyncio.to_thread(_cli_as, operator, "events", "--type", "granted")
+        assert seen.returncode == 0, seen.stderr
+        assert [json.loads(x)["job"] for x in seen.stdout.splitlines()] == ["sec-1"]
+    finally:
+        stack.stop()

@@ -13,7 +13,7 @@ import os
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -438,6 +438,14 @@ async def run_top(
             await sub.unsubscribe()
 
 
+@dataclass
+class Refusals:
+    """What the NATS server refused on this connection (permission violations)."""
+
+    errors: list[str] = field(default_factory=list)
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 def _emit(line: EventLine, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(msgspec.json.encode(asdict(line)).decode() + "\n")
@@ -447,23 +455,39 @@ def _emit(line: EventLine, as_json: bool) -> None:
 
 
 async def _connect(
-    nats_url: str, tenant: str | None, creds: str | None, tls_ca: str | None
+    nats_url: str,
+    tenant: str | None,
+    creds: str | None,
+    tls_ca: str | None,
+    refused: Refusals,
 ) -> Nats:
     # With credentials, replies must come back on the identity's own inbox (its permissions
     # allow no other): a tenant's when a tenant is named, else the operator's.
     inbox = None
     if creds:
         inbox = tenant_inbox(tenant) if tenant else service_inbox(OPERATOR)
+
+    async def on_error(error: Exception) -> None:
+        # A subscription the credentials do not allow fails asynchronously, here: recorded so
+        # the command says so and exits instead of waiting on a subject that never delivers.
+        if "permission" in str(error).lower():
+            refused.errors.append(str(error))
+            refused.event.set()
+
     return await connect_client(
-        nats_url, creds=creds, tls_ca=tls_ca, inbox_prefix=inbox, name="xpupool-console"
+        nats_url,
+        creds=creds,
+        tls_ca=tls_ca,
+        inbox_prefix=inbox,
+        name="xpupool-console",
+        error_cb=on_error,
     )
 
 
-async def _events(args: Any, nc: Nats) -> int:
+async def _events(args: Any, nc: Nats, refused: Refusals) -> int:
     as_json = args.json or not sys.stdout.isatty()
     subjects = event_subjects(args.tenant)
     if args.follow:
-        done = asyncio.Event()
 
         def on_event(subject: str, data: bytes, received: datetime | None) -> None:
             line = event_line(subject, data, received)
@@ -475,11 +499,12 @@ async def _events(args: Any, nc: Nats) -> int:
         # On stderr, so JSON lines on stdout stay clean; a script can wait for it.
         sys.stderr.write(f"following {' '.join(subjects)}\n")
         sys.stderr.flush()
-        await done.wait()  # until Ctrl-C
-        return 0
+        await refused.event.wait()  # until Ctrl-C, or the server refuses the subscription
+        sys.stderr.write(f"xpupool: error: NATS refused: {refused.errors[0]}\n")
+        return 2
     try:
         recent = await recent_events(nc, subjects)
-    except (nats.errors.TimeoutError, nats.js.errors.Error) as error:
+    except (nats.errors.Error, nats.js.errors.Error) as error:
         sys.stderr.write(
             f"xpupool: error: cannot read the event stream ({error}); a tenant's credentials "
             "have no JetStream access: use --follow for its live events\n"
@@ -502,10 +527,11 @@ async def run_command(
 ) -> int:
     """``xpupool top`` or ``xpupool events`` (``args`` from the CLI's parser)."""
     tenant = getattr(args, "tenant", None)
-    nc = await _connect(nats_url, tenant, creds, tls_ca)
+    refused = Refusals()
+    nc = await _connect(nats_url, tenant, creds, tls_ca, refused)
     try:
         if args.command == "events":
-            return await _events(args, nc)
+            return await _events(args, nc, refused)
         ca = args.redis_tls_ca or os.environ.get("XPUPOOL_REDIS_TLS_CA")
         redis = Redis.from_url(redis_url, ssl_ca_certs=ca) if ca else Redis.from_url(redis_url)
         try:
