@@ -122,9 +122,12 @@ async def receiver() -> AsyncIterator[Receiver]:
     received = Receiver()
     server = await asyncio.start_server(received.handle, "127.0.0.1", 0)
     received.port = server.sockets[0].getsockname()[1]
-    async with server:
+    try:
         yield received
+    finally:
+        server.close()  # first stop accepting: an exporter retrying now must not get in
         await received.close()
+        await server.wait_closed()
 
 
 def _traced_stack(make_stack: Callable[..., Stack], receiver: Receiver) -> Stack:
@@ -206,6 +209,11 @@ async def test_submit_grant_renew_release_is_one_trace(
     assert decision.attributes["xpupool.lease_id"] == outcome.lease_id
     assert decision.attributes["xpupool.device_model"] == outcome.slices[0].model
     assert "xpupool.queue" in decision.attributes
+    # The ledger's Redis calls are client spans of the job trace, and never carry a secret.
+    redis = [s for s in spans if s.attributes.get("db.system") == "redis"]
+    assert {"scheduler", "lease-manager"} <= {s.service for s in redis}
+    secret = outcome.lease_secret
+    assert all(secret not in str(v) for s in receiver.spans for v in s.attributes.values())
     [renew] = receiver.named(trace_id, "lease renew")
     assert renew.service == "lease-manager"
     assert renew.attributes["xpupool.lease_id"] == outcome.lease_id

@@ -21,8 +21,10 @@ from opentelemetry.util.types import AttributeValue
 def configure_tracing(service: str) -> TracerProvider:
     """Install a tracer provider for ``service``; the caller shuts it down on exit.
 
-    Spans are exported over OTLP/HTTP only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, so a dev
-    run without a collector costs nothing but context propagation.
+    Spans are exported over OTLP/HTTP only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (the
+    exporter reads the other ``OTEL_*`` variables: headers, timeout, compression, and the batch
+    processor ``OTEL_BSP_*``), and only then are Redis calls instrumented, so a dev run without
+    a collector costs nothing but context propagation.
     """
     resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME", service)})
     provider = TracerProvider(resource=resource)
@@ -30,8 +32,21 @@ def configure_tracing(service: str) -> TracerProvider:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        _instrument_redis(provider)
     trace.set_tracer_provider(provider)
     return provider
+
+
+def _instrument_redis(provider: TracerProvider) -> None:
+    """Every Redis command (a ledger script is one EVALSHA) as a client span of the current
+    trace; only when spans are exported, so an untraced run does not pay for the wrapping.
+    The instrumentation records a command with its arguments replaced by ``?``: a lease secret
+    passed to a script never reaches a span."""
+    from opentelemetry.instrumentation.redis import RedisInstrumentor
+
+    instrumentor = RedisInstrumentor()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument(tracer_provider=provider)
 
 
 def current_trace_id() -> str | None:
