@@ -213,7 +213,12 @@ async def test_submit_grant_renew_release_is_one_trace(
     redis = [s for s in spans if s.attributes.get("db.system") == "redis"]
     assert {"scheduler", "lease-manager"} <= {s.service for s in redis}
     secret = outcome.lease_secret
+    assert secret
     assert all(secret not in str(v) for s in receiver.spans for v in s.attributes.values())
+    [lifetime] = receiver.named(trace_id, "lease lifetime")
+    assert lifetime.attributes["xpupool.lease_id"] == outcome.lease_id
+    assert lifetime.attributes["xpupool.reason"] == "released"
+    assert lifetime.attributes["xpupool.tenant"] == "team-a"
     [renew] = receiver.named(trace_id, "lease renew")
     assert renew.service == "lease-manager"
     assert renew.attributes["xpupool.lease_id"] == outcome.lease_id

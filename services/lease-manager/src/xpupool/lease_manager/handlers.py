@@ -38,6 +38,7 @@ from xpupool.contracts import (
 )
 from xpupool.lease_manager.env import job_environment
 from xpupool.lease_manager.metrics import LeaseManagerMetrics
+from xpupool.lease_manager.tracing import record_lifetime
 from xpupool.ledger import Holder, LeaseRecord, Ledger, ScriptResult
 from xpupool.obs import continue_trace, get_logger
 
@@ -270,6 +271,7 @@ async def build_events(
                 detail=lease.end_detail,
             )
         ]
+        record_lifetime(lease)
         if metrics is not None:
             metrics.observe_events(ended, lease)
         return ended
