@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from prometheus_client import generate_latest
 
@@ -21,7 +22,7 @@ from tests.e2e.conftest import Ready
 from xpupool.autoscaler.metrics import AutoscalerMetrics
 from xpupool.autoscaler.status import PoolStatus, ScaleStatus
 from xpupool.client import connected
-from xpupool.contracts import AllocationGranted, DeviceDemand, JobRequested
+from xpupool.contracts import AllocationGranted, DeviceDemand, JobReason, JobRejected, JobRequested
 from xpupool.devstack.servers import free_port
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.placement.inventory import DeviceState, NodeState, PoolSnapshot
@@ -106,6 +107,21 @@ async def test_every_service_exposition_passes_promtool(
         return 'xpupool_lease_ends_total{reason="released"} 2.0' in text
 
     await eventually(lambda: asyncio.to_thread(ended), timeout_s=15)
+    # A refusal at admission (here: resubmitting an ended job) counts like one in a cycle.
+    assert stack.nats_url
+    async with connected(stack.nats_url) as client:
+        # A new message id: JetStream's dedup window would drop a plain retried publish.
+        answer = client.expect("lint-whole")
+        body = msgspec.json.encode(JobRequested(job_id="lint-whole", tenant="t", count=1))
+        await client.submit_raw(body, msg_id="lint-whole-again", tenant="t")
+        again = await asyncio.wait_for(answer, 30)
+    assert isinstance(again, JobRejected) and again.reason == JobReason.DUPLICATE_JOB, again
+
+    def refused_counted() -> bool:
+        text = fetch(f"http://127.0.0.1:{ports['scheduler']}/metrics")
+        return 'xpupool_scheduler_rejections_total{reason="duplicate_job"} 1.0' in text
+
+    await eventually(lambda: asyncio.to_thread(refused_counted), timeout_s=10)
     for service, port in ports.items():
         text = await asyncio.to_thread(fetch, f"http://127.0.0.1:{port}/metrics")
         assert "# TYPE" in text, service

@@ -143,9 +143,15 @@ def _growable(deps: SchedulerDeps, shapes: list[PoolShape]) -> tuple[NodeState, 
 
 
 def _rejected(
-    request: JobRequested, tenant: str, reason: JobReason, field: str | None, detail: str
+    request: JobRequested,
+    tenant: str,
+    reason: JobReason,
+    field: str | None,
+    detail: str,
+    deps: SchedulerDeps,
 ) -> list[msgspec.Struct]:
     get_logger().info("request_refused", reason=reason, field=field, tenant=tenant)
+    deps.metrics.rejections.labels(reason.value).inc()
     return [
         JobRejected(
             job_id=request.job_id, tenant=tenant, field_name=field, reason=reason, detail=detail
@@ -172,6 +178,7 @@ async def admit_job(
             JobReason.TENANT_MISMATCH,
             "tenant",
             f"sent on tenant {tenant!r}'s subject but names another tenant",
+            deps,
         )
     config = deps.config.current()
     if not config.may_charge(tenant, request.queue):
@@ -181,6 +188,7 @@ async def admit_job(
             JobReason.QUEUE_NOT_ALLOWED,
             "queue",
             f"tenant {tenant!r} may not charge queue {request.queue!r}",
+            deps,
         )
     request = msgspec.structs.replace(request, tenant=tenant)
     limits = config.limits_for(tenant)
@@ -201,7 +209,7 @@ async def admit_job(
             JobReason.TOO_MANY_PENDING,
             JobReason.DUPLICATE_JOB,
         ):
-            return _rejected(request, tenant, refused, None, admitted.detail)
+            return _rejected(request, tenant, refused, None, admitted.detail, deps)
         return []  # a duplicate of a job that went further: its outcome is already out
     deps.wake.set()
     return []
