@@ -1,0 +1,452 @@
+"""End-to-end speed of the whole stack against the floor of its own servers (issue 14).
+
+``python bench/e2e/bench_e2e.py [--quick] [--out PATH]``: embedded NATS (JetStream, a monitor
+port for /varz) and Redis (AOF, ``appendfsync always``), every service as its own process, a
+simulated fleet in one fleet process (``xpupool.telemetry_collector.fleet``), and this process
+as the load generator. Each scenario measures, in the same run on the same servers:
+
+- the floor: NATS request/reply through a responder process that runs one Redis Lua
+  reservation per message, serial and at the closed loop's concurrency;
+- closed loop: workers submit a job, wait for its outcome, release the lease (whole devices,
+  shares and 2-device gangs mixed); sustained grants/s;
+- open loop: a constant-rate generator at 25/50/80 % of the closed-loop rate; submit -> grant
+  latency percentiles;
+- CPU seconds per 1,000 grants and resident memory per service (/proc), Redis commands per
+  grant (INFO commandstats delta), NATS messages per grant (/varz delta).
+
+Correctness first: every submitted job must get exactly one outcome and the ledger audit must be
+clean after every scenario, or the run fails (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from redis.asyncio import Redis
+
+from xpupool.bus.connection import connect_client, ensure_streams
+from xpupool.client import XpupoolClient, connected
+from xpupool.contracts import (
+    AllocationGranted,
+    DeviceDemand,
+    GangSpec,
+    JobRequested,
+)
+from xpupool.contracts import subjects as s
+from xpupool.devstack.servers import NatsServer, RedisServer, free_port
+from xpupool.devstack.stack import ServiceProcess, Stack
+from xpupool.ledger import Ledger
+from xpupool.ledger.audit import audit
+from xpupool.telemetry_collector.fleet import FleetNode, format_fleet
+
+TENANT = "bench"
+PROFILES = ("8xA100-80GB", "8xAscend910B", "8xT4", "8xMLU370-X4")
+FLOOR_SUBJECT = "bench.floor"
+# One reservation, as the ledger's scripts do it: check, take, and (to keep the key steady)
+# give back; every call writes, so AOF fsyncs it like a real reservation.
+FLOOR_LUA = """
+local free = tonumber(redis.call('HGET', KEYS[1], 'free') or '1000000')
+if free < tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'free', free - tonumber(ARGV[1]), 'last', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'free', tonumber(ARGV[1]))
+return 1
+"""
+RESPONDER = f"""
+import asyncio, sys
+from nats.aio.client import Client
+from redis.asyncio import Redis
+async def main():
+    redis = Redis.from_url(sys.argv[2])
+    script = redis.register_script({FLOOR_LUA!r})
+    nc = Client()
+    await nc.connect(sys.argv[1])
+    async def on(msg):
+        ok = await script(keys=["bench:floor:dev"], args=[1, msg.data])
+        await msg.respond(b"1" if ok else b"0")
+    await nc.subscribe({FLOOR_SUBJECT!r}, cb=on)
+    await nc.flush()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+@dataclass
+class MonitoredNats(NatsServer):
+    """nats-server with the HTTP monitor (``/varz``) on its own port."""
+
+    monitor_port: int = field(default_factory=free_port)
+
+    def command(self) -> list[str]:
+        return [*super().command(), "-m", str(self.monitor_port)]
+
+    def varz(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.monitor_port}/varz", timeout=5) as r:
+            data: dict[str, Any] = json.load(r)
+            return data
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def proc_usage(pid: int) -> tuple[float, int]:
+    """CPU seconds (user + system) and resident bytes of one process, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+    return cpu, rss
+
+
+async def redis_commands(redis: Redis) -> int:
+    stats = await redis.info("commandstats")
+    return sum(int(v["calls"]) for v in stats.values() if isinstance(v, dict))
+
+
+def fleet(devices: int) -> list[FleetNode]:
+    return [
+        FleetNode(f"bench-n{i:05d}", PROFILES[i % len(PROFILES)], 256_000, 2 * 1024 * 1024)
+        for i in range(max(1, devices // 8))
+    ]
+
+
+def job(job_id: str, i: int) -> JobRequested:
+    """Mixed shapes: 1/2 shares, 1/4 whole devices, 1/4 two-device gangs."""
+    kind = i % 4
+    if kind in (0, 2):
+        return JobRequested(
+            job_id=job_id, tenant=TENANT, device=DeviceDemand(memory_mib=1000), max_wait_s=30
+        )
+    if kind == 1:
+        return JobRequested(job_id=job_id, tenant=TENANT, max_wait_s=30)
+    return JobRequested(job_id=job_id, tenant=TENANT, count=2, gang=GangSpec(), max_wait_s=30)
+
+
+@dataclass
+class Tally:
+    """Every outcome the client saw, per job: exactly one each is the correctness check."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    submitted: list[str] = field(default_factory=list)
+    kinds: Counter[str] = field(default_factory=Counter)
+
+    def problems(self) -> list[str]:
+        lost = [j for j in self.submitted if self.outcomes[j] == 0]
+        dup = [j for j, n in self.outcomes.items() if n > 1]
+        out = []
+        if lost:
+            out.append(f"{len(lost)} jobs without outcome, e.g. {lost[:3]}")
+        if dup:
+            out.append(f"{len(dup)} jobs with more than one outcome, e.g. {dup[:3]}")
+        return out
+
+
+class Load:
+    """The load generator: one client, every outcome counted."""
+
+    def __init__(self, client: XpupoolClient, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.tally = Tally()
+        self.n = 0
+        self.latencies: list[float] = []
+        client.listen(self._on_event)
+
+    def _on_event(self, event: object) -> None:
+        job_id = getattr(event, "job_id", None)
+        name = type(event).__name__
+        if name in ("AllocationGranted", "JobRejected", "JobTimedOut", "JobCancelled"):
+            assert isinstance(job_id, str)
+            self.tally.outcomes[job_id] += 1
+            self.tally.kinds[name] += 1
+
+    async def one(self) -> bool:
+        """Submit one job, wait for its outcome, release its lease; True if granted."""
+        i = self.n
+        self.n += 1
+        job_id = f"{self.prefix}-{i:07d}"
+        self.tally.submitted.append(job_id)
+        t0 = time.perf_counter()
+        outcome = await self.client.submit_and_wait(job(job_id, i), timeout_s=60)
+        if not isinstance(outcome, AllocationGranted):
+            return False
+        self.latencies.append(time.perf_counter() - t0)
+        await self.client.release(outcome.lease_id, outcome.fencing_token)
+        return True
+
+    async def closed(self, concurrency: int, duration_s: float) -> float:
+        """Grants per second with ``concurrency`` jobs in flight."""
+        stop = time.perf_counter() + duration_s
+        grants = 0
+
+        async def worker() -> None:
+            nonlocal grants
+            while time.perf_counter() < stop:
+                # Await first: ``grants += await ...`` would read grants before the await and
+                # lose the other workers' increments.
+                granted = await self.one()
+                grants += granted
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return grants / (time.perf_counter() - t0)
+
+    async def open(self, rate: float, duration_s: float) -> list[float]:
+        """Submit at a constant ``rate`` (not slowed by the system); grant latencies."""
+        self.latencies = []
+        tasks = []
+        t0 = time.perf_counter()
+        for k in range(max(1, int(rate * duration_s))):
+            delay = t0 + k / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(self.one()))
+        await asyncio.gather(*tasks)
+        return self.latencies
+
+
+async def floor(nats_url: str, concurrency: int, count: int) -> dict[str, float]:
+    nc = await connect_client(nats_url, name="bench-floor")
+    try:
+        serial = []
+        for i in range(max(50, count // 10)):
+            t0 = time.perf_counter()
+            await nc.request(FLOOR_SUBJECT, str(i).encode(), timeout=5)
+            serial.append(time.perf_counter() - t0)
+        done = 0
+
+        async def worker() -> None:
+            nonlocal done
+            while done < count:
+                done += 1
+                await nc.request(FLOOR_SUBJECT, b"x", timeout=5)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        rate = done / (time.perf_counter() - t0)
+    finally:
+        await nc.close()
+    return {
+        "serial_p50_ms": 1000 * percentile(serial, 0.5),
+        "serial_p99_ms": 1000 * percentile(serial, 0.99),
+        "rate_per_s": rate,
+    }
+
+
+def spawn_fleet(stack: Stack, nodes: list[FleetNode], heartbeat_s: float) -> ServiceProcess:
+    path = stack.workdir / "fleet.csv"
+    path.write_text(format_fleet(nodes), encoding="utf-8")
+    env = stack.base_env()
+    env.update(XPUPOOL_SIMULATED_NODES=str(path), XPUPOOL_SAMPLE_INTERVAL_S=str(heartbeat_s))
+    log_path = stack.workdir / "telemetry-fleet.log"
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "xpupool.telemetry_collector.fleet"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    service = ServiceProcess("telemetry-fleet", process, env, log_path)
+    stack.services.append(service)
+    return service
+
+
+@dataclass
+class Scenario:
+    name: str
+    devices: int
+    replicas: int = 1
+    open_loop: bool = False
+
+
+async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    nats = MonitoredNats(work / sc.name / "nats")
+    redis_server = RedisServer(work / sc.name / "redis")
+    nats.start()
+    redis_server.start()
+    responder = subprocess.Popen(
+        [sys.executable, "-c", RESPONDER, nats.url, redis_server.url],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    stack = Stack(
+        nodes=[],
+        nats_url=nats.url,
+        redis_url=redis_server.url,
+        schedulers=sc.replicas,
+        workdir=work / sc.name / "stack",
+        extra_env={
+            "XPUPOOL_LOG_LEVEL": "warning",
+            "XPUPOOL_NODE_GRACE_S": "600",
+        },
+    )
+    stack.workdir.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"scenario": sc.name, "devices": sc.devices, "replicas": sc.replicas}
+    redis = Redis.from_url(redis_server.url)
+    try:
+        assert responder.stdout is not None
+        if responder.stdout.readline().strip() != b"ready":
+            raise RuntimeError("floor responder did not start")
+        stack.start()
+        for _ in range(sc.replicas - 1):
+            stack.spawn("lease-manager")
+        nodes = fleet(sc.devices)
+        spawn_fleet(stack, nodes, args.heartbeat_s)
+        ledger = Ledger(redis, stack.namespace)
+        deadline = time.monotonic() + 180
+        while len(await ledger.nodes()) < len(nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fleet did not register; logs:\n{stack.logs()}")
+            await asyncio.sleep(0.5)
+        result["devices_registered"] = sum(len(n.devices) for n in await ledger.nodes())
+        await stack.wait_until_pulling(timeout_s=60)
+        result["floor"] = fl = await floor(nats.url, args.concurrency, args.floor_count)
+        async with connected(nats.url) as client:
+            await ensure_streams(client.js, s.STREAMS)
+            load = Load(client, f"{sc.name}-{os.getpid()}")
+            await load.closed(4, 1.0)  # warm-up: caches, first snapshot, JIT of connections
+            pids = {f"{p.name}-{i}": p.process.pid for i, p in enumerate(stack.services)}
+            cpu0 = {k: proc_usage(pid)[0] for k, pid in pids.items()}
+            cmd0, varz0 = await redis_commands(redis), nats.varz()
+            g0 = load.tally.kinds["AllocationGranted"]
+            load.latencies = []
+            rate = await load.closed(args.concurrency, args.duration_s)
+            grants = load.tally.kinds["AllocationGranted"] - g0
+            cmd1, varz1 = await redis_commands(redis), nats.varz()
+            usage = {k: proc_usage(pid) for k, pid in pids.items()}
+            closed_lat = load.latencies
+            result["closed"] = {
+                "grants_per_s": rate,
+                "ratio_to_floor": rate / fl["rate_per_s"],
+                "grants": grants,
+                "p50_ms": 1000 * percentile(closed_lat, 0.5),
+                "p99_ms": 1000 * percentile(closed_lat, 0.99),
+                "redis_commands_per_grant": (cmd1 - cmd0) / max(1, grants),
+                "nats_in_msgs_per_grant": (varz1["in_msgs"] - varz0["in_msgs"]) / max(1, grants),
+                "nats_out_msgs_per_grant": (varz1["out_msgs"] - varz0["out_msgs"])
+                / max(1, grants),
+                "cpu_s_per_1000_grants": {
+                    k: 1000 * (usage[k][0] - cpu0[k]) / max(1, grants) for k in pids
+                },
+                "rss_mib": {k: usage[k][1] / 2**20 for k in pids},
+            }
+            if sc.open_loop:
+                opened: dict[str, Any] = {}
+                load.latencies = []
+                serial = [await load.one() for _ in range(args.serial_count)]
+                lat = load.latencies
+                opened["serial"] = {
+                    "granted": sum(serial),
+                    "p50_ms": 1000 * percentile(lat, 0.5),
+                    "p99_ms": 1000 * percentile(lat, 0.99),
+                    "p50_ratio_to_floor": 1000 * percentile(lat, 0.5) / fl["serial_p50_ms"],
+                }
+                for pct in (25, 50, 80):
+                    lat = await load.open(rate * pct / 100, args.open_s)
+                    opened[f"{pct}%"] = {
+                        "rate_per_s": rate * pct / 100,
+                        "granted": len(lat),
+                        "p50_ms": 1000 * percentile(lat, 0.5),
+                        "p99_ms": 1000 * percentile(lat, 0.99),
+                        "p999_ms": 1000 * percentile(lat, 0.999),
+                    }
+                result["open"] = opened
+            await asyncio.sleep(1.0)  # late duplicates would arrive here
+            problems = load.tally.problems()
+            problems += await audit(ledger)
+            result["submitted"] = len(load.tally.submitted)
+            result["outcomes"] = dict(load.tally.kinds)
+            result["problems"] = problems
+            dead = [p.name for p in stack.services if not p.alive()]
+            if dead:
+                problems.append(f"services died: {dead}")
+    finally:
+        await redis.aclose()
+        stack.stop()
+        responder.kill()
+        responder.wait()
+        nats.stop()
+        redis_server.stop()
+    return result
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [
+        f"{'scenario':<14}{'devices':>8}{'floor/s':>9}{'grants/s':>10}{'ratio':>7}"
+        f"{'p50 ms':>8}{'p99 ms':>8}{'redis/g':>8}{'nats/g':>8}  cpu s/1000 grants",
+    ]
+    for r in results:
+        c = r["closed"]
+        cpu = ", ".join(f"{k}={v:.1f}" for k, v in c["cpu_s_per_1000_grants"].items())
+        lines.append(
+            f"{r['scenario']:<14}{r['devices_registered']:>8}{r['floor']['rate_per_s']:>9.0f}"
+            f"{c['grants_per_s']:>10.1f}{c['ratio_to_floor']:>7.3f}{c['p50_ms']:>8.1f}"
+            f"{c['p99_ms']:>8.1f}{c['redis_commands_per_grant']:>8.1f}"
+            f"{c['nats_in_msgs_per_grant'] + c['nats_out_msgs_per_grant']:>8.1f}  {cpu}"
+        )
+        for k, v in r.get("open", {}).items():
+            lines.append(
+                f"  open {k:<8} p50 {v['p50_ms']:.1f} ms  p99 {v['p99_ms']:.1f} ms"
+                + (f"  p99.9 {v['p999_ms']:.1f} ms" if "p999_ms" in v else "")
+                + f"  (floor serial p50 {r['floor']['serial_p50_ms']:.2f} ms)"
+            )
+        for p in r["problems"]:
+            lines.append(f"  PROBLEM: {p}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: small fleet, short")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--duration-s", type=float, default=20.0)
+    parser.add_argument("--open-s", type=float, default=10.0)
+    parser.add_argument("--serial-count", type=int, default=50)
+    parser.add_argument("--floor-count", type=int, default=5000)
+    parser.add_argument("--heartbeat-s", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    if args.quick:
+        scenarios = [Scenario("quick", 64, open_loop=True)]
+        args.duration_s, args.open_s, args.serial_count, args.floor_count = 4.0, 3.0, 10, 1000
+    else:
+        scenarios = [
+            Scenario("fleet-10k", 10_000, open_loop=True),
+            Scenario("fleet-1k", 1_000),
+            Scenario("2-replicas", 10_000, replicas=2),
+        ]
+    work = Path(tempfile.mkdtemp(prefix="xpupool-bench-e2e-"))
+    results = [asyncio.run(run_scenario(sc, args, work)) for sc in scenarios]
+    out = args.out or Path(__file__).parent / "results" / f"e2e-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"contended": True, "results": results}, indent=2))
+    print(table(results))
+    print(f"JSON: {out}")
+    failed = [r["scenario"] for r in results if r["problems"]]
+    if failed:
+        print(f"FAILED correctness checks: {failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
