@@ -89,3 +89,8 @@ ci: test
 [group("bench")]
 bench-autoscale *ARGS: sync
     uv run --frozen python bench/autoscale/bench_autoscale.py {{ARGS}}
+
+# End-to-end grants/s and latency against the floor of the same NATS and Redis (issue 14); --quick: smoke run
+[group("bench")]
+bench *ARGS: sync
+    uv run --frozen python bench/e2e/bench_e2e.py {{ARGS}}
