@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import eventually
 from tests.e2e.conftest import Ready
 from tests.e2e.test_cli import _cli
 from xpupool.devstack.stack import NodeSpec, Stack
@@ -24,7 +25,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 async def test_status_events_top_after_a_grant(
     make_stack: Callable[..., Stack], ready: Ready
 ) -> None:
-    stack = make_stack([NodeSpec("node-k", "2xA100-80GB")])
+    stack = make_stack(
+        [NodeSpec("node-k", "2xA100-80GB")],
+        extra_env={"XPUPOOL_SCHEDULER_METRICS_REFRESH_S": "0.3"},
+    )
     await ready(stack, 1)
     submitted = await asyncio.to_thread(
         _cli,
@@ -72,6 +76,36 @@ async def test_status_events_top_after_a_grant(
     assert top.returncode == 0, top.stderr
     assert "pool" in top.stdout and "latest events" in top.stdout
     assert "alloc.granted" in top.stdout and "con-1" in top.stdout
+
+    def fair_share() -> list[tuple[str, float, float]]:
+        """The queues' fair-share usage once the scheduler has published one with usage."""
+        done = _cli(stack, "status", "--json")
+        assert done.returncode == 0, done.stderr
+        rows = json.loads(done.stdout)["queues"]
+        return [
+            (q["queue"], q["fair_share_usage"], q["fair_share_fraction"])
+            for q in rows
+            if q["fair_share_usage"]
+        ]
+
+    # The scheduler folds what queues hold into its fair-share history when it decides: a
+    # second request makes it fold the first lease in, and publish that for the console.
+    second = await asyncio.to_thread(
+        _cli,
+        stack,
+        "submit",
+        "--tenant",
+        "con",
+        "--job-id",
+        "con-2",
+        "--compute-pct",
+        "50",
+        "--wait",
+    )
+    assert second.returncode == 0, second.stderr
+    # The running leases' queue is the only one that has used anything.
+    [(_, used, fraction)] = await eventually(lambda: asyncio.to_thread(fair_share), timeout_s=20)
+    assert used > 0 and fraction == 1.0
 
 
 async def test_events_follow_prints_a_new_grant(

@@ -204,3 +204,16 @@ def test_tables_render_the_rows() -> None:
     text = out.getvalue()
     assert "A100-80GB" in text and "50%" in text and "alloc.granted" in text
     assert summary_json(summary)["queues"][0]["pool_compute_share"] == 0.5
+
+
+def test_queues_show_the_published_fair_share_usage_and_its_fraction() -> None:
+    leases = [_lease("l1", "train", "active", [100])]
+    fair = {"train": 3.0, "infer": 1.0, "gone": 0.0}
+    rows = {r.queue: r for r in queue_summary(leases, [], 400, None, fair, 4.0)}
+    # A queue with decayed usage is listed even with nothing running; one with none is not.
+    assert set(rows) == {"train", "infer"}
+    assert (rows["train"].fair_share_usage, rows["train"].fair_share_fraction) == (3.0, 0.75)
+    assert (rows["infer"].fair_share_usage, rows["infer"].fair_share_fraction) == (1.0, 0.25)
+    # No scheduler published a view: unknown, not zero.
+    (unknown,) = queue_summary(leases, [], 400)
+    assert (unknown.fair_share_usage, unknown.fair_share_fraction) == (None, None)

@@ -37,6 +37,8 @@ from xpupool.ledger.ledger import DeviceRecord, LeaseRecord, NodeRecord
 
 #: The queue a lease or request is shown under when it names none.
 NO_QUEUE = "(none)"
+#: A fair-share view older than this (no scheduler publishing) is not shown.
+FAIR_SHARE_STALE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,11 @@ class QueueRow:
     """Share of the whole pool's compute this queue holds (0-1)."""
     quota_used: dict[str, float]
     """The queue's quota counters in the ledger (``units``, ``devices:<model>``), as charged."""
+    fair_share_usage: float | None = None
+    """The queue's decayed normalized usage, what fair share ranks it by (None: no scheduler
+    published one recently)."""
+    fair_share_fraction: float | None = None
+    """That usage as a share of all queues' (0-1): compare it with the queue's weight share."""
 
 
 @dataclass(frozen=True)
@@ -127,11 +134,15 @@ def queue_summary(
     pending_queues: Iterable[str | None],
     pool_compute_pct: int,
     usage: Mapping[str, Mapping[str, float]] | None = None,
+    fair_share: Mapping[str, float] | None = None,
+    fair_share_total: float = 0.0,
 ) -> list[QueueRow]:
     """Per queue: live leases (active and reserved), waiting requests and the compute held, as a
     share of ``pool_compute_pct`` (100 per device in the pool), with the quota counters in
-    ``usage`` (by queue name)."""
+    ``usage`` (by queue name) and the scheduler's fair-share usage (``fair_share``, by queue, a
+    parent's including its children's), each also as a share of ``fair_share_total``."""
     usage = usage or {}
+    total_fair = fair_share_total
     running: dict[str, int] = defaultdict(int)
     reserved: dict[str, int] = defaultdict(int)
     pending: dict[str, int] = defaultdict(int)
@@ -150,7 +161,13 @@ def queue_summary(
     for name in pending_queues:
         pending[name or NO_QUEUE] += 1
     charged = {q for q, counters in usage.items() if any(counters.values())}
-    names = sorted(set(running) | set(reserved) | set(pending) | charged)
+    names = sorted(
+        set(running)
+        | set(reserved)
+        | set(pending)
+        | charged
+        | {q for q, u in (fair_share or {}).items() if u > 0}
+    )
     return [
         QueueRow(
             queue=q,
@@ -162,6 +179,14 @@ def queue_summary(
             compute_pct=compute[q],
             pool_compute_share=round(compute[q] / pool_compute_pct, 3) if pool_compute_pct else 0,
             quota_used={k: round(v, 3) for k, v in sorted(usage.get(q, {}).items())},
+            fair_share_usage=None if fair_share is None else round(fair_share.get(q, 0.0), 3),
+            fair_share_fraction=(
+                None
+                if fair_share is None
+                else round(fair_share.get(q, 0.0) / total_fair, 3)
+                if total_fair
+                else 0.0
+            ),
         )
         for q in names
     ]
@@ -255,7 +280,14 @@ async def read_summary(ledger: Ledger) -> Summary:
     queued = [pending_queue(b) for b, _ in pending]
     names = sorted({lease.queue for lease in live if lease.queue} | {q for q in queued if q})
     usage = {name: await ledger.usage(name) for name in names}
-    return Summary(pool, queue_summary(live, queued, pool_compute, usage))
+    view = await ledger.fair_share()
+    now_s = (await ledger.now_ms()) / 1000
+    fresh = view is not None and now_s - view.at_s <= FAIR_SHARE_STALE_S
+    if view is not None and fresh:
+        rows = queue_summary(live, queued, pool_compute, usage, view.units, view.total_units)
+    else:
+        rows = queue_summary(live, queued, pool_compute, usage)
+    return Summary(pool, rows)
 
 
 def summary_json(summary: Summary) -> dict[str, Any]:
@@ -290,6 +322,7 @@ def summary_tables(summary: Summary) -> Group:
     for column in ("queue", "running", "reserved", "pending", "devices", "memory", "pool share"):
         queues.add_column(column)
     queues.add_column("quota used")
+    queues.add_column("fair-share usage")
     for q in summary.queues:
         queues.add_row(
             q.queue,
@@ -300,6 +333,9 @@ def summary_tables(summary: Summary) -> Group:
             _mib(q.memory_mib),
             f"{q.pool_compute_share:.0%}",
             " ".join(f"{k}={v:g}" for k, v in q.quota_used.items()) or "-",
+            "-"
+            if q.fair_share_usage is None
+            else f"{q.fair_share_usage:g} ({q.fair_share_fraction or 0:.0%})",
         )
     return Group(pool, queues)
 

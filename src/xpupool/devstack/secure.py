@@ -122,7 +122,7 @@ DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
         "zrevrange",
         "mget",
         "get",
-        # note_pending
+        # note_pending, publish_fair_share
         "hset",
         # changes_since: one MULTI of GETs, INFO server and a ZRANGEBYSCORE; now_ms
         "multi",

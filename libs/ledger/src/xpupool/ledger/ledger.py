@@ -28,10 +28,26 @@ AUTOSCALER_SHAPES: Final = "shapes"
 autoscaler (``xpupool.autoscaler.state``), read by the scheduler."""
 AUTOSCALER_INCOMING: Final = "incoming"
 """``{ns}:autoscaler:<this>``: job id -> until when (epoch s) an in-flight scale-up is for it."""
+SCHEDULER_STATE: Final = "scheduler"
+"""``{ns}:<this>``: a hash of what the scheduler publishes for operators (field ``fair-share``:
+``FairShareView``), written by the scheduler's metrics loop, read by ``xpupool status``."""
 INCOMING_OVERDUE_S: Final = 600.0
 """How long past its expected ready time (or since it was asked for, without one) a scale-up
 still counts as incoming capacity: the autoscaler's ledger entries and the scheduler's view of
 ``NodeProvisioning`` events both give up on it then."""
+
+
+class FairShareView(msgspec.Struct, frozen=True):
+    """Each queue's decayed normalized usage (its subtree included), the quantity fair share
+    ranks queues by (lowest first, against its weight), and the whole pool's (``total_units``,
+    the implicit root's), as one scheduler replica last computed them at ``at_s``."""
+
+    at_s: float
+    units: dict[str, float]
+    total_units: float
+
+
+_FAIR_SHARE_DECODER = msgspec.json.Decoder(FairShareView)
 
 
 class ScriptResult(msgspec.Struct, frozen=True):
@@ -751,6 +767,21 @@ class Ledger:
         """A quota scope's counters."""
         row = await self._redis.hgetall(self.key("usage", scope))
         return {_str(a): float(_str(b)) for a, b in row.items()}
+
+    async def publish_fair_share(self, view: FairShareView) -> None:
+        """Publish the scheduler's fair-share position for operators (last writer wins: every
+        replica folds the same ledger usage, so their views agree up to a cycle)."""
+        await self._redis.hset(self.key(SCHEDULER_STATE), "fair-share", msgspec.json.encode(view))
+
+    async def fair_share(self) -> FairShareView | None:
+        """The last published fair-share position, or None when no scheduler published one."""
+        raw = await self._redis.hget(self.key(SCHEDULER_STATE), "fair-share")
+        if raw is None:
+            return None
+        try:
+            return _FAIR_SHARE_DECODER.decode(raw)
+        except msgspec.ValidationError:
+            return None  # written by another version: shown as unknown, never a crash
 
 
 async def open_ledger(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 import uuid
 from contextlib import AsyncExitStack, suppress
 from pathlib import Path
@@ -22,7 +23,7 @@ from xpupool.bus.lifecycle import (
     watch_bus,
 )
 from xpupool.contracts import NodeProvisioning, NodeReady, access, subjects
-from xpupool.ledger import OutboxRelay, open_ledger
+from xpupool.ledger import FairShareView, OutboxRelay, open_ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
 from xpupool.placement.default import DefaultPolicy
 from xpupool.placement.engine import PlacementPolicy
@@ -30,7 +31,7 @@ from xpupool.placement.node_policies import make_trace_policies, parse_aliases
 from xpupool.placement.workload import load_demands
 from xpupool.scheduler import handlers
 from xpupool.scheduler.config_source import ConfigSource
-from xpupool.scheduler.domain.config import BUILTIN_POLICIES
+from xpupool.scheduler.domain.config import BUILTIN_POLICIES, ROOT
 from xpupool.scheduler.metrics import serve_metrics
 from xpupool.scheduler.settings import SchedulerSettings
 from xpupool.scheduler.snapshot_cache import SnapshotCache
@@ -72,12 +73,18 @@ async def cycle_loop(
 
 async def pool_metrics_loop(deps: handlers.SchedulerDeps, stop: asyncio.Event) -> None:
     """Refresh the pool gauges from the ledger on the event loop, so a scrape (on the metrics
-    server's thread) only renders the last summary and never touches Redis or the loop."""
+    server's thread) only renders the last summary and never touches Redis or the loop; and
+    publish the fair-share position to the ledger for ``xpupool status`` at the same pace, off
+    the scheduling cycle's path."""
     cache = SnapshotCache()  # its own: the cycle's cache must not be read concurrently
     while not stop.is_set():
         try:
             snapshot, _ = await cache.read(deps.ledger)
             deps.metrics.observe_pool(snapshot)
+            if deps.history is not None:
+                units = {q: u.units for q, u in deps.history.usage.items()}
+                total = units.pop(ROOT, sum(units.values()))
+                await deps.ledger.publish_fair_share(FairShareView(time.time(), units, total))
         except Exception as error:  # noqa: BLE001  (Redis away: keep the last summary, retry)
             get_logger().warning("pool_metrics_refresh_failed", error=repr(error))
         with suppress(TimeoutError):
