@@ -37,6 +37,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from xpupool.bus.connection import connect_client, ensure_streams
+from xpupool.bus.lifecycle import PARENT_PID_ENV
 from xpupool.client import XpupoolClient, connected
 from xpupool.contracts import (
     AllocationGranted,
@@ -254,6 +255,8 @@ def spawn_fleet(stack: Stack, nodes: list[FleetNode], heartbeat_s: float) -> Ser
     path.write_text(format_fleet(nodes), encoding="utf-8")
     env = stack.base_env()
     env.update(XPUPOOL_SIMULATED_NODES=str(path), XPUPOOL_SAMPLE_INTERVAL_S=str(heartbeat_s))
+    # It stops when the bench is gone, killed included, as the stack's own services do.
+    env[PARENT_PID_ENV] = str(os.getpid())
     log_path = stack.workdir / "telemetry-fleet.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(
@@ -343,8 +346,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 "p99_ms": 1000 * percentile(closed_lat, 0.99),
                 "redis_commands_per_grant": (cmd1 - cmd0) / max(1, grants),
                 "nats_in_msgs_per_grant": (varz1["in_msgs"] - varz0["in_msgs"]) / max(1, grants),
-                "nats_out_msgs_per_grant": (varz1["out_msgs"] - varz0["out_msgs"])
-                / max(1, grants),
+                "nats_out_msgs_per_grant": (varz1["out_msgs"] - varz0["out_msgs"]) / max(1, grants),
                 "cpu_s_per_1000_grants": {
                     k: 1000 * (usage[k][0] - cpu0[k]) / max(1, grants) for k in pids
                 },
