@@ -140,6 +140,16 @@ DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
         "zrevrange",
         "smismember",
         "time",
+        # outbox lag for its metrics (lease_manager.metrics): entries and the oldest one
+        "xlen",
+        "xrange",
+        # usage retention (ledger.usage.trim_usage): the expired ids, dropped in one MULTI
+        "zrangebyscore",
+        "hdel",
+        "zrem",
+        "multi",
+        "exec",
+        "discard",
     ),
     access.TELEMETRY_COLLECTOR: ("hgetall", "smembers"),
     # nodes/leases/pending_jobs/now_ms; its own state (``xpupool.autoscaler.state``: the fenced
@@ -179,6 +189,9 @@ _COLLECTOR_WRITES: Final[tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = 
     (("expire",), ("lease:*",)),
     (("zrem",), ("expiry", "idle-watch", "deadlines")),
     (("zadd", "zremrangebyrank"), ("changes",)),
+    # end_lease's usage record (write_usage in _prelude.lua)
+    (("hset",), ("usage-rec",)),
+    (("zadd",), ("usage-ended",)),
     (("incr",), ("changes-seq", "ver")),
     (("set",), ("changes-epoch", "changes-floor")),
     (("xadd",), ("outbox:lease-manager",)),
