@@ -6,33 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 
 import pytest
 
 from tests.e2e.conftest import Ready
+from tests.e2e.test_cli import _cli
 from xpupool.devstack.stack import NodeSpec, Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
-
-
-def _cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(
-        os.environ,
-        XPUPOOL_NATS_URL=stack.nats_url or "",
-        XPUPOOL_REDIS_URL=stack.redis_url or "",
-        XPUPOOL_NAMESPACE=stack.namespace,
-    )
-    return subprocess.run(
-        [sys.executable, "-m", "xpupool.cli.main", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 async def test_a_released_job_is_in_the_usage_report(
