@@ -14,6 +14,10 @@ as the load generator. Each scenario measures, in the same run on the same serve
 - CPU seconds per 1,000 grants and resident memory per service (/proc), Redis commands per
   grant (INFO commandstats delta), NATS messages per grant (/varz delta).
 
+``--profile DIR`` attaches py-spy to every service during the closed loop and writes one
+profile per service (a flame graph SVG by default, ``--profile-format raw`` for collapsed
+stacks), plus ``top.txt``: each service's hottest functions by inclusive and own samples.
+
 Correctness first: every submitted job must get exactly one outcome and the ledger audit must be
 clean after every scenario, or the run fails (exit status 1).
 """
@@ -115,9 +119,80 @@ def proc_usage(pid: int) -> tuple[float, int]:
     return cpu, rss
 
 
-async def redis_commands(redis: Redis) -> int:
+async def redis_commands(redis: Redis) -> Counter[str]:
+    """Calls per Redis command so far (INFO commandstats)."""
     stats = await redis.info("commandstats")
-    return sum(int(v["calls"]) for v in stats.values() if isinstance(v, dict))
+    return Counter(
+        {
+            k.removeprefix("cmdstat_"): int(v["calls"])
+            for k, v in stats.items()
+            if isinstance(v, dict)
+        }
+    )
+
+
+def start_profilers(
+    pids: dict[str, int], directory: Path, duration_s: float, fmt: str
+) -> list[subprocess.Popen[bytes]]:
+    """py-spy attached to each service for the closed loop (raw stacks kept for ``top.txt``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    py_spy = Path(sys.executable).parent / "py-spy"
+    procs = []
+    for name, pid in pids.items():
+        for form, suffix in {fmt: {"flamegraph": "svg"}.get(fmt, "txt"), "raw": "txt"}.items():
+            out = directory / f"{name}.{form}.{suffix}"
+            procs.append(
+                subprocess.Popen(  # noqa: ASYNC220  (started before the measured loop)
+                    [
+                        str(py_spy),
+                        "record",
+                        "--pid",
+                        str(pid),
+                        "--duration",
+                        str(int(duration_s)),
+                        "--rate",
+                        "250",
+                        "--nonblocking",
+                        "--format",
+                        form,
+                        "--output",
+                        str(out),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+            if form == "raw":
+                break
+    return procs
+
+
+def profile_top(directory: Path, n: int = 25) -> str:
+    """Each service's hottest functions from its collapsed stacks: inclusive and own share."""
+    out = []
+    for raw in sorted(directory.glob("*.raw.txt")):
+        inclusive: Counter[str] = Counter()
+        own: Counter[str] = Counter()
+        total = 0
+        for line in raw.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not count.isdigit():
+                continue
+            samples = int(count)
+            frames = [
+                f.split(" (")[0] + " (" + f.rsplit("/", 1)[-1] if " (" in f else f
+                for f in stack.split(";")
+            ]
+            total += samples
+            for f in set(frames):
+                inclusive[f] += samples
+            own[frames[-1]] += samples
+        out.append(f"== {raw.name.split('.')[0]}: {total} samples")
+        out.append("-- inclusive")
+        out += [f"{100 * c / max(1, total):6.1f}%  {f}" for f, c in inclusive.most_common(n)]
+        out.append("-- own")
+        out += [f"{100 * c / max(1, total):6.1f}%  {f}" for f, c in own.most_common(n)]
+    return "\n".join(out)
 
 
 def fleet(devices: int) -> list[FleetNode]:
@@ -333,7 +408,17 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
             cmd0, varz0 = await redis_commands(redis), nats.varz()
             g0 = load.tally.kinds["AllocationGranted"]
             load.latencies = []
+            profilers = (
+                start_profilers(pids, args.profile / sc.name, args.duration_s, args.profile_format)
+                if args.profile
+                else []
+            )
             rate = await load.closed(args.concurrency, args.duration_s)
+            for p in profilers:
+                await asyncio.to_thread(p.wait)
+            if args.profile:
+                top = profile_top(args.profile / sc.name)
+                (args.profile / sc.name / "top.txt").write_text(top + "\n")
             grants = load.tally.kinds["AllocationGranted"] - g0
             cmd1, varz1 = await redis_commands(redis), nats.varz()
             usage = {k: proc_usage(pid) for k, pid in pids.items()}
@@ -344,7 +429,10 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 "grants": grants,
                 "p50_ms": 1000 * percentile(closed_lat, 0.5),
                 "p99_ms": 1000 * percentile(closed_lat, 0.99),
-                "redis_commands_per_grant": (cmd1 - cmd0) / max(1, grants),
+                "redis_commands_per_grant": (cmd1 - cmd0).total() / max(1, grants),
+                "redis_commands_per_grant_by_name": {
+                    k: v / max(1, grants) for k, v in (cmd1 - cmd0).most_common(20)
+                },
                 "nats_in_msgs_per_grant": (varz1["in_msgs"] - varz0["in_msgs"]) / max(1, grants),
                 "nats_out_msgs_per_grant": (varz1["out_msgs"] - varz0["out_msgs"]) / max(1, grants),
                 "cpu_s_per_1000_grants": {
@@ -427,6 +515,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serial-count", type=int, default=50)
     parser.add_argument("--floor-count", type=int, default=5000)
     parser.add_argument("--heartbeat-s", type=float, default=10.0)
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy profiles to DIR")
+    parser.add_argument(
+        "--profile-format", default="flamegraph", choices=("flamegraph", "speedscope", "raw")
+    )
     args = parser.parse_args(argv)
     if args.quick:
         scenarios = [Scenario("quick", 64, open_loop=True)]

@@ -505,11 +505,12 @@ async def _drain_outbox(ledger: Ledger, service: str, observer: Redis) -> None:
     async def build(fields: dict[str, str]) -> list[object]:
         return [fields]
 
-    async def publish(event: object) -> None:
+    async def send(event: object) -> list[object]:
         published.append(event)
+        return []
 
     stop = asyncio.Event()
-    relay = OutboxRelay(ledger, service, build, publish)  # type: ignore[arg-type]
+    relay = OutboxRelay(ledger, service, build, send)  # type: ignore[arg-type]
     task = asyncio.create_task(relay.run(stop))
     outbox = ledger.key("outbox", service)
 

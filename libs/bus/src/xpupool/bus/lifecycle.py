@@ -56,6 +56,21 @@ _hard_exit: threading.Timer | None = None
 _watchers: set[asyncio.Task[None]] = set()
 
 
+def run_service(main: Coroutine[Any, Any, None]) -> None:
+    """Run a service's main coroutine to completion on uvloop where it is installed (a
+    service spends most of its CPU in the event loop: scheduling callbacks, socket reads and
+    writes), else on asyncio's own loop. ``XPUPOOL_EVENT_LOOP=asyncio`` picks the latter."""
+    if os.environ.get("XPUPOOL_EVENT_LOOP", "uvloop") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            uvloop.run(main)
+            return
+    asyncio.run(main)
+
+
 def stop_on_signals() -> asyncio.Event:
     """An event set by SIGINT or SIGTERM (call from inside the running loop), and, where
     ``$XPUPOOL_PARENT_PID`` names this process's parent, once that parent is gone."""

@@ -8,7 +8,9 @@ headers). ``MessageTooLarge`` is raised instead, before anything is sent.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import asyncio
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from typing import Any
 
 import msgspec
 from nats.aio.client import Client
@@ -58,11 +60,25 @@ def check_size(nc: Client, subject: str, data: bytes, headers: Mapping[str, str]
         raise MessageTooLarge(subject, size, nc.max_payload)
 
 
+Ack = Awaitable[Any]
+
+
+async def await_acks(acks: Sequence[Ack], timeout_s: float = PUBLISH_TIMEOUT_S) -> None:
+    """Wait until JetStream has stored every message whose acknowledgement is pending; raises
+    the first failure, or ``TimeoutError`` when one did not come within ``timeout_s`` (what is
+    still pending is cancelled, which frees its slot in the connection's window)."""
+    if acks:
+        await asyncio.wait_for(asyncio.gather(*acks), timeout_s)
+
+
 class Publisher:
     """Publishes payload Structs where the subject registry says they go.
 
     Events on a JetStream subject are published with an acknowledgement (and a deterministic
-    ``Nats-Msg-Id`` where the transition is once-only); the rest go over core NATS.
+    ``Nats-Msg-Id`` where the transition is once-only); the rest go over core NATS. ``send``
+    hands events to the connection without waiting for JetStream, so a batch of events costs
+    one round trip rather than one each; ``publish`` and ``publish_all`` wait for the
+    acknowledgements before they return.
     """
 
     def __init__(self, nc: Client, js: JetStreamContext, source: str) -> None:
@@ -89,8 +105,18 @@ class Publisher:
 
         Raises ``MessageTooLarge`` (and sends nothing more) if one would exceed ``max_payload``.
         """
+        await await_acks(await self.send(event, event_id))
+
+    async def send(self, event: msgspec.Struct, event_id: str | None = None) -> list[Ack]:
+        """Hand one event (every delivery of it) to the connection, in order, and return the
+        JetStream acknowledgements still to come: the caller awaits them (``await_acks``)
+        before it treats the event as stored."""
+        acks: list[Ack] = []
         for channel, subject, copy in deliveries(event):
-            await self.publish_to(channel, subject, copy, event_id)
+            ack = await self.send_to(channel, subject, copy, event_id)
+            if ack is not None:
+                acks.append(ack)
+        return acks
 
     async def publish_to(
         self,
@@ -101,6 +127,19 @@ class Publisher:
     ) -> None:
         """Publish ``event`` on a concrete ``subject`` of ``channel`` (``publish`` looks both up
         in the registry)."""
+        ack = await self.send_to(channel, subject, event, event_id)
+        if ack is not None:
+            await await_acks([ack])
+
+    async def send_to(
+        self,
+        channel: Channel,
+        subject: str,
+        event: msgspec.Struct,
+        event_id: str | None = None,
+    ) -> Ack | None:
+        """Send ``event`` on ``subject`` of ``channel``; the pending JetStream acknowledgement,
+        or None for core NATS."""
         headers = ce_headers(type(event), self._source, event_id or dedup_id(event))
         with self._tracer.start_as_current_span(
             f"send {channel.address}",
@@ -121,12 +160,14 @@ class Publisher:
                     limit=error.limit,
                 )
                 raise
-            if channel.stream is not None:
-                await self._js.publish(subject, data, headers=headers, timeout=PUBLISH_TIMEOUT_S)
-            else:
+            if channel.stream is None:
                 await self._nc.publish(subject, data, headers=headers)
+                return None
+            return await self._js.publish_async(subject, data, headers=headers)
 
     async def publish_all(self, events: Iterable[msgspec.Struct]) -> None:
-        """Publish events in order."""
+        """Publish events in order (sent back to back, then every acknowledgement awaited)."""
+        acks: list[Ack] = []
         for event in events:
-            await self.publish(event)
+            acks += await self.send(event)
+        await await_acks(acks)

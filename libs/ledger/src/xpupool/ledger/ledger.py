@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import msgspec
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 
 from xpupool.contracts import DeviceSample, DeviceSlice, DeviceSpec, Health, PoolShape, Vendor
 
@@ -276,6 +277,8 @@ class LedgerChanges:
     nodes: frozenset[str] = frozenset()
     devices: frozenset[str] = frozenset()
     leases: frozenset[str] = frozenset()
+    now_ms: int = 0
+    """The ledger's clock when the log was read."""
 
 
 @dataclass(frozen=True)
@@ -330,6 +333,32 @@ class Ledger:
     async def _run(self, script: str, *args: str | int | float | bytes) -> ScriptResult:
         raw = await self._scripts[script](keys=[self.prefix], args=list(args))
         return _decode_result(raw)
+
+    async def _run_many(
+        self, script: str, calls: Sequence[Sequence[str | int | float | bytes]]
+    ) -> list[ScriptResult]:
+        """Run ``script`` once per argument list, in order, in one pipelined round trip.
+
+        EVALSHA goes out directly: redis-py's scripts in a pipeline first ask ``SCRIPT EXISTS``
+        on every execution, a round trip more. A server without the script (restarted, or its
+        cache flushed) refuses every call of the batch with NOSCRIPT, so none ran: the script
+        is loaded and the batch sent again.
+        """
+        registered = self._scripts[script]
+        try:
+            raw = await self._evalsha_all(registered.sha, calls)
+        except NoScriptError:
+            await self._redis.script_load(registered.script)
+            raw = await self._evalsha_all(registered.sha, calls)
+        return [_decode_result(r) for r in raw]
+
+    async def _evalsha_all(
+        self, sha: str, calls: Sequence[Sequence[str | int | float | bytes]]
+    ) -> list[Any]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for args in calls:
+                pipe.evalsha(sha, 1, self.prefix, *args)
+            return list(await pipe.execute())
 
     # ---- inventory ---------------------------------------------------------------------------
 
@@ -423,14 +452,7 @@ class Ledger:
         """
         if not reservations:
             return []
-        script = self._scripts["reserve"]
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for reservation in reservations:
-                await script(
-                    keys=[self.prefix], args=[msgspec.json.encode(reservation)], client=pipe
-                )
-            raw = await pipe.execute()
-        return [_decode_result(r) for r in raw]
+        return await self._run_many("reserve", [[msgspec.json.encode(r)] for r in reservations])
 
     async def pend(
         self,
@@ -481,15 +503,38 @@ class Ledger:
         bodies = await self._redis.mget([self.key("pending-req", j) for j in job_ids])
         return [(j, b) for j, b in zip(job_ids, bodies, strict=True) if b is not None]
 
-    async def pending_jobs(self, limit: int = 1000) -> list[tuple[bytes | str, JobRecord]]:
-        """The pending requests in score order with what the ledger knows of each job."""
-        entries = await self.pending(limit)
+    async def pending_jobs(
+        self, limit: int = 1000, *, time_out_first: bool = False
+    ) -> list[tuple[bytes | str, JobRecord]]:
+        """The pending requests in score order with what the ledger knows of each job, in two
+        round trips; with ``time_out_first``, those past their max wait are ended first
+        (:meth:`time_out_pending`, in the first of them)."""
         async with self._redis.pipeline(transaction=False) as pipe:
-            for job_id, _ in entries:
+            if time_out_first:
+                pipe.evalsha(self._scripts["time_out_pending"].sha, 1, self.prefix, 100)
+            pipe.zrange(self.key("pending"), 0, limit - 1)
+            listed = await pipe.execute(raise_on_error=False)
+        if time_out_first and isinstance(listed[0], NoScriptError):
+            await self.time_out_pending()  # loads the script; the listing may have changed
+            listed = [None, await self._redis.zrange(self.key("pending"), 0, limit - 1)]
+        for item in listed:
+            if isinstance(item, Exception):
+                raise item
+        job_ids = [_str(j) for j in listed[-1]]
+        if not job_ids:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.mget([self.key("pending-req", j) for j in job_ids])
+            for job_id in job_ids:
                 pipe.hgetall(self.key("job", job_id))
-            rows = await pipe.execute()
+            bodies, *rows = await pipe.execute()
+        entries = [
+            (job_id, body, row)
+            for job_id, body, row in zip(job_ids, bodies, rows, strict=True)
+            if body is not None
+        ]
         jobs = []
-        for (job_id, body), row in zip(entries, rows, strict=True):
+        for job_id, body, row in entries:
             r = {_str(a): _str(b) for a, b in row.items()}
             if r.get("state") != "pending":
                 continue
@@ -622,10 +667,12 @@ class Ledger:
             pipe.get(self.key("changes-floor"))
             pipe.get(self.key("ver"))
             pipe.info("server")
+            pipe.time()
             if cursor is not None:
                 pipe.zrangebyscore(self.key("changes"), f"({cursor.seq}", "+inf")
             raw = await pipe.execute()
         epoch, seq, floor, version = _str(raw[0]), _int(raw[1]), _int(raw[2]), _int(raw[3])
+        now_ms = int(raw[5][0]) * 1000 + int(raw[5][1]) // 1000
         new = ChangeCursor(seq=seq, epoch=epoch, server=_str(raw[4].get("run_id")))
         if (
             cursor is None
@@ -633,9 +680,9 @@ class Ledger:
             or (epoch, new.server) != (cursor.epoch, cursor.server)
             or not floor <= cursor.seq <= seq
         ):
-            return LedgerChanges(cursor=new, version=version, complete=False)
+            return LedgerChanges(cursor=new, version=version, complete=False, now_ms=now_ms)
         kinds: dict[str, set[str]] = {"node": set(), "dev": set(), "lease": set()}
-        for entry in raw[5]:
+        for entry in raw[6]:
             kind, _, record_id = _str(entry).partition(":")
             kinds.setdefault(kind, set()).add(record_id)
         return LedgerChanges(
@@ -645,6 +692,7 @@ class Ledger:
             nodes=frozenset(kinds["node"]),
             devices=frozenset(kinds["dev"]),
             leases=frozenset(kinds["lease"]),
+            now_ms=now_ms,
         )
 
     async def now_ms(self) -> int:
@@ -662,16 +710,55 @@ class Ledger:
         pipelined round trips."""
         return await self._read_nodes(node_ids, members_only=True)
 
+    async def get_nodes_and_leases(
+        self, node_ids: Sequence[str], lease_ids: Sequence[str]
+    ) -> tuple[list[NodeRecord | None], list[LeaseRecord | None]]:
+        """:meth:`get_nodes` and :meth:`live_leases` together, in two round trips instead of
+        three: the leases are read with the nodes' first one."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            self._queue_node_reads(pipe, node_ids, members_only=True)
+            queued = len(pipe.command_stack)
+            self._queue_lease_reads(pipe, lease_ids)
+            raw = await pipe.execute()
+        nodes = await self._finish_nodes(node_ids, raw[:queued], members_only=True)
+        return nodes, self._live_leases_from(lease_ids, raw[queued:])
+
+    def _queue_node_reads(self, pipe: Any, node_ids: Sequence[str], members_only: bool) -> None:
+        for node_id in node_ids:
+            pipe.hgetall(self.key("node", node_id))
+            pipe.smembers(self.key("node-devices", node_id))
+        if members_only and node_ids:
+            pipe.smismember(self.key("nodes"), list(node_ids))
+
+    def _queue_lease_reads(self, pipe: Any, lease_ids: Sequence[str]) -> None:
+        for lease_id in lease_ids:
+            pipe.hgetall(self.key("lease", lease_id))
+        if lease_ids:
+            pipe.smismember(self.key("leases"), list(lease_ids))
+
+    def _live_leases_from(
+        self, lease_ids: Sequence[str], raw: list[Any]
+    ) -> list[LeaseRecord | None]:
+        if not lease_ids:
+            return []
+        return [
+            _lease(i, row) if row and live else None
+            for i, row, live in zip(lease_ids, raw[:-1], raw[-1], strict=True)
+        ]
+
     async def _read_nodes(
         self, node_ids: Sequence[str], members_only: bool
     ) -> list[NodeRecord | None]:
         async with self._redis.pipeline(transaction=False) as pipe:
-            for node_id in node_ids:
-                pipe.hgetall(self.key("node", node_id))
-                pipe.smembers(self.key("node-devices", node_id))
-            if members_only and node_ids:
-                pipe.smismember(self.key("nodes"), list(node_ids))
+            self._queue_node_reads(pipe, node_ids, members_only)
             raw = await pipe.execute()
+        return await self._finish_nodes(node_ids, raw, members_only)
+
+    async def _finish_nodes(
+        self, node_ids: Sequence[str], raw: list[Any], members_only: bool
+    ) -> list[NodeRecord | None]:
+        """The nodes from their first round trip's answers, reading their devices (the
+        second)."""
         node_rows = raw[0 : 2 * len(node_ids) : 2]
         device_ids = [sorted(_str(d) for d in ids) for ids in raw[1 : 2 * len(node_ids) : 2]]
         member = raw[-1] if members_only and node_ids else [True] * len(node_ids)
@@ -716,14 +803,9 @@ class Ledger:
         if not lease_ids:
             return []
         async with self._redis.pipeline(transaction=False) as pipe:
-            for lease_id in lease_ids:
-                pipe.hgetall(self.key("lease", lease_id))
-            pipe.smismember(self.key("leases"), list(lease_ids))
+            self._queue_lease_reads(pipe, lease_ids)
             raw = await pipe.execute()
-        return [
-            _lease(i, row) if row and live else None
-            for i, row, live in zip(lease_ids, raw[:-1], raw[-1], strict=True)
-        ]
+        return self._live_leases_from(lease_ids, raw)
 
     async def trace_of(self, kind: str, record_id: str) -> dict[str, str]:
         """The trace context kept with a ``job`` or ``lease`` (empty when none, or gone)."""

@@ -5,6 +5,11 @@ so an event can be late but never lost: a relay killed before publishing leaves 
 pending, and the next relay (itself after a restart, or a peer via XAUTOCLAIM) publishes it.
 Events carry deterministic ids, so a republish is deduplicated by JetStream.
 
+A batch of entries read together is sent back to back and its JetStream acknowledgements are
+awaited together (one round trip per batch, not per event); only then are the entries acked and
+deleted from the stream, in one round trip. A failure anywhere leaves the whole batch pending to
+be sent again: a duplicate, never a loss.
+
 Each entry is relayed inside a span that continues the job's trace: the entry's own
 ``traceparent``/``tracestate`` when the script wrote them, else the ones its lease (or job) keeps
 (``reserve.lua`` copies the job's onto the lease). A relay never starts a trace of its own for an
@@ -28,7 +33,10 @@ from xpupool.ledger.ledger import Ledger
 from xpupool.obs import get_logger
 
 BuildEvents = Callable[[dict[str, str]], Awaitable[Sequence[msgspec.Struct]]]
-Publish = Callable[[msgspec.Struct], Awaitable[None]]
+# Hands one event to the bus and returns what is still to be awaited before it counts as stored
+# (its JetStream acknowledgements): ``xpupool.bus.Publisher.send``.
+Send = Callable[[msgspec.Struct], Awaitable[Sequence[Awaitable[Any]]]]
+SEND_TIMEOUT_S = 5.0
 
 GROUP = "relay"
 # Entry fields that name what an event is about, as span attributes operators search by.
@@ -44,13 +52,13 @@ class OutboxRelay:
         ledger: Ledger,
         service: str,
         build_events: BuildEvents,
-        publish: Publish,
+        send: Send,
         consumer: str | None = None,
     ) -> None:
         self._ledger = ledger
         self._stream = ledger.key("outbox", service)
         self._build_events = build_events
-        self._publish = publish
+        self._send = send
         self._consumer = consumer or f"{socket.gethostname()}-{id(self):x}"
         self._log = get_logger().bind(outbox=service)
         self._service = service
@@ -69,10 +77,18 @@ class OutboxRelay:
                     backlog = False
                 else:
                     entries = await self._read(">", block_ms=500)
-                for entry_id, fields in entries:
-                    await self._relay(fields)
-                    await redis.xack(self._stream, GROUP, entry_id)
-                    await redis.xdel(self._stream, entry_id)
+                if not entries:
+                    continue
+                acks: list[Awaitable[Any]] = []
+                for _, fields in entries:
+                    acks += await self._relay(fields)
+                # Still pending after the timeout: cancelled, and the batch is sent again.
+                await asyncio.wait_for(asyncio.gather(*acks), SEND_TIMEOUT_S)
+                ids = [entry_id for entry_id, _ in entries]
+                async with redis.pipeline(transaction=False) as pipe:
+                    pipe.xack(self._stream, GROUP, *ids)
+                    pipe.xdel(self._stream, *ids)
+                    await pipe.execute()
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # noqa: BLE001  (Redis or NATS down: retry the backlog)
@@ -82,8 +98,9 @@ class OutboxRelay:
                 if "NOGROUP" in repr(error):
                     await self._ensure_group()
 
-    async def _relay(self, fields: dict[str, str]) -> None:
-        """Publish one entry's events under the trace of the job the entry is about."""
+    async def _relay(self, fields: dict[str, str]) -> list[Awaitable[Any]]:
+        """Send one entry's events under the trace of the job the entry is about; returns their
+        pending acknowledgements."""
         kind = fields.get("kind", "")
         attributes = {f"xpupool.{name}": fields[name] for name in _IDS if fields.get(name)}
         with self._tracer.start_as_current_span(
@@ -92,8 +109,10 @@ class OutboxRelay:
             kind=SpanKind.INTERNAL,
             attributes={"xpupool.outbox": self._service, "xpupool.outbox.kind": kind} | attributes,
         ):
+            acks: list[Awaitable[Any]] = []
             for event in await self._build_events(fields):
-                await self._publish(event)
+                acks += await self._send(event)
+            return acks
 
     async def _trace_context(self, fields: dict[str, str]) -> Context:
         if fields.get("traceparent"):

@@ -29,6 +29,7 @@ from xpupool.autoscaler.state import AutoscalerState
 from xpupool.bus.connection import bus_settings
 from xpupool.bus.lifecycle import (
     open_bus,
+    run_service,
     run_until_stopped,
     stop_on_signals,
     supervise,
@@ -143,7 +144,7 @@ async def run(
 
 def main() -> None:
     """Console entry point."""
-    asyncio.run(run(load_settings(AutoscalerSettings)))
+    run_service(run(load_settings(AutoscalerSettings)))
 
 
 if __name__ == "__main__":

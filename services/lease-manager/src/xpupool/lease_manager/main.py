@@ -10,6 +10,7 @@ from xpupool.bus import DispatchStats, consume_stream, serve_subject
 from xpupool.bus.connection import bus_settings
 from xpupool.bus.lifecycle import (
     open_bus,
+    run_service,
     run_until_stopped,
     stop_on_signals,
     supervise,
@@ -148,7 +149,7 @@ async def run(settings: LeaseManagerSettings) -> None:
                     ledger,
                     SERVICE,
                     functools.partial(handlers.build_events, ledger=ledger, metrics=metrics),
-                    bus.publisher.publish,
+                    bus.publisher.send,
                 )
                 await run_until_stopped(
                     run_stop,
@@ -194,7 +195,7 @@ async def run(settings: LeaseManagerSettings) -> None:
 
 def main() -> None:
     """Console entry point."""
-    asyncio.run(run(load_settings(LeaseManagerSettings)))
+    run_service(run(load_settings(LeaseManagerSettings)))
 
 
 if __name__ == "__main__":

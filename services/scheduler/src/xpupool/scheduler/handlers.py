@@ -425,8 +425,7 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
     """Decide every pending request against one ledger snapshot and commit the outcomes."""
     ledger = deps.ledger
     started = time.perf_counter()
-    await ledger.time_out_pending()
-    jobs = await ledger.pending_jobs(deps.settings.batch_limit)
+    jobs = await ledger.pending_jobs(deps.settings.batch_limit, time_out_first=True)
     if not jobs:
         deps.metrics.observe_queues(())
         return []

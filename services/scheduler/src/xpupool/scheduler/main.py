@@ -17,6 +17,7 @@ from xpupool.bus import DispatchStats, Publisher, consume_stream, serve_subject
 from xpupool.bus.connection import bus_settings
 from xpupool.bus.lifecycle import (
     open_bus,
+    run_service,
     run_until_stopped,
     stop_on_signals,
     supervise,
@@ -192,7 +193,7 @@ async def run(settings: SchedulerSettings) -> None:
                     ledger,
                     SERVICE,
                     functools.partial(handlers.build_events, ledger=ledger),
-                    bus.publisher.publish,
+                    bus.publisher.send,
                 )
                 await run_until_stopped(
                     run_stop,
@@ -218,7 +219,7 @@ async def run(settings: SchedulerSettings) -> None:
 
 def main() -> None:
     """Console entry point."""
-    asyncio.run(run(load_settings(SchedulerSettings)))
+    run_service(run(load_settings(SchedulerSettings)))
 
 
 if __name__ == "__main__":

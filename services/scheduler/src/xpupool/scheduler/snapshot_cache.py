@@ -7,7 +7,8 @@ domain states of its last read, asks the change log what changed since
 ``build_snapshot`` of a full read (``Ledger.nodes()``, ``Ledger.leases()``) at that moment; it
 reads everything when the log cannot answer (the first read, a log trimmed past the cursor, Redis
 flushed, restarted or failed over) and every ``full_every`` reads regardless. It only reads: a
-cycle with nothing changed costs one round trip plus the ledger clock.
+cycle with nothing changed costs one round trip (the log and the ledger clock together), and one
+with changes two more.
 """
 
 from __future__ import annotations
@@ -68,9 +69,8 @@ class SnapshotCache:
                 for device_id in changes.devices:
                     node_ids.update(self._device_nodes.get(device_id, ()))
                 wanted_nodes, wanted_leases = sorted(node_ids), sorted(changes.leases)
-                nodes = await ledger.get_nodes(wanted_nodes) if wanted_nodes else []
-                leases = await ledger.live_leases(wanted_leases) if wanted_leases else []
-                now_ms = await ledger.now_ms()
+                nodes, leases = await ledger.get_nodes_and_leases(wanted_nodes, wanted_leases)
+                now_ms = changes.now_ms
                 # Nothing is applied before every read succeeded: a failed read changes nothing.
                 self._update_nodes(zip(wanted_nodes, nodes, strict=True))
                 self._update_leases(zip(wanted_leases, leases, strict=True))

@@ -27,6 +27,7 @@ from xpupool.bus import Publisher
 from xpupool.bus.connection import bus_settings
 from xpupool.bus.lifecycle import (
     open_bus,
+    run_service,
     run_until_stopped,
     stop_on_signals,
     supervise,
@@ -174,7 +175,7 @@ def main() -> None:
     if not settings.simulated_nodes:
         raise SystemExit("XPUPOOL_SIMULATED_NODES must name a fleet CSV file")
     nodes = parse_fleet(Path(settings.simulated_nodes).read_text(encoding="utf-8"))
-    asyncio.run(run(load_settings(CollectorSettings), nodes))
+    run_service(run(load_settings(CollectorSettings), nodes))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from xpupool.bus import Publisher, serve_subject
 from xpupool.bus.connection import bus_settings
 from xpupool.bus.lifecycle import (
     open_bus,
+    run_service,
     run_until_stopped,
     stop_on_signals,
     supervise,
@@ -106,7 +107,7 @@ async def run(settings: CollectorSettings) -> None:
 
 def main() -> None:
     """Console entry point."""
-    asyncio.run(run(load_settings(CollectorSettings)))
+    run_service(run(load_settings(CollectorSettings)))
 
 
 if __name__ == "__main__":
