@@ -94,3 +94,8 @@ bench-autoscale *ARGS: sync
 [group("bench")]
 bench *ARGS: sync
     uv run --frozen python bench/e2e/bench_e2e.py {{ARGS}}
+
+# Where one job's submit -> grant time goes, step by step, from the services' spans (issue 14)
+[group("bench")]
+bench-anatomy *ARGS: sync
+    uv run --frozen python bench/e2e/anatomy.py {{ARGS}}

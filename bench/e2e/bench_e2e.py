@@ -522,7 +522,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         scenarios = [Scenario("quick", 64, open_loop=True)]
-        args.duration_s, args.open_s, args.serial_count, args.floor_count = 4.0, 3.0, 10, 1000
+        # The smoke run's lengths, unless given on the command line.
+        quick = {"duration_s": 4.0, "open_s": 3.0, "serial_count": 10, "floor_count": 1000}
+        for name, value in quick.items():
+            if getattr(args, name) == parser.get_default(name):
+                setattr(args, name, value)
     else:
         scenarios = [
             Scenario("fleet-10k", 10_000, open_loop=True),

@@ -22,12 +22,17 @@ def stack_security(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.mark.parametrize("grant_at_reserve", [True, False], ids=["grant-at-reserve", "two-step"])
 async def test_lease_manager_killed_before_grant_grants_after_restart(
-    make_stack: Callable[..., Stack], ready: Ready
+    make_stack: Callable[..., Stack], ready: Ready, grant_at_reserve: bool
 ) -> None:
-    """With the lease-manager down, a reservation waits on its stream; a restarted
-    lease-manager grants it, once."""
-    stack = make_stack([NodeSpec("node-f", "2xA100-80GB")])
+    """With the lease-manager down, a job is granted in the ledger and its announcement waits
+    in the lease-manager's outbox (or, granting in two steps, its reservation waits on the
+    lease-manager's stream); a restarted lease-manager announces (or grants) it, once."""
+    stack = make_stack(
+        [NodeSpec("node-f", "2xA100-80GB")],
+        extra_env={"XPUPOOL_GRANT_AT_RESERVE": "1" if grant_at_reserve else "0"},
+    )
     ledger = await ready(stack, 2)
     assert stack.nats_url
     lease_manager = next(s for s in stack.services if s.name == "lease-manager")
@@ -37,12 +42,15 @@ async def test_lease_manager_killed_before_grant_grants_after_restart(
         await log.attach(client.nc)
         waiting = client.expect("during-outage")
         await client.submit(JobRequested(job_id="during-outage", tenant="t"))
+        expected_state = "leased" if grant_at_reserve else "reserved"
 
-        async def reserved() -> bool:
+        async def decided() -> bool:
             job = await ledger.get_job("during-outage")
-            return job is not None and job.state == "reserved"
+            return job is not None and job.state == expected_state
 
-        await eventually(reserved)
+        await eventually(decided)
+        await asyncio.sleep(0.5)
+        assert not waiting.done()  # nothing announced while the lease-manager is down
         stack.restart(lease_manager)
         outcome = await asyncio.wait_for(waiting, 30)
         assert isinstance(outcome, AllocationGranted)

@@ -26,8 +26,15 @@ async def receiver() -> AsyncIterator[Receiver]:
         yield received
 
 
-def _traced_stack(make_stack: Callable[..., Stack], receiver: Receiver) -> Stack:
-    return make_stack([NodeSpec("node-a", "2xA100-80GB")], extra_env=exporter_env(receiver))
+def _traced_stack(
+    make_stack: Callable[..., Stack], receiver: Receiver, grant_at_reserve: bool = True
+) -> Stack:
+    env = exporter_env(receiver) | {"XPUPOOL_GRANT_AT_RESERVE": "1" if grant_at_reserve else "0"}
+    return make_stack([NodeSpec("node-a", "2xA100-80GB")], extra_env=env)
+
+
+# Granted in the reservation's script, or reserved and then granted by the lease-manager.
+GRANT_STEPS = {True: {"relay granted"}, False: {"relay reserved", "lease grant", "relay granted"}}
 
 
 KIND_CONSUMER = SpanProto.SpanKind.SPAN_KIND_CONSUMER
@@ -35,10 +42,11 @@ KIND_PRODUCER = SpanProto.SpanKind.SPAN_KIND_PRODUCER
 REQUESTED = f"process {subjects.JOB_REQUESTED.address}"
 
 
+@pytest.mark.parametrize("grant_at_reserve", [True, False], ids=["grant-at-reserve", "two-step"])
 async def test_submit_grant_renew_release_is_one_trace(
-    make_stack: Callable[..., Stack], ready: Ready, receiver: Receiver
+    make_stack: Callable[..., Stack], ready: Ready, receiver: Receiver, grant_at_reserve: bool
 ) -> None:
-    stack = _traced_stack(make_stack, receiver)
+    stack = _traced_stack(make_stack, receiver, grant_at_reserve)
     await ready(stack, 2)
     trace_id, submitter = secrets.token_hex(16), secrets.token_hex(8)
     token = context.attach(propagate.extract({"traceparent": f"00-{trace_id}-{submitter}-01"}))
@@ -55,7 +63,7 @@ async def test_submit_grant_renew_release_is_one_trace(
     await eventually(lambda: all(receiver.named(trace_id, n) for n in steps), timeout_s=30)
     spans = receiver.of_trace(trace_id)
     names = {s.name for s in spans}
-    assert {REQUESTED, "schedule decision", "relay reserved", "lease grant"} <= names, names
+    assert {REQUESTED, "schedule decision", *GRANT_STEPS[grant_at_reserve]} <= names, names
     assert {"scheduler", "lease-manager"} <= {s.service for s in spans}
 
     # Connected: every parent is in the trace, except those of the messages the client sent,
@@ -135,4 +143,4 @@ async def test_a_job_without_trace_context_gets_a_root(
         assert root.parent_id == ""  # the client had no trace: the admission starts one
     await eventually(lambda: receiver.named(root.trace_id, "relay granted"), timeout_s=30)
     names = {s.name for s in receiver.of_trace(root.trace_id)}
-    assert {"schedule decision", "relay reserved", "lease grant"} <= names, names
+    assert {"schedule decision", *GRANT_STEPS[True]} <= names, names

@@ -502,8 +502,8 @@ async def _drain_outbox(ledger: Ledger, service: str, observer: Redis) -> None:
     outbox is empty."""
     published: list[object] = []
 
-    async def build(fields: dict[str, str]) -> list[object]:
-        return [fields]
+    async def build(entries: list[dict[str, str]]) -> list[list[object]]:
+        return [[fields] for fields in entries]
 
     async def send(event: object) -> list[object]:
         published.append(event)

@@ -22,7 +22,7 @@ from xpupool.ledger.ledger import (
     new_lease_secret,
     open_ledger,
 )
-from xpupool.ledger.outbox import OutboxRelay
+from xpupool.ledger.outbox import OutboxRelay, each_entry
 
 __all__ = [
     "audit",
@@ -40,6 +40,7 @@ __all__ = [
     "LedgerChanges",
     "NodeRecord",
     "OutboxRelay",
+    "each_entry",
     "Reservation",
     "ScriptResult",
     "SliceClaim",

@@ -165,6 +165,10 @@ class Reservation(msgspec.Struct, frozen=True):
     max_runtime_ms: int = 0
     #: Reclaim the lease after its devices did no work this long (0: never; the queue opts in).
     idle_after_ms: int = 0
+    #: Grant at once with this holder secret (``new_lease_secret``): the lease is active when
+    #: the script returns. Empty: reserved only, for the lease-manager to grant. (A bearer
+    #: secret: a Reservation is never logged.)
+    secret: str = ""
 
 
 class TakenSlice(msgspec.Struct, frozen=True):
@@ -254,6 +258,8 @@ class LeaseRecord:
     secret: str = field(default="", repr=False)
     #: When the lease ends whatever the renewals (its maximum run time; None: unbounded).
     deadline_ms: int | None = None
+    #: The trace context of its job (W3C ``traceparent``/``tracestate``; empty: untraced).
+    trace: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -987,4 +993,5 @@ def _lease(lease_id: str, row: dict[Any, Any]) -> LeaseRecord:
         preempted_for=r.get("preempted_for", ""),
         secret=r.get("secret", ""),
         deadline_ms=_int(r.get("deadline_ms")) or None,
+        trace={name: r[name] for name in TRACE_FIELDS if r.get(name)},
     )

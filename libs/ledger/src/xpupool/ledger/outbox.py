@@ -32,7 +32,9 @@ from redis.exceptions import ResponseError
 from xpupool.ledger.ledger import Ledger
 from xpupool.obs import get_logger
 
-BuildEvents = Callable[[dict[str, str]], Awaitable[Sequence[msgspec.Struct]]]
+# The events for each entry of a batch (a builder may read what they need in one round trip).
+BuildEvents = Callable[[Sequence[dict[str, str]]], Awaitable[Sequence[Sequence[msgspec.Struct]]]]
+BuildEntryEvents = Callable[[dict[str, str]], Awaitable[Sequence[msgspec.Struct]]]
 # Hands one event to the bus and returns what is still to be awaited before it counts as stored
 # (its JetStream acknowledgements): ``xpupool.bus.Publisher.send``.
 Send = Callable[[msgspec.Struct], Awaitable[Sequence[Awaitable[Any]]]]
@@ -42,6 +44,15 @@ GROUP = "relay"
 # Entry fields that name what an event is about, as span attributes operators search by.
 _IDS = ("job_id", "lease_id", "node_id")
 STALE_AFTER_MS = 15_000
+
+
+def each_entry(build: BuildEntryEvents) -> BuildEvents:
+    """A batch builder that builds entry by entry (for outboxes with no shared reads)."""
+
+    async def build_batch(entries: Sequence[dict[str, str]]) -> list[Sequence[msgspec.Struct]]:
+        return [await build(fields) for fields in entries]
+
+    return build_batch
 
 
 class OutboxRelay:
@@ -79,9 +90,10 @@ class OutboxRelay:
                     entries = await self._read(">", block_ms=500)
                 if not entries:
                     continue
+                built = await self._build_events([fields for _, fields in entries])
                 acks: list[Awaitable[Any]] = []
-                for _, fields in entries:
-                    acks += await self._relay(fields)
+                for (_, fields), events in zip(entries, built, strict=True):
+                    acks += await self._relay(fields, events)
                 # Still pending after the timeout: cancelled, and the batch is sent again.
                 await asyncio.wait_for(asyncio.gather(*acks), SEND_TIMEOUT_S)
                 ids = [entry_id for entry_id, _ in entries]
@@ -98,7 +110,9 @@ class OutboxRelay:
                 if "NOGROUP" in repr(error):
                     await self._ensure_group()
 
-    async def _relay(self, fields: dict[str, str]) -> list[Awaitable[Any]]:
+    async def _relay(
+        self, fields: dict[str, str], events: Sequence[msgspec.Struct]
+    ) -> list[Awaitable[Any]]:
         """Send one entry's events under the trace of the job the entry is about; returns their
         pending acknowledgements."""
         kind = fields.get("kind", "")
@@ -110,7 +124,7 @@ class OutboxRelay:
             attributes={"xpupool.outbox": self._service, "xpupool.outbox.kind": kind} | attributes,
         ):
             acks: list[Awaitable[Any]] = []
-            for event in await self._build_events(fields):
+            for event in events:
                 acks += await self._send(event)
             return acks
 

@@ -1,7 +1,7 @@
 """Lease-manager handlers: plain async functions of (message, dependencies).
 
 State changes happen in ledger scripts, which also queue the resulting events in the outbox;
-``build_events`` turns an outbox entry into the public event.
+``build_events`` turns a batch of outbox entries into the public events.
 """
 
 from __future__ import annotations
@@ -217,16 +217,25 @@ def granted_event(lease: LeaseRecord) -> AllocationGranted:
 
 
 async def build_events(
-    fields: dict[str, str], ledger: Ledger, metrics: LeaseManagerMetrics | None = None
+    entries: Sequence[dict[str, str]], ledger: Ledger, metrics: LeaseManagerMetrics | None = None
+) -> list[Sequence[msgspec.Struct]]:
+    """The public events for a batch of lease-manager outbox entries, the leases they are about
+    read in one round trip (ends counted in ``metrics``)."""
+    lease_ids = sorted({f["lease_id"] for f in entries if f.get("lease_id")})
+    leases = dict(zip(lease_ids, await ledger.get_leases(lease_ids), strict=True))
+    return [entry_events(f, leases.get(f.get("lease_id", "")), metrics) for f in entries]
+
+
+def entry_events(
+    fields: dict[str, str], lease: LeaseRecord | None, metrics: LeaseManagerMetrics | None = None
 ) -> Sequence[msgspec.Struct]:
-    """The public event for one lease-manager outbox entry (ends counted in ``metrics``)."""
+    """The public event for one lease-manager outbox entry, given the lease it names."""
     kind = fields.get("kind")
     if kind == "node_lost":
         last_seen = int(fields.get("last_seen_ms") or 0)
         return [
             NodeLost(node_id=fields["node_id"], last_seen=_time(last_seen) if last_seen else None)
         ]
-    lease = await ledger.get_lease(fields.get("lease_id", ""))
     if lease is None:
         get_logger().error("outbox_entry_without_lease", entry=fields)
         return []

@@ -8,7 +8,7 @@ with the ledger's own grant and end times, as a child of the relay span of the `
 
 from __future__ import annotations
 
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.util.types import AttributeValue
 
 from xpupool.ledger import LeaseRecord
@@ -34,13 +34,14 @@ def lifetime_attributes(lease: LeaseRecord) -> dict[str, AttributeValue]:
 
 def record_lifetime(lease: LeaseRecord) -> None:
     """Write the ended lease's lifetime span (from its grant, or its reservation if it was never
-    granted, to its end) in the current trace."""
+    granted, to its end) in its job's trace (the current one if the lease keeps none)."""
     start_ms = lease.granted_ms or lease.created_ms
     end_ms = lease.ended_ms
     if not start_ms or not end_ms:
         return
     span = trace.get_tracer("xpupool.lease_manager").start_span(
         LIFETIME_SPAN,
+        context=propagate.extract(lease.trace) if lease.trace else None,
         start_time=start_ms * 1_000_000,
         attributes=lifetime_attributes(lease) | {"xpupool.granted": lease.granted_ms is not None},
     )

@@ -58,6 +58,7 @@ from xpupool.ledger import (
     SliceClaim,
     SliceMeta,
     UsageClaim,
+    new_lease_secret,
 )
 from xpupool.obs import continue_trace, get_logger, links_to, trace_carrier
 from xpupool.placement.default import DefaultPolicy
@@ -357,9 +358,11 @@ def reservation_of(
     memory_total: Mapping[str, int],
     config: SchedulerConfig,
     hold_s: float,
+    secret: str = "",
 ) -> Reservation:
-    """The ledger reservation for a domain decision."""
+    """The ledger reservation for a domain decision (granted at once with ``secret``)."""
     return Reservation(
+        secret=secret,
         job_id=reserve.job_id,
         lease_id=lease_id,
         tenant=reserve.tenant,
@@ -501,7 +504,12 @@ async def _decide_and_commit(
     results = await ledger.reserve_many(
         [
             reservation_of(
-                d, deps.new_lease_id(), memory_total, config, deps.settings.reservation_hold_s
+                d,
+                deps.new_lease_id(),
+                memory_total,
+                config,
+                deps.settings.reservation_hold_s,
+                new_lease_secret() if deps.settings.grant_at_reserve else "",
             )
             for _, d in reserves
         ]

@@ -24,7 +24,7 @@ from xpupool.bus.lifecycle import (
     watch_bus,
 )
 from xpupool.contracts import NodeProvisioning, NodeReady, access, subjects
-from xpupool.ledger import FairShareView, OutboxRelay, open_ledger
+from xpupool.ledger import FairShareView, OutboxRelay, each_entry, open_ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
 from xpupool.placement.default import DefaultPolicy
 from xpupool.placement.engine import PlacementPolicy
@@ -192,7 +192,7 @@ async def run(settings: SchedulerSettings) -> None:
                 relay = OutboxRelay(
                     ledger,
                     SERVICE,
-                    functools.partial(handlers.build_events, ledger=ledger),
+                    each_entry(functools.partial(handlers.build_events, ledger=ledger)),
                     bus.publisher.send,
                 )
                 await run_until_stopped(

@@ -45,6 +45,22 @@ end
 -- lease must exist, belong to the tenant whose subject sent the command, match the grant's
 -- secret, still be active within its term, and the fencing token must be its current one.
 -- Returns nil when the holder is good, else the refusal to return.
+-- Queue an event about a lease in ``service``'s outbox with the trace context the lease keeps
+-- (its job's), so the relay continues that trace without reading the lease again.
+local function lease_event(service, lease_id, kind, ...)
+  local fields = {'kind', kind, 'lease_id', lease_id, ...}
+  local trace = redis.call('HMGET', k('lease', lease_id), 'traceparent', 'tracestate')
+  if trace[1] then
+    fields[#fields + 1] = 'traceparent'
+    fields[#fields + 1] = trace[1]
+    if trace[2] and trace[2] ~= '' then
+      fields[#fields + 1] = 'tracestate'
+      fields[#fields + 1] = trace[2]
+    end
+  end
+  redis.call('XADD', k('outbox', service), '*', unpack(fields))
+end
+
 local function holder_refusal(lk, lease_id, tenant, secret, token, now)
   local l = redis.call('HMGET', lk, 'state', 'tenant', 'secret', 'token', 'expires_ms')
   if not l[1] then return fail('unknown_lease', lease_id) end
@@ -103,8 +119,7 @@ local function begin_ending(lease_id, reason, grace_ms, now)
   redis.call('HSET', lk, 'deadline_ms', deadline, 'ending_reason', reason, 'expires_ms', expires,
     'warned', 1)
   redis.call('ZADD', k('expiry'), expires, lease_id)
-  redis.call('XADD', k('outbox', 'lease-manager'), '*', 'kind', 'ending', 'lease_id', lease_id,
-    'reason', reason, 'deadline_ms', deadline)
+  lease_event('lease-manager', lease_id, 'ending', 'reason', reason, 'deadline_ms', deadline)
   touched('lease', lease_id)
   return true
 end
@@ -129,6 +144,39 @@ local function load_integrals(device_id, now)
   end
   return u, m
 end
+-- Turn the reserved lease into an active one: a fencing token, the term started on the ledger's
+-- clock (capped by the maximum run time), the devices' load integrals as usage accounting's
+-- baseline, and the lease-manager's outbox told to announce the grant. Shared by grant.lua (the
+-- lease-manager granting a reservation) and reserve.lua (a reservation granted at once).
+local function activate(lease_id, secret, now)
+  local lk = k('lease', lease_id)
+  local l = redis.call('HMGET', lk, 'ttl_ms', 'job_id', 'max_runtime_ms', 'idle_after_ms',
+    'slices')
+  local token = redis.call('INCR', k('fence'))
+  local expires = now + tonumber(l[1])
+  local max_runtime = tonumber(l[3] or '0') or 0
+  if max_runtime > 0 then
+    -- The term never runs past the maximum run time; renewals are capped there too.
+    expires = math.min(expires, now + max_runtime)
+    redis.call('HSET', lk, 'deadline_ms', now + max_runtime)
+    redis.call('ZADD', k('deadlines'), now + max_runtime, lease_id)
+  end
+  redis.call('HSET', lk, 'state', 'active', 'token', token, 'granted_ms', now,
+    'expires_ms', expires, 'secret', secret)
+  redis.call('ZADD', k('expiry'), expires, lease_id)
+  local load_base = {}
+  for _, s in ipairs(cjson.decode(l[5] or '[]')) do
+    local u, m = load_integrals(s.device_id, now)
+    load_base[s.device_id] = {u, m}
+  end
+  redis.call('HSET', lk, 'load_base', cjson.encode(load_base))
+  local idle_after = tonumber(l[4] or '0') or 0
+  if idle_after > 0 then redis.call('ZADD', k('idle-watch'), now + idle_after, lease_id) end
+  redis.call('HSET', k('job', l[2]), 'state', 'leased')
+  lease_event('lease-manager', lease_id, 'granted')
+  return token, expires
+end
+
 local function write_usage(lease_id, reason, now)
   local lk = k('lease', lease_id)
   local l = redis.call('HMGET', lk, 'job_id', 'tenant', 'queue', 'slices', 'granted_ms',
@@ -203,7 +251,7 @@ local function end_lease(lease_id, reason, detail, now)
     'ended_ms', now)
   redis.call('EXPIRE', lk, RETAIN_S)
   redis.call('HSET', k('job', l[5]), 'state', 'ended')
-  redis.call('XADD', k('outbox', 'lease-manager'), '*', 'kind', 'ended', 'lease_id', lease_id)
+  lease_event('lease-manager', lease_id, 'ended')
   bump()
   touched('lease', lease_id)
   return 'ended'

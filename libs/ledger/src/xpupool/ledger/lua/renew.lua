@@ -10,6 +10,5 @@ local deadline = tonumber(redis.call('HGET', lk, 'deadline_ms') or '')
 if deadline then expires = math.min(expires, deadline) end
 redis.call('HSET', lk, 'expires_ms', expires)
 redis.call('ZADD', k('expiry'), expires, ARGV[1])
-redis.call('XADD', k('outbox', 'lease-manager'), '*', 'kind', 'renewed', 'lease_id', ARGV[1],
-  'expires_ms', expires)
+lease_event('lease-manager', ARGV[1], 'renewed', 'expires_ms', expires)
 return cjson.encode({ok = true, expires_ms = expires})

@@ -2,7 +2,10 @@
 -- writes them all at once. Two schedulers racing for the last slice cannot both win.
 -- ARGV[1]: JSON {job_id, lease_id, tenant, queue, priority, owner, ttl_ms, hold_ms,
 --   slices=[{device_id, memory_mib, compute_pct, whole}], host={node_id={cpu_milli, memory_mib}},
---   usage=[{scope, field, inc, limit}]}   (limit < 0: unlimited)
+--   usage=[{scope, field, inc, limit}], secret}   (limit < 0: unlimited)
+-- With a secret the reservation is granted at once (activate, as grant.lua does): the lease is
+-- active when the script returns and the lease-manager's outbox announces it; without one it
+-- stays reserved, the scheduler's outbox announces that, and the lease-manager grants it.
 -- A host-only reservation (count 0) has no slices and one host entry.
 local r = cjson.decode(ARGV[1])
 local jk = k('job', r.job_id)
@@ -89,7 +92,12 @@ redis.call('SADD', k('leases'), r.lease_id)
 redis.call('HSET', jk, 'state', 'reserved', 'lease_id', r.lease_id)
 redis.call('EXPIRE', jk, RETAIN_S)
 unpend(r.job_id)
-redis.call('XADD', k('outbox', 'scheduler'), '*', 'kind', 'reserved', 'lease_id', r.lease_id)
+local token = 0
+if r.secret and r.secret ~= '' then
+  token = activate(r.lease_id, r.secret, now)
+else
+  lease_event('scheduler', r.lease_id, 'reserved')
+end
 bump()
 touched('lease', r.lease_id)
-return cjson.encode({ok = true, lease_id = r.lease_id, slices = taken})
+return cjson.encode({ok = true, lease_id = r.lease_id, slices = taken, token = token})

@@ -1,0 +1,47 @@
+"""The end-to-end benchmarks still run: a very short ``bench_e2e.py --quick`` and ``anatomy.py``
+on a few jobs, on their own servers. The figures are not checked (speed is measured by the
+benchmarks, never asserted); that they come out, with every job's outcome counted and the
+audit clean, is."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+BENCH = Path(__file__).parents[2] / "bench" / "e2e"
+
+
+def test_bench_quick_runs_clean_with_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    command = [
+        sys.executable, str(BENCH / "bench_e2e.py"), "--quick", "--out", str(out),
+        "--duration-s", "2", "--open-s", "1", "--serial-count", "3", "--floor-count", "200",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=280, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [result] = json.loads(out.read_text())["results"]
+    assert result["problems"] == []
+    closed = result["closed"]
+    assert closed["grants"] > 0 and closed["ratio_to_floor"] > 0
+    assert closed["redis_commands_per_grant_by_name"]
+    assert {"scheduler-1", "lease-manager-0"} <= set(closed["cpu_s_per_1000_grants"])
+    assert set(result["open"]) == {"serial", "25%", "50%", "80%"}
+
+
+def test_anatomy_times_the_steps_of_a_job() -> None:
+    command = [sys.executable, str(BENCH / "anatomy.py"), "--jobs", "3"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=280, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "submit -> grant as the client saw it" in done.stdout
+    for step in (
+        "process xpupool.tenant.v1.{tenant}.jobs.requested",
+        "relay granted",
+        "cycle: schedule cycle",
+    ):
+        assert step in done.stdout, done.stdout
