@@ -134,6 +134,8 @@ class SchedulerDeps:
     # The autoscaler's pool shapes as last read, and the nodes they could add.
     growable: tuple[list[PoolShape], tuple[NodeState, ...]] = ([], ())
     metrics: SchedulerMetrics = field(default_factory=SchedulerMetrics)
+    # How many requests the last cycle found pending (the cycle lock is kept while there are).
+    last_pending: int = 0
 
 
 def _growable(deps: SchedulerDeps, shapes: list[PoolShape]) -> tuple[NodeState, ...]:
@@ -429,6 +431,7 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
     ledger = deps.ledger
     started = time.perf_counter()
     jobs = await ledger.pending_jobs(deps.settings.batch_limit, time_out_first=True)
+    deps.last_pending = len(jobs)
     if not jobs:
         deps.metrics.observe_queues(())
         return []

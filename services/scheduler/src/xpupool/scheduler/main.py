@@ -24,7 +24,7 @@ from xpupool.bus.lifecycle import (
     watch_bus,
 )
 from xpupool.contracts import NodeProvisioning, NodeReady, access, subjects
-from xpupool.ledger import FairShareView, OutboxRelay, each_entry, open_ledger
+from xpupool.ledger import FairShareView, Ledger, OutboxRelay, each_entry, open_ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
 from xpupool.placement.default import DefaultPolicy
 from xpupool.placement.engine import PlacementPolicy
@@ -39,6 +39,53 @@ from xpupool.scheduler.snapshot_cache import SnapshotCache
 
 SERVICE = "scheduler"
 CYCLE_LOCK_MS = 10_000
+# How long a replica keeps the cycle lock, after a cycle that had work, waiting for more.
+CYCLE_LOCK_LINGER_S = 0.05
+
+
+class CycleLock:
+    """The ledger's cycle lock as this replica holds it.
+
+    Replicas take turns through it so they do not decide the same queue twice at once; safety
+    never rests on it (every commit re-checks in its script). A busy replica keeps it from one
+    cycle to the next and extends it only when half its term is gone, so a burst does not pay
+    two ledger writes (each one fsynced) per cycle; it gives it back as soon as a cycle finds
+    nothing pending, or when nothing new arrives shortly after a cycle, so a peer that admitted
+    work waits at most that long.
+    """
+
+    def __init__(self, ledger: Ledger, owner: str, ttl_ms: int = CYCLE_LOCK_MS) -> None:
+        self._ledger = ledger
+        self._owner = owner
+        self._ttl_s = ttl_ms / 1000
+        self._until = 0.0  # monotonic time before which the lock is surely ours
+
+    @property
+    def held(self) -> bool:
+        return time.monotonic() < self._until
+
+    async def take(self) -> bool:
+        """Hold the lock for the next cycle: already ours with half its term left, or taken
+        (or extended) now; False if a peer holds it."""
+        now = time.monotonic()
+        if now < self._until - self._ttl_s / 2:
+            return True
+        if not await self._ledger.acquire("cycle", self._owner, int(self._ttl_s * 1000)):
+            self._until = 0.0
+            return False
+        self._until = now + self._ttl_s
+        return True
+
+    async def give_back(self) -> None:
+        self._until = 0.0
+        await self._ledger.release_lock("cycle", self._owner)
+
+
+async def _woken(wake: asyncio.Event, timeout_s: float) -> bool:
+    with suppress(TimeoutError):
+        await asyncio.wait_for(wake.wait(), timeout=timeout_s)
+        return True
+    return False
 
 
 async def cycle_loop(
@@ -46,29 +93,34 @@ async def cycle_loop(
 ) -> None:
     """Run a scheduling cycle whenever something may have changed, and at least periodically.
 
-    Replicas take turns through a short ledger lock so they do not decide the same queue twice
-    at once; a replica that finds it taken tries again shortly, so work admitted on any replica
-    is decided promptly. Safety never rests on the lock: every commit re-checks in its script.
+    The cycle lock (``CycleLock``) makes replicas take turns; a replica that finds it taken
+    tries again shortly, so work admitted on any replica is decided promptly.
     """
     log = get_logger()
-    owner = f"scheduler-{uuid.uuid4().hex[:8]}"
+    lock = CycleLock(deps.ledger, f"scheduler-{uuid.uuid4().hex[:8]}")
     while not stop.is_set():
-        with suppress(TimeoutError):
-            await asyncio.wait_for(deps.wake.wait(), timeout=deps.settings.retry_interval_s)
+        if lock.held:
+            if not await _woken(deps.wake, CYCLE_LOCK_LINGER_S):
+                await lock.give_back()  # quiet after a busy cycle: let a peer in
+                continue
+        else:
+            await _woken(deps.wake, deps.settings.retry_interval_s)
         deps.wake.clear()
         try:
-            if not await deps.ledger.acquire("cycle", owner, CYCLE_LOCK_MS):
+            if not await lock.take():
                 await asyncio.sleep(0.02)
                 deps.wake.set()
                 continue
-            try:
-                events = await handlers.schedule_cycle(deps)
-            finally:
-                await deps.ledger.release_lock("cycle", owner)
-            # Published outside the lock: a replica waiting for it need not wait for these.
+            events = await handlers.schedule_cycle(deps)
+            if not deps.last_pending:
+                await lock.give_back()
+            # Published outside the lock when it was given back: a replica waiting for it need
+            # not wait for these.
             await publisher.publish_all(events)
         except Exception as error:  # noqa: BLE001  (Redis or NATS away: the next cycle retries)
             log.warning("scheduling_cycle_failed", error=repr(error))
+            with suppress(Exception):
+                await lock.give_back()
             await asyncio.sleep(0.2)
 
 
