@@ -48,7 +48,6 @@ import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Final
 
@@ -60,6 +59,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from xpupool.contracts import access
 from xpupool.contracts.subjects import TENANT_NAME
+from xpupool.ledger.ledger import SCRIPTS, script_source
 
 # Lower than nats-server's 1 MiB default on purpose: no xpupool message comes near it, and a
 # small limit bounds what one (tenant) connection can make every subscriber receive.
@@ -118,6 +118,8 @@ DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
         "smembers",
         "smismember",
         "zrange",
+        # any_pending: whether a cycle has anything to decide
+        "zcard",
         # tenant_jobs (redis-py sends ZREVRANGE for zrange(desc=True))
         "zrevrange",
         "mget",
@@ -201,23 +203,17 @@ _GLOB_SPECIAL: Final = re.compile(r"([*?\[\]\\])")
 
 
 def script_commands(names: Sequence[str]) -> set[str]:
-    """The Redis commands (lowercase) that the named ledger scripts and the prelude call."""
-    package = resources.files("xpupool.ledger") / "lua"
+    """The Redis commands (lowercase) that the named ledger scripts call, with the prelude and
+    the shared parts each includes."""
     found: set[str] = set()
-    for name in ("_prelude", *names):
-        source = (package / f"{name}.lua").read_text()
-        found.update(c.lower() for c in _LUA_CALL.findall(source))
+    for name in names:
+        found.update(c.lower() for c in _LUA_CALL.findall(script_source(name)))
     return found
 
 
 def ledger_scripts() -> set[str]:
-    """Every ledger script, by name (the files in lua/ but the prelude)."""
-    package = resources.files("xpupool.ledger") / "lua"
-    return {
-        e.name.removesuffix(".lua")
-        for e in package.iterdir()
-        if e.name.endswith(".lua") and not e.name.startswith("_")
-    }
+    """Every ledger script, by name (the files in lua/ but the shared parts)."""
+    return set(SCRIPTS)
 
 
 def _key_prefix(namespace: str) -> str:

@@ -2,6 +2,7 @@
 
 from xpupool.ledger.audit import audit
 from xpupool.ledger.ledger import (
+    Admission,
     AdmissionLimits,
     ChangeCursor,
     DeviceRecord,
@@ -28,6 +29,7 @@ __all__ = [
     "audit",
     "new_lease_secret",
     "open_ledger",
+    "Admission",
     "AdmissionLimits",
     "Holder",
     "ChangeCursor",

@@ -1,8 +1,9 @@
 """The Redis device ledger behind one typed adapter.
 
 Redis is the only truth about who holds which slice. Every state change that must be atomic is
-one Lua script in ``lua/`` (each prefixed with ``_prelude.lua``); this class only builds their
-arguments and decodes their answers. Time always comes from Redis ``TIME`` inside the scripts.
+one Lua script in ``lua/`` (each prefixed with ``_prelude.lua`` and the shared parts it includes,
+see ``script_parts``); this class only builds their arguments and decodes their answers. Time
+always comes from Redis ``TIME`` inside the scripts.
 """
 
 from __future__ import annotations
@@ -171,6 +172,41 @@ class Reservation(msgspec.Struct, frozen=True):
     secret: str = ""
 
 
+@dataclass(frozen=True)
+class Admission:
+    """One request to admit (``pend.lua``): its queue order, its wait limit, its tenant's
+    admission limits, its trace and, when the scheduler found room for it on arrival, the
+    placement to grant at once (a ``Reservation`` with its secret)."""
+
+    job_id: str
+    priority: int
+    request_json: bytes
+    max_wait_ms: int | None
+    reason: str
+    detail: str = ""
+    tenant: str = ""
+    limits: AdmissionLimits = field(default_factory=AdmissionLimits)
+    trace: Mapping[str, str] = field(default_factory=dict)
+    placement: Reservation | None = None
+
+    def script_args(self) -> list[str | int | float | bytes]:
+        return [
+            self.job_id,
+            self.priority,
+            self.request_json,
+            "" if self.max_wait_ms is None else self.max_wait_ms,
+            self.reason,
+            self.detail,
+            self.tenant,
+            self.limits.rate_per_s,
+            self.limits.burst,
+            self.limits.max_pending,
+            self.trace.get("traceparent", ""),
+            self.trace.get("tracestate", ""),
+            b"" if self.placement is None else msgspec.json.encode(self.placement),
+        ]
+
+
 class TakenSlice(msgspec.Struct, frozen=True):
     """A slice as the ledger recorded it (whole devices record their full memory and compute)."""
 
@@ -310,22 +346,44 @@ def _str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value or "")
 
 
+_LUA = resources.files("xpupool.ledger") / "lua"
+_INCLUDE = "-- include: "
+SCRIPTS: Final = tuple(
+    sorted(
+        e.name.removesuffix(".lua")
+        for e in _LUA.iterdir()
+        if e.name.endswith(".lua") and not e.name.startswith("_")
+    )
+)
+"""The ledger's transitions, by name (``lua/<name>.lua``)."""
+
+
+def script_parts(name: str) -> list[str]:
+    """The files one script is made of, in order: the prelude every script shares, the shared
+    parts it names on ``-- include: _part`` lines, then its own file."""
+    own = (_LUA / f"{name}.lua").read_text()
+    included = [
+        line.removeprefix(_INCLUDE).strip()
+        for line in own.splitlines()
+        if line.startswith(_INCLUDE)
+    ]
+    return ["_prelude", *included, name]
+
+
+def script_source(name: str) -> str:
+    """The whole source of one script as Redis runs it (see ``script_parts``)."""
+    return "\n".join((_LUA / f"{part}.lua").read_text() for part in script_parts(name))
+
+
 class Ledger:
     """Typed access to one ledger namespace in Redis."""
 
     def __init__(self, redis: Redis, namespace: str = "xpupool") -> None:
         self._redis = redis
         self.prefix = "{" + namespace + "}:"
-        package = resources.files("xpupool.ledger") / "lua"
-        prelude = (package / "_prelude.lua").read_text()
-        # Every lua/*.lua but the prelude is one transition, registered by its file name.
-        self._scripts = {
-            entry.name.removesuffix(".lua"): redis.register_script(
-                prelude + "\n" + entry.read_text()
-            )
-            for entry in package.iterdir()
-            if entry.name.endswith(".lua") and not entry.name.startswith("_")
-        }
+        # Every lua/*.lua but the shared parts (``_*.lua``) is one transition, registered by its
+        # file name.
+        self._scripts = {name: redis.register_script(script_source(name)) for name in SCRIPTS}
 
     @property
     def redis(self) -> Redis:
@@ -479,23 +537,33 @@ class Ledger:
 
         ``trace`` (a W3C carrier: ``traceparent``, ``tracestate``) is kept with the job and
         copied onto its lease, so every later step of the job continues that trace."""
-        limits = limits or AdmissionLimits()
-        trace = trace or {}
-        return await self._run(
-            "pend",
+        admission = Admission(
             job_id,
             priority,
             request_json,
-            "" if max_wait_ms is None else max_wait_ms,
+            max_wait_ms,
             reason,
             detail,
-            tenant,
-            limits.rate_per_s,
-            limits.burst,
-            limits.max_pending,
-            trace.get("traceparent", ""),
-            trace.get("tracestate", ""),
+            tenant=tenant,
+            limits=limits or AdmissionLimits(),
+            trace=trace or {},
         )
+        return (await self.admit_many([admission]))[0]
+
+    async def admit_many(self, admissions: Sequence[Admission]) -> list[ScriptResult]:
+        """Admit each request, in order, in one round trip (each its own atomic ``pend.lua``;
+        sent together, Redis makes them durable together).
+
+        An admission with a ``placement`` is granted in the same step when the ledger accepts
+        that placement and no other job waits (``outcome`` ``granted``, with the lease id and
+        fencing token); otherwise it waits in the pending queue (``outcome`` ``pending``)."""
+        if not admissions:
+            return []
+        return await self._run_many("pend", [a.script_args() for a in admissions])
+
+    async def any_pending(self) -> bool:
+        """Whether any request waits in the pending queue (one read, no script)."""
+        return bool(await self._redis.zcard(self.key("pending")))
 
     async def pending_count(self, tenant: str) -> int:
         """How many of ``tenant``'s requests wait in the pending queue."""

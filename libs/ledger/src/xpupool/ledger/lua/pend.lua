@@ -1,7 +1,10 @@
+-- include: _reservation
 -- Park a request that cannot be placed now in the persistent pending queue (idempotent).
 -- ARGV: job_id, priority (higher goes first), request JSON, max_wait_ms ('' = none), reason,
 -- detail, tenant, rate_per_s (<= 0: unlimited), burst, max_pending (< 0: unlimited),
--- traceparent, tracestate ('' = none): the job's trace, which every later step continues.
+-- traceparent, tracestate ('' = none): the job's trace, which every later step continues;
+-- placement ('' = none): a reservation as reserve.lua takes it, with its secret, for a job the
+-- scheduler found room for on arrival.
 -- The score orders by priority, then arrival in seconds (both exact in a double).
 -- A new request of a tenant over its rate (a token bucket kept as its theoretical arrival time,
 -- GCRA) or at its maximum of pending requests is refused before anything is written. A
@@ -26,6 +29,13 @@ end
 local now = now_ms()
 local tenant, rate, burst, max_pending = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9]),
   tonumber(ARGV[10])
+local placement = nil
+if (ARGV[13] or '') ~= '' then
+  placement = cjson.decode(ARGV[13])
+  if placement.job_id ~= ARGV[1] or placement.tenant ~= tenant then
+    return fail('placement_mismatch', 'the placement is for another job or tenant')
+  end
+end
 local waiting = tonumber(redis.call('HGET', k('pending-count'), tenant) or '0')
 if max_pending >= 0 and waiting >= max_pending then
   return fail('too_many_pending', waiting .. ' pending, limit ' .. max_pending)
@@ -52,10 +62,29 @@ redis.call('ZADD', tk, since, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', tk, '-inf', since - RETAIN_S * 1000)
 redis.call('ZREMRANGEBYRANK', tk, 0, -1001)
 redis.call('EXPIRE', tk, RETAIN_S)
+-- Placed on admission: the job is granted here, in the same atomic step, when the scheduler
+-- found room for it and no other job waits (one placed ahead of the queue would overtake those).
+-- A placement the ledger refuses (decided on a view that is stale by now) is not an error: the
+-- job waits like any other and a scheduling cycle decides it again.
+-- Why a placement was not taken is answered with the job's admission (``reason``).
+local not_placed = ''
+if placement then
+  if redis.call('ZCARD', k('pending')) > 0 then
+    not_placed = 'jobs_waiting'
+  else
+    local taken, refusal = take_reservation(placement)
+    if taken then
+      return cjson.encode({ok = true, outcome = 'granted', lease_id = placement.lease_id,
+        token = taken.token, since_ms = since, now_ms = now})
+    end
+    not_placed = cjson.decode(refusal).reason
+  end
+end
 redis.call('ZADD', k('pending'), 'NX', -tonumber(ARGV[2]) * 1e10 + since / 1000, ARGV[1])
 redis.call('HINCRBY', k('pending-count'), tenant, 1)
 redis.call('SET', k('pending-req', ARGV[1]), ARGV[3])
 if ARGV[4] ~= '' then
   redis.call('ZADD', k('pending-deadline'), 'NX', since + tonumber(ARGV[4]), ARGV[1])
 end
-return cjson.encode({ok = true, since_ms = since, now_ms = now})
+return cjson.encode({ok = true, outcome = 'pending', reason = not_placed, since_ms = since,
+  now_ms = now})

@@ -1,0 +1,99 @@
+-- Included by the scripts that take reservations (`-- include: _reservation`), not by every
+-- script: a role's Redis ACL allows the commands of the scripts it runs and what they include.
+-- Take a reservation for a job (r: the JSON of reserve.lua's ARGV[1]): re-check device health,
+-- capacity, host resources and quota, then write slices, host charges, quota counters and the
+-- lease at once. With r.secret the lease is granted at once (activate); without one it stays
+-- reserved and the scheduler's outbox announces that. Shared by reserve.lua (a pending job) and
+-- pend.lua (a new job placed on admission). Returns the taken slices and the fencing token
+-- (0 when only reserved), or nil and the refusal; nothing is written before every check passed.
+local function take_reservation(r)
+  if #r.slices == 0 and next(r.host) == nil then
+    return nil, fail('empty_reservation', r.job_id)
+  end
+  local jk = k('job', r.job_id)
+  local seen, taken = {}, {}
+  for i, s in ipairs(r.slices) do
+    if seen[s.device_id] then return nil, fail('duplicate_device', s.device_id) end
+    seen[s.device_id] = true
+    local d = redis.call('HMGET', k('dev', s.device_id), 'health', 'mem_free', 'compute_free',
+      'holders', 'exclusive', 'node', 'mem_total')
+    if not d[1] then return nil, fail('device_gone', s.device_id) end
+    if d[1] ~= 'healthy' then return nil, fail('device_unhealthy', s.device_id) end
+    local node = redis.call('HMGET', k('node', d[6]), 'status', 'draining')
+    if node[1] ~= 'up' then return nil, fail('node_down', d[6]) end
+    if node[2] == '1' then return nil, fail('node_draining', d[6]) end
+    local mem_free, compute_free = tonumber(d[2]), tonumber(d[3])
+    if s.whole then
+      if tonumber(d[4]) > 0 then return nil, fail('insufficient_capacity', s.device_id) end
+      taken[i] = {device_id = s.device_id, node_id = d[6], whole = true,
+        memory_mib = tonumber(d[7]), compute_pct = 100, meta = s.meta}
+    else
+      if tonumber(d[5]) == 1 or mem_free < s.memory_mib or compute_free < s.compute_pct then
+        return nil, fail('insufficient_capacity', s.device_id)
+      end
+      taken[i] = {device_id = s.device_id, node_id = d[6], whole = false,
+        memory_mib = s.memory_mib, compute_pct = s.compute_pct, meta = s.meta}
+    end
+  end
+  for node_id, h in pairs(r.host) do
+    local n = redis.call('HMGET', k('node', node_id), 'cpu_free', 'mem_free', 'status', 'draining')
+    if n[3] ~= 'up' then return nil, fail('node_down', node_id) end
+    if n[4] == '1' then return nil, fail('node_draining', node_id) end
+    if tonumber(n[1] or '0') < h.cpu_milli or tonumber(n[2] or '0') < h.memory_mib then
+      return nil, fail('insufficient_host_resources', node_id)
+    end
+  end
+  for _, u in ipairs(r.usage) do
+    local current = tonumber(redis.call('HGET', k('usage', u.scope), u.field) or '0')
+    if u.limit >= 0 and current + u.inc > u.limit + 1e-9 then
+      return nil, fail('quota_exceeded', u.scope .. '/' .. u.field)
+    end
+  end
+
+  -- Every check passed: write.
+  local now = now_ms()
+  local lk = k('lease', r.lease_id)
+  for _, s in ipairs(taken) do
+    local dk = k('dev', s.device_id)
+    redis.call('HINCRBY', dk, 'mem_free', neg(s.memory_mib))
+    redis.call('HINCRBY', dk, 'compute_free', neg(s.compute_pct))
+    redis.call('HINCRBY', dk, 'holders', 1)
+    if s.whole then redis.call('HSET', dk, 'exclusive', 1) end
+    redis.call('SADD', k('dev-leases', s.device_id), r.lease_id)
+    redis.call('SADD', k('node-leases', s.node_id), r.lease_id)
+    touched('dev', s.device_id)
+  end
+  for node_id, h in pairs(r.host) do
+    redis.call('HINCRBY', k('node', node_id), 'cpu_free', neg(h.cpu_milli))
+    redis.call('HINCRBY', k('node', node_id), 'mem_free', neg(h.memory_mib))
+    redis.call('SADD', k('node-leases', node_id), r.lease_id)
+    touched('node', node_id)
+  end
+  for _, u in ipairs(r.usage) do
+    redis.call('HINCRBYFLOAT', k('usage', u.scope), u.field, u.inc)
+  end
+  -- cjson writes an empty table as {}: a host-only lease's slices must still read back as a list.
+  local slices_json = #taken > 0 and cjson.encode(taken) or '[]'
+  redis.call('HSET', lk, 'job_id', r.job_id, 'tenant', r.tenant, 'owner', r.owner,
+    'queue', r.queue, 'priority', r.priority, 'state', 'reserved', 'slices', slices_json,
+    'host', cjson.encode(r.host), 'usage', cjson.encode(r.usage), 'ttl_ms', r.ttl_ms,
+    'created_ms', now, 'expires_ms', now + r.hold_ms, 'token', 0,
+    'max_runtime_ms', r.max_runtime_ms or 0, 'idle_after_ms', r.idle_after_ms or 0)
+  -- The lease continues its job's trace: the relay, renewals and the end read it from here.
+  local trace = redis.call('HMGET', jk, 'traceparent', 'tracestate')
+  if trace[1] then redis.call('HSET', lk, 'traceparent', trace[1], 'tracestate', trace[2] or '') end
+  redis.call('ZADD', k('expiry'), now + r.hold_ms, r.lease_id)
+  redis.call('SADD', k('leases'), r.lease_id)
+  redis.call('HSET', jk, 'state', 'reserved', 'lease_id', r.lease_id)
+  redis.call('EXPIRE', jk, RETAIN_S)
+  unpend(r.job_id)
+  local token = 0
+  if r.secret and r.secret ~= '' then
+    token = activate(r.lease_id, r.secret, now)
+  else
+    lease_event('scheduler', r.lease_id, 'reserved')
+  end
+  bump()
+  touched('lease', r.lease_id)
+  return {taken = taken, token = token}
+end

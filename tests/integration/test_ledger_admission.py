@@ -1,0 +1,155 @@
+"""Placement on admission (``pend.lua`` with a placement) against a real redis-server: a new job
+the scheduler found room for is granted in its admission step, and every rule that would make it
+wait or refuse it still holds."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tests.integration.ledger_builders import device_spec, reservation
+from xpupool.ledger import (
+    Admission,
+    AdmissionLimits,
+    Ledger,
+    Reservation,
+    SliceClaim,
+    UsageClaim,
+    audit,
+    new_lease_secret,
+)
+
+pytestmark = pytest.mark.integration
+
+
+async def _two_gpus(ledger: Ledger) -> None:
+    result = await ledger.register_node(
+        "n1", [device_spec("n1", 0), device_spec("n1", 1)], 64_000, 256_000
+    )
+    assert result.ok
+
+
+def _placed(job: str, *slices: SliceClaim, **kwargs: object) -> Reservation:
+    return reservation(job, *slices, secret=new_lease_secret(), **kwargs)
+
+
+def _admission(job: str, placement: Reservation | None = None, **kwargs: object) -> Admission:
+    fields: dict[str, object] = dict(
+        job_id=job,
+        priority=500,
+        request_json=b'{"job_id": "%s"}' % job.encode(),
+        max_wait_ms=None,
+        reason="queued",
+        tenant="t",
+        placement=placement,
+    )
+    fields.update(kwargs)
+    return Admission(**fields)  # type: ignore[arg-type]
+
+
+async def test_a_placed_admission_is_granted_in_one_step(ledger: Ledger) -> None:
+    """The job is leased when the script returns: active lease with a fencing token, the grant
+    queued in the lease-manager's outbox, nothing left in the pending queue."""
+    await _two_gpus(ledger)
+    placement = _placed("a", SliceClaim("n1/nvidia0", whole=True))
+    [result] = await ledger.admit_many([_admission("a", placement)])
+    assert result.ok and result.outcome == "granted"
+    assert result.lease_id == "lease-a" and result.token > 0
+    lease = await ledger.get_lease("lease-a")
+    assert lease is not None and lease.state == "active" and lease.token == result.token
+    job = await ledger.get_job("a")
+    assert job is not None and job.state == "leased"
+    assert await ledger.pending_jobs() == []
+    assert await ledger.pending_count("t") == 0
+    outbox: Any = await ledger.redis.xrange(ledger.key("outbox", "lease-manager"))
+    assert [fields[b"kind"] for _, fields in outbox] == [b"granted"]
+    assert await audit(ledger) == []
+
+
+async def test_a_refused_placement_leaves_the_job_waiting(ledger: Ledger) -> None:
+    """A placement decided on a stale view (the device is taken by now) is no error: the job
+    is admitted to the pending queue as if no placement had been found, with nothing taken."""
+    await _two_gpus(ledger)
+    assert (await ledger.reserve(reservation("x", SliceClaim("n1/nvidia0", whole=True)))).ok
+    stale = _placed("b", SliceClaim("n1/nvidia0", 1024, 10))
+    [result] = await ledger.admit_many([_admission("b", stale)])
+    assert result.ok and result.outcome == "pending" and result.reason == "insufficient_capacity"
+    assert [job.job_id for _, job in await ledger.pending_jobs()] == ["b"]
+    assert await ledger.get_lease("lease-b") is None
+    assert await audit(ledger) == []
+
+
+async def test_no_job_overtakes_one_that_waits(ledger: Ledger) -> None:
+    """With a job in the pending queue, a new placed job waits behind it even though its
+    placement fits: the queue's order (priorities, fair share) is the cycle's to decide."""
+    await _two_gpus(ledger)
+    assert (await ledger.pend("waiting", 500, b"{}", None, "insufficient_capacity")).ok
+    await asyncio.sleep(0.01)  # arrival order is kept to the millisecond
+    fits = _placed("late", SliceClaim("n1/nvidia1", whole=True))
+    [result] = await ledger.admit_many([_admission("late", fits)])
+    assert result.ok and result.outcome == "pending" and result.reason == "jobs_waiting"
+    assert [job.job_id for _, job in await ledger.pending_jobs()] == ["waiting", "late"]
+    assert await audit(ledger) == []
+
+
+async def test_a_batch_is_decided_in_order_each_atomically(ledger: Ledger) -> None:
+    """Sent together: the first takes the device; the second's placement on the same device is
+    refused, so it waits; the third, though its placement fits, waits behind the second."""
+    await _two_gpus(ledger)
+    results = await ledger.admit_many(
+        [
+            _admission("a", _placed("a", SliceClaim("n1/nvidia0", whole=True))),
+            _admission("b", _placed("b", SliceClaim("n1/nvidia0", whole=True))),
+            _admission("c", _placed("c", SliceClaim("n1/nvidia1", whole=True))),
+        ]
+    )
+    assert [r.outcome for r in results] == ["granted", "pending", "pending"]
+    assert [job.job_id for _, job in await ledger.pending_jobs()] == ["b", "c"]
+    assert await audit(ledger) == []
+
+
+async def test_admission_rules_hold_for_a_placed_job(ledger: Ledger) -> None:
+    """Rate limit, duplicates and quota still apply: an over-rate job is refused with nothing
+    taken, a duplicate of a granted job is not granted twice, and a placement over its queue's
+    limit waits instead of exceeding it."""
+    await _two_gpus(ledger)
+    limits = AdmissionLimits(rate_per_s=1.0, burst=1)
+    first = _placed("a", SliceClaim("n1/nvidia0", whole=True))
+    [granted] = await ledger.admit_many([_admission("a", first, limits=limits)])
+    assert granted.outcome == "granted"
+    over = _placed("b", SliceClaim("n1/nvidia1", whole=True))
+    [refused] = await ledger.admit_many([_admission("b", over, limits=limits)])
+    assert not refused.ok and refused.reason == "rate_limited"
+    assert await ledger.get_lease("lease-b") is None
+
+    again = _placed("a", SliceClaim("n1/nvidia1", whole=True), lease_id="lease-a2")
+    [duplicate] = await ledger.admit_many([_admission("a", again)])
+    assert not duplicate.ok and duplicate.reason == "job_leased"
+    assert await ledger.get_lease("lease-a2") is None
+
+    capped = _placed(
+        "c",
+        SliceClaim("n1/nvidia1", whole=True),
+        usage=[UsageClaim("q", "units", 1.0, limit=0.5)],
+    )
+    [waits] = await ledger.admit_many([_admission("c", capped)])
+    assert waits.ok and waits.outcome == "pending" and waits.reason == "quota_exceeded"
+    assert await ledger.usage("q") == {}
+    assert await audit(ledger) == []
+
+
+async def test_a_placement_for_another_job_or_tenant_is_refused_before_any_write(
+    ledger: Ledger,
+) -> None:
+    """The placement must be the admitted job's own, for its own tenant."""
+    await _two_gpus(ledger)
+    foreign = _placed("other", SliceClaim("n1/nvidia0", whole=True))
+    [refused] = await ledger.admit_many([_admission("mine", foreign)])
+    assert not refused.ok and refused.reason == "placement_mismatch"
+    wrong_tenant = _placed("mine", SliceClaim("n1/nvidia0", whole=True), tenant="u")
+    [refused] = await ledger.admit_many([_admission("mine", wrong_tenant)])
+    assert not refused.ok and refused.reason == "placement_mismatch"
+    assert await ledger.get_job("mine") is None
+    assert await ledger.get_lease("lease-other") is None
