@@ -437,8 +437,13 @@ async def consume_stream(
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     stats: DispatchStats | None = None,
     pull_expires_s: float = PULL_EXPIRES_S,
+    concurrency: int = 1,
 ) -> None:
     """Pull the messages of ``durable``'s channel from its stream until ``stop`` is set.
+
+    ``concurrency`` messages at most are handled at once (each acknowledged when its own handler
+    is done, so in any order); 1 handles them one after the other, in stream order. A handler
+    that batches its work (``xpupool.scheduler.admission``) needs more than one to see a batch.
 
     Several replicas passing the same ``durable`` share the work. Each message is handled as it
     arrives; a pull request stays waiting on the server (its ``num_waiting`` is the readiness
@@ -469,8 +474,23 @@ async def consume_stream(
     consumer = _PullConsumer(js, durable, config)
     this_task = asyncio.current_task()
 
+    slots = asyncio.Semaphore(max(1, concurrency))
+    in_flight: set[asyncio.Task[None]] = set()
+
+    async def process_one(msg: Msg) -> None:
+        try:
+            await _process_stream_message(msg, dispatcher, max_deliver, on_give_up, log)
+        finally:
+            slots.release()
+
     async def process(msg: Msg) -> None:
-        await _process_stream_message(msg, dispatcher, max_deliver, on_give_up, log)
+        await slots.acquire()
+        if concurrency <= 1:
+            await process_one(msg)
+            return
+        task = asyncio.create_task(process_one(msg))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
 
     try:
         while not stop.is_set():
@@ -489,6 +509,13 @@ async def consume_stream(
                 await consumer.close()
                 await asyncio.sleep(RESTART_DELAY_S)
     finally:
+        # Handlers under way finish (their messages are acked or left to redelivery) before the
+        # subscription goes; a cancelled consumer cancels them.
+        if in_flight:
+            if this_task is not None and this_task.cancelling():
+                for task in in_flight:
+                    task.cancel()
+            await asyncio.gather(*in_flight, return_exceptions=True)
         await consumer.close()
 
 
@@ -562,10 +589,15 @@ async def serve_subject(
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     stats: DispatchStats | None = None,
     too_large_reply: TooLargeReply | None = None,
+    concurrency: int = 1,
 ) -> Any:
     """Serve a core-NATS subject in a queue group; results of the channel's reply type go back to
     the requester, everything else is published. Returns the subscription, once the server
     routes the subject to it (see ``round_trip``).
+
+    ``concurrency`` requests at most are handled at once (1: one after the other): requests that
+    each wait on the ledger then share its round trips and its fsyncs instead of queueing behind
+    one another. Beyond it, requests wait in the subscription's buffer.
 
     A reply carries the service's CloudEvents headers, never the request's. A reply that would
     exceed the server's ``max_payload`` is replaced by ``too_large_reply(reply)`` when given (and
@@ -599,7 +631,23 @@ async def serve_subject(
                             msg.reply, b"", headers=_service_error(repr(error)[:200], "500")
                         )
 
-    subscription = await nc.subscribe(channel.pattern, queue=queue, cb=on_message)
+    slots = asyncio.Semaphore(max(1, concurrency))
+    in_flight: set[asyncio.Task[None]] = set()
+
+    async def handle_one(msg: Msg) -> None:
+        try:
+            await on_message(msg)
+        finally:
+            slots.release()
+
+    async def on_message_concurrently(msg: Msg) -> None:
+        await slots.acquire()  # holding up the subscription's reader when all slots are busy
+        task = asyncio.create_task(handle_one(msg))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+
+    callback = on_message if concurrency <= 1 else on_message_concurrently
+    subscription = await nc.subscribe(channel.pattern, queue=queue, cb=callback)
     # Serving means the server routes requests here: a caller told "serving" must not be
     # answered "no responders".
     await round_trip(nc)
