@@ -7,6 +7,7 @@ from xpupool.obs.tracing import (
     continue_trace,
     current_trace_id,
     links_to,
+    spans_exported,
     trace_carrier,
 )
 
@@ -19,5 +20,6 @@ __all__ = [
     "get_logger",
     "links_to",
     "load_settings",
+    "spans_exported",
     "trace_carrier",
 ]

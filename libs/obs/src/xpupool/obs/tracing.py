@@ -18,6 +18,13 @@ from opentelemetry.trace import Link, Span
 from opentelemetry.util.types import AttributeValue
 
 
+def spans_exported() -> bool:
+    """Whether this process exports its spans (``OTEL_EXPORTER_OTLP_ENDPOINT`` is set): a step
+    that would read a trace context from the ledger only to parent a span may skip that read
+    when nobody will see the span."""
+    return bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
 def configure_tracing(service: str) -> TracerProvider:
     """Install a tracer provider for ``service``; the caller shuts it down on exit.
 
@@ -28,7 +35,7 @@ def configure_tracing(service: str) -> TracerProvider:
     """
     resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME", service)})
     provider = TracerProvider(resource=resource)
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+    if spans_exported():
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))

@@ -40,7 +40,7 @@ from xpupool.lease_manager.env import job_environment
 from xpupool.lease_manager.metrics import LeaseManagerMetrics
 from xpupool.lease_manager.tracing import record_lifetime
 from xpupool.ledger import Holder, LeaseRecord, Ledger, ScriptResult
-from xpupool.obs import continue_trace, get_logger
+from xpupool.obs import continue_trace, get_logger, spans_exported
 
 _LEASE_ERRORS = {e.value: e for e in LeaseError}
 
@@ -89,7 +89,10 @@ def _refusal(lease_id: str, tenant: str, result: ScriptResult) -> LeaseReply:
 
 
 async def _trace(ledger: Ledger, command: RenewLease | ReleaseLease) -> dict[str, str]:
-    """The job trace a holder's command joins (its own trace, if another, is linked)."""
+    """The job trace a holder's command joins (its own trace, if another, is linked); not read
+    when spans go nowhere, since it would only parent a span (a round trip per command)."""
+    if not spans_exported():
+        return {}
     return await ledger.trace_of("lease", command.lease_id)
 
 

@@ -30,6 +30,8 @@ from xpupool.ledger.usage import trim_usage
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
 
 SERVICE = "lease-manager"
+# How many renewals, releases and lease queries one subject serves at once.
+REQUEST_CONCURRENCY = 64
 
 
 async def expire_leases(
@@ -144,6 +146,7 @@ async def run(settings: LeaseManagerSettings) -> None:
                         on_invalid=on_invalid,
                         stats=stats,
                         too_large_reply=too_large,
+                        concurrency=REQUEST_CONCURRENCY,
                     )
                 relay = OutboxRelay(
                     ledger,
