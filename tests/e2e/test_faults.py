@@ -111,12 +111,17 @@ async def test_redis_restart_keeps_the_ledger(
     assert await audit(ledger) == []
 
 
+@pytest.mark.parametrize("place_on_admission", [True, False], ids=["on-admission", "in-cycle"])
 async def test_scheduler_killed_during_a_burst_every_request_gets_one_outcome(
-    make_stack: Callable[..., Stack], ready: Ready
+    make_stack: Callable[..., Stack], ready: Ready, place_on_admission: bool
 ) -> None:
     """A scheduler killed mid-burst and restarted: each accepted request still gets exactly one
-    first outcome (granted or pending), none twice, and the ledger stays consistent."""
-    stack = make_stack([NodeSpec("node-s", "4xA100-80GB")])
+    first outcome (granted or pending), none twice, and the ledger stays consistent, whether
+    requests are placed as they are admitted (in batches) or by cycles."""
+    stack = make_stack(
+        [NodeSpec("node-s", "4xA100-80GB")],
+        extra_env={"XPUPOOL_PLACE_ON_ADMISSION": "1" if place_on_admission else "0"},
+    )
     ledger = await ready(stack, 4)
     assert stack.nats_url
     scheduler = next(s for s in stack.services if s.name == "scheduler")

@@ -26,15 +26,26 @@ async def receiver() -> AsyncIterator[Receiver]:
         yield received
 
 
+# How the scheduler gets a job to its grant: placed on admission and granted in the admission
+# script; decided by a cycle and granted in the reservation's script; or reserved by a cycle and
+# then granted by the lease-manager.
+MODES = {
+    "on-admission": {"XPUPOOL_PLACE_ON_ADMISSION": "1", "XPUPOOL_GRANT_AT_RESERVE": "1"},
+    "in-cycle": {"XPUPOOL_PLACE_ON_ADMISSION": "0", "XPUPOOL_GRANT_AT_RESERVE": "1"},
+    "two-step": {"XPUPOOL_PLACE_ON_ADMISSION": "0", "XPUPOOL_GRANT_AT_RESERVE": "0"},
+}
+GRANT_STEPS = {
+    "on-admission": {"schedule admission", "relay granted"},
+    "in-cycle": {"relay granted"},
+    "two-step": {"relay reserved", "lease grant", "relay granted"},
+}
+
+
 def _traced_stack(
-    make_stack: Callable[..., Stack], receiver: Receiver, grant_at_reserve: bool = True
+    make_stack: Callable[..., Stack], receiver: Receiver, mode: str = "on-admission"
 ) -> Stack:
-    env = exporter_env(receiver) | {"XPUPOOL_GRANT_AT_RESERVE": "1" if grant_at_reserve else "0"}
+    env = exporter_env(receiver) | MODES[mode]
     return make_stack([NodeSpec("node-a", "2xA100-80GB")], extra_env=env)
-
-
-# Granted in the reservation's script, or reserved and then granted by the lease-manager.
-GRANT_STEPS = {True: {"relay granted"}, False: {"relay reserved", "lease grant", "relay granted"}}
 
 
 KIND_CONSUMER = SpanProto.SpanKind.SPAN_KIND_CONSUMER
@@ -42,11 +53,11 @@ KIND_PRODUCER = SpanProto.SpanKind.SPAN_KIND_PRODUCER
 REQUESTED = f"process {subjects.JOB_REQUESTED.address}"
 
 
-@pytest.mark.parametrize("grant_at_reserve", [True, False], ids=["grant-at-reserve", "two-step"])
+@pytest.mark.parametrize("mode", list(MODES))
 async def test_submit_grant_renew_release_is_one_trace(
-    make_stack: Callable[..., Stack], ready: Ready, receiver: Receiver, grant_at_reserve: bool
+    make_stack: Callable[..., Stack], ready: Ready, receiver: Receiver, mode: str
 ) -> None:
-    stack = _traced_stack(make_stack, receiver, grant_at_reserve)
+    stack = _traced_stack(make_stack, receiver, mode)
     await ready(stack, 2)
     trace_id, submitter = secrets.token_hex(16), secrets.token_hex(8)
     token = context.attach(propagate.extract({"traceparent": f"00-{trace_id}-{submitter}-01"}))
@@ -63,7 +74,7 @@ async def test_submit_grant_renew_release_is_one_trace(
     await eventually(lambda: all(receiver.named(trace_id, n) for n in steps), timeout_s=30)
     spans = receiver.of_trace(trace_id)
     names = {s.name for s in spans}
-    assert {REQUESTED, "schedule decision", *GRANT_STEPS[grant_at_reserve]} <= names, names
+    assert {REQUESTED, "schedule decision", *GRANT_STEPS[mode]} <= names, names
     assert {"scheduler", "lease-manager"} <= {s.service for s in spans}
 
     # Connected: every parent is in the trace, except those of the messages the client sent,
@@ -75,9 +86,15 @@ async def test_submit_grant_renew_release_is_one_trace(
     if not isinstance(trace.get_tracer_provider(), TracerProvider):
         assert {s.parent_id for s in outside} == {submitter}
 
-    # The scheduling cycle serves many jobs: its own trace, linking this job's.
+    # A scheduling cycle serves many jobs: its own trace, linking this job's. A job placed on
+    # admission (alone in its batch here) is decided there, in its own trace, and no cycle.
     cycles = [s for s in receiver.spans if s.name == "schedule cycle" and trace_id in s.links]
-    assert cycles and all(c.trace_id != trace_id for c in cycles)
+    if mode == "on-admission":
+        assert not cycles
+        [batch] = receiver.named(trace_id, "schedule admission")
+        assert batch.service == "scheduler" and batch.attributes["xpupool.arrivals"] == 1
+    else:
+        assert cycles and all(c.trace_id != trace_id for c in cycles)
 
     [admission] = receiver.named(trace_id, REQUESTED)
     assert admission.kind == KIND_CONSUMER and admission.service == "scheduler"
@@ -102,6 +119,8 @@ async def test_submit_grant_renew_release_is_one_trace(
     assert decision.attributes["xpupool.job_id"] == "tr-1"
     assert decision.attributes["xpupool.tenant"] == "team-a"
     assert decision.attributes["xpupool.outcome"] == "reserve"
+    decided_in = "admission" if mode == "on-admission" else "cycle"
+    assert decision.attributes["xpupool.decided_in"] == decided_in
     assert decision.attributes["xpupool.lease_id"] == outcome.lease_id
     assert decision.attributes["xpupool.device_model"] == outcome.slices[0].model
     assert "xpupool.queue" in decision.attributes
@@ -143,4 +162,4 @@ async def test_a_job_without_trace_context_gets_a_root(
         assert root.parent_id == ""  # the client had no trace: the admission starts one
     await eventually(lambda: receiver.named(root.trace_id, "relay granted"), timeout_s=30)
     names = {s.name for s in receiver.of_trace(root.trace_id)}
-    assert {"schedule decision", *GRANT_STEPS[True]} <= names, names
+    assert {"schedule decision", *GRANT_STEPS["on-admission"]} <= names, names

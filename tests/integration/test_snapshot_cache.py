@@ -7,16 +7,22 @@ from __future__ import annotations
 import asyncio
 import random
 import shutil
-from importlib import resources
 
 import pytest
 from redis.asyncio import Redis
 
 from tests.integration.ledger_builders import device_spec
-from xpupool.contracts import DeviceSample, DeviceSpec, Health
+from xpupool.contracts import DeviceSample, DeviceSpec, Health, JobRequested
 from xpupool.devstack.servers import RedisServer
 from xpupool.ledger import Holder, HostClaim, Ledger, Reservation, SliceClaim, UsageClaim
-from xpupool.scheduler.domain import PoolSnapshot
+from xpupool.ledger.ledger import SCRIPTS, script_source
+from xpupool.scheduler.domain import (
+    PoolSnapshot,
+    Reserve,
+    WorkingPool,
+    decide_batch,
+    default_config,
+)
 from xpupool.scheduler.snapshot import build_snapshot
 from xpupool.scheduler.snapshot_cache import SnapshotCache
 
@@ -320,13 +326,12 @@ async def test_restart_reads_everything_once_then_carries_on(
 async def test_trimmed_change_log_forces_a_full_read(ledger: Ledger) -> None:
     """A change log trimmed past the cache's cursor makes the next read a full one; a cursor
     newer than the trim stays incremental."""
-    package = resources.files("xpupool.ledger") / "lua"
-    prelude = (package / "_prelude.lua").read_text()
     constants = "CHANGE_LOG_MAX, CHANGE_LOG_TRIM = 50000, 5000"
-    assert constants in prelude
-    small = prelude.replace(constants, "CHANGE_LOG_MAX, CHANGE_LOG_TRIM = 12, 4")
+    assert all(constants in script_source(name) for name in SCRIPTS)
     ledger._scripts = {  # noqa: SLF001  (the same scripts with a tiny log)
-        name: ledger.redis.register_script(small + "\n" + (package / f"{name}.lua").read_text())
+        name: ledger.redis.register_script(
+            script_source(name).replace(constants, "CHANGE_LOG_MAX, CHANGE_LOG_TRIM = 12, 4")
+        )
         for name in ledger._scripts  # noqa: SLF001
     }
     work, cache = Workload(ledger, 41), SnapshotCache()
@@ -345,7 +350,7 @@ async def test_trimmed_change_log_forces_a_full_read(ledger: Ledger) -> None:
 
 async def test_every_nth_read_is_full(ledger: Ledger) -> None:
     """The safety net: a full read every ``full_every`` reads, whatever the log says."""
-    work, cache = Workload(ledger, 51), SnapshotCache(full_every=3)
+    work, cache = Workload(ledger, 51), SnapshotCache(full_every=3, full_interval_s=0.0)
     kinds = []
     for _ in range(8):
         await work.step()
@@ -353,6 +358,19 @@ async def test_every_nth_read_is_full(ledger: Ledger) -> None:
         assert cache.last is not None
         kinds.append(cache.last.full)
     assert kinds == [True, False, False, False, True, False, False, False]
+
+
+async def test_full_reads_are_no_more_frequent_than_their_interval(ledger: Ledger) -> None:
+    """Reads at the pace of arriving batches do not make the safety net read a large pool in
+    full every ``full_every`` reads: only once ``full_interval_s`` has passed too."""
+    work, cache = Workload(ledger, 52), SnapshotCache(full_every=3, full_interval_s=3600.0)
+    kinds = []
+    for _ in range(8):
+        await work.step()
+        await _check(cache, ledger, "step")
+        assert cache.last is not None
+        kinds.append(cache.last.full)
+    assert kinds == [True] + [False] * 7
 
 
 async def test_a_device_id_listed_under_two_nodes_stays_exact(ledger: Ledger) -> None:
@@ -369,3 +387,73 @@ async def test_a_device_id_listed_under_two_nodes_stays_exact(ledger: Ledger) ->
     await ledger.register_node("b", [_spec("b", 1, 81_920)], 64_000, 512_000)
     await _check(cache, ledger, "a/gpu0 dropped by b")
     assert cache.last is not None and not cache.last.full
+
+
+def _pool_state(pool: WorkingPool) -> dict[str, object]:
+    """Everything a decision reads from a working pool, in comparable form."""
+    return {
+        "nodes": [n.node_id for n in pool.nodes],
+        "devices": pool.devices,
+        "counters": (
+            pool.dev_mem_free,
+            pool.dev_compute_free,
+            pool.dev_holders,
+            pool.dev_exclusive,
+            pool.dev_ok,
+            pool.node_cpu_free,
+            pool.node_mem_free,
+            pool.node_busy,
+            pool.node_up,
+        ),
+        "whole_free": [{k: v for k, v in wf.items() if v} for wf in pool.class_whole_free],
+        "leases": {
+            lid: (pl.state, pl.queue, pl.devices, pl.nodes) for lid, pl in pool.leases.items()
+        },
+        "node_leases": pool.node_leases,
+        "queue_leases": {q: ids for q, ids in pool.queue_leases.items() if ids},
+        "priorities": {q: c for q, c in pool.queue_priorities.items() if c},
+        "terminating": pool.terminating,
+        "usage": {
+            q: (round(u.units, 6), round(u.devices, 6), round(u.memory_mib, 3))
+            for q, u in pool.usage.items()
+            if u.units > 1e-9 or u.devices > 1e-9 or u.memory_mib > 1e-6
+        },
+        "totals": (pool.total_devices, pool.total_memory_mib, pool.total_units),
+        "arrays": {
+            name: list(getattr(pool.arrays(), name))
+            for name in ("mem_free", "compute_free", "holders", "exclusive", "node_busy")
+        },
+    }
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+async def test_the_kept_working_pool_equals_a_new_one_after_random_transitions(
+    ledger: Ledger, seed: int
+) -> None:
+    """The working pool ``read_pool`` keeps between reads, refreshed from the changes and with
+    each batch's own decisions taken back out, equals a pool built from the same snapshot."""
+    work, cache = Workload(ledger, seed), SnapshotCache(full_every=1_000)
+    config = default_config()
+    rng = random.Random(seed)
+    refreshed = 0
+    for k in range(120):
+        step = await work.step()
+        snapshot, _, pool = await cache.read_pool(ledger, config)
+        builds = cache.pool_builds
+        assert _pool_state(pool) == _pool_state(WorkingPool(snapshot, config)), f"{k}: {step}"
+        # A batch decided on the kept pool, then taken back out: the pool is the ledger's again.
+        requests = [
+            JobRequested(job_id=f"probe-{k}-{i}", tenant="t", count=rng.choice((0, 1, 2)))
+            for i in range(rng.randint(0, 3))
+        ]
+        with cache.deciding(pool) as settle:
+            decisions = settle(decide_batch(requests, pool, config))
+        if any(isinstance(d, Reserve) for _, d in decisions):
+            refreshed += 1
+        assert _pool_state(pool) == _pool_state(WorkingPool(snapshot, config)), f"{k}: settled"
+        again, _, same = await cache.read_pool(ledger, config)
+        assert same is pool and cache.pool_builds == builds  # nothing changed: no new pool
+        assert _pool_state(same) == _pool_state(WorkingPool(again, config))
+    # Most reads refreshed the kept pool rather than building one (health changes, node
+    # registrations and reaps build anew), and decisions were taken back out along the way.
+    assert cache.pool_builds < 60 and refreshed > 10, (cache.pool_builds, refreshed)

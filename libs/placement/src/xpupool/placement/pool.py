@@ -22,14 +22,23 @@ decision costs O(touched slices) to keep them exact.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+import operator
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from xpupool.placement.inventory import HEALTHY, HostCharge, LeaseSlice, LeaseState, PoolSnapshot
+from xpupool.placement.inventory import (
+    HEALTHY,
+    DeviceState,
+    HostCharge,
+    LeaseSlice,
+    LeaseState,
+    NodeState,
+    PoolSnapshot,
+)
 
 __all__ = [
     "Accounts",
@@ -167,6 +176,14 @@ class Accounts(Protocol):
 def domain_key(domain: str, node_id: str) -> str:
     """The interconnect domain of a device; a device without one is its node's own domain."""
     return domain if domain else f"node:{node_id}"
+
+
+# What a pool reads from a device besides its counters and live load: a change to any of these
+# means a new pool (``WorkingPool.refresh``).
+_REFRESHED = frozenset({"memory_free_mib", "compute_free_pct", "exclusive", "holders", "util_pct"})
+_layout_key = operator.attrgetter(
+    *(f.name for f in fields(DeviceState) if f.name not in _REFRESHED)
+)
 
 
 class WorkingPool:
@@ -516,6 +533,94 @@ class WorkingPool:
         """Undo :meth:`release_many`."""
         for pl in reversed(released):
             self.restore(pl)
+
+    # ------------------------------------------------------------------------------------------
+    # Kept between batches: brought up to date from the ledger's changes.
+    # ------------------------------------------------------------------------------------------
+
+    def refresh(
+        self,
+        snapshot: PoolSnapshot,
+        nodes: Mapping[str, NodeState | None],
+        leases: Mapping[str, LeaseState | None],
+    ) -> bool:
+        """Bring this pool to ``snapshot``, given what changed since the one it mirrors: the new
+        state of each changed node (None: gone) and of each changed lease (None: ended).
+
+        The pool must carry no decisions of its own (see ``release``), since the counters of a
+        changed node are taken from the ledger, which already counts its leases; leases are
+        re-resolved without charging them again. Only counters, utilisation and leases are
+        refreshed this way: anything else (a node added or removed, a device's identity, class,
+        health or draining changed) answers False, the pool being left half refreshed, and a
+        new pool must be built from ``snapshot``. Equal to ``WorkingPool(snapshot, config)``
+        when it answers True (``tests/integration/test_snapshot_cache.py`` checks it).
+        """
+        for node_id, node in nodes.items():
+            ni = self.node_index.get(node_id)
+            if node is None or ni is None or not self._same_layout(ni, node):
+                return False
+        for node_id, node in nodes.items():
+            assert node is not None
+            self._refresh_node(self.node_index[node_id], node)
+        for lease_id, lease in leases.items():
+            if lease_id in self.leases:
+                self._forget(lease_id)
+            if lease is not None:
+                self._register(lease, charge=False)
+        self.now_s = snapshot.now_s
+        self.version = snapshot.version
+        return True
+
+    def _same_layout(self, ni: int, node: NodeState) -> bool:
+        """Whether ``node`` differs from what the pool holds only in counters and utilisation."""
+        old = self.nodes[ni]
+        if node.draining != old.draining or len(node.devices) != len(old.devices):
+            return False
+        return all(
+            _layout_key(new) == _layout_key(was)
+            for new, was in zip(node.devices, old.devices, strict=True)
+        )
+
+    def _refresh_node(self, ni: int, node: NodeState) -> None:
+        self.nodes[ni] = node
+        self.node_cpu_free[ni] = node.cpu_milli_free
+        self.node_mem_free[ni] = node.memory_mib_free
+        self._dirty_nodes.add(ni)
+        for i, device in zip(self.node_devs[ni], node.devices, strict=True):
+            self._refresh_device(i, device)
+
+    def _refresh_device(self, i: int, device: DeviceState) -> None:
+        ni, ci = self.dev_node[i], self.dev_class[i]
+        was_free, was_busy = self._whole_free(i), self._busy(i)
+        if device.util_pct != self.devices[i].util_pct:
+            self._layouts.pop(ci, None)  # its utilisation column is rebuilt when next read
+        self.devices[i] = device
+        self.dev_mem_free[i] = device.memory_free_mib
+        self.dev_compute_free[i] = device.compute_free_pct
+        self.dev_holders[i] = device.holders
+        self.dev_exclusive[i] = device.exclusive
+        self._dirty_devs.add(i)
+        now_free, now_busy = self._whole_free(i), self._busy(i)
+        if was_free != now_free:
+            wf = self.class_whole_free[ci]
+            wf[ni] = wf.get(ni, 0) + (1 if now_free else -1)
+        if was_busy != now_busy:
+            self.node_busy[ni] += 1 if now_busy else -1
+
+    def _forget(self, lease_id: str) -> None:
+        """Drop a lease's bookkeeping without touching the counters (``release`` without giving
+        its slices back: the ledger's counters, read anew, no longer hold them)."""
+        pl = self.leases.pop(lease_id)
+        for ni in pl.nodes:
+            self.node_leases[ni].discard(lease_id)
+        self.queue_leases[pl.queue].discard(lease_id)
+        self.quota_stale.add(pl.queue)
+        self.terminating.discard(lease_id)
+        counts = self.queue_priorities[pl.queue]
+        counts[pl.state.priority] -= 1
+        if not counts[pl.state.priority]:
+            del counts[pl.state.priority]
+        self._charge_usage(pl, -1.0)
 
     # ------------------------------------------------------------------------------------------
     # Invariants, for tests and for the shell's paranoia checks.

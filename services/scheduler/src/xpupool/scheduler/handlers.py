@@ -4,6 +4,11 @@ A job request is admitted into the ledger's persistent pending queue; scheduling
 decide every pending request at once with the pure domain (``xpupool.scheduler.domain``) and
 commit each reservation with one Lua script that re-checks capacity, health and quota. A decision
 made on stale state fails its commit and is decided again in the next cycle, never applied.
+
+Placement on admission: while no job waits, the requests arriving together are decided at once,
+on the snapshot the cycles keep, and each is admitted and granted in one script (``pend.lua``
+with its placement). The ledger grants it only if that placement still holds and no other job
+waits; otherwise the job waits in the queue like any other and a cycle decides it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
@@ -50,11 +55,13 @@ from xpupool.contracts import (
     decoder_for,
 )
 from xpupool.ledger import (
+    Admission,
     AdmissionLimits,
     HostClaim,
     JobRecord,
     Ledger,
     Reservation,
+    ScriptResult,
     SliceClaim,
     SliceMeta,
     UsageClaim,
@@ -62,13 +69,14 @@ from xpupool.ledger import (
 )
 from xpupool.obs import continue_trace, get_logger, links_to, trace_carrier
 from xpupool.placement.default import DefaultPolicy
+from xpupool.scheduler.admission import GroupCommit
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.domain import (
+    Decision,
     FairShareHistory,
     NodeState,
     PendingRequest,
     PlacementPolicy,
-    PoolSnapshot,
     Preempt,
     Reject,
     Reserve,
@@ -85,6 +93,7 @@ from xpupool.scheduler.settings import SchedulerSettings
 from xpupool.scheduler.snapshot import UNITS_FIELD, devices_field, growable_nodes
 from xpupool.scheduler.snapshot_cache import SnapshotCache
 from xpupool.scheduler.tracing import (
+    ADMISSION_SPAN,
     CYCLE_SPAN,
     DECISION_SPAN,
     decision_attributes,
@@ -113,6 +122,17 @@ def _new_lease_id() -> str:
     return f"lease-{uuid.uuid4().hex}"
 
 
+@dataclass(frozen=True)
+class Arrival:
+    """A new request on its way into the ledger: its tenant (the subject's) is set, and the
+    trace it came with kept for the steps that continue it."""
+
+    request: JobRequested
+    priority: int
+    limits: AdmissionLimits
+    trace: dict[str, str]
+
+
 @dataclass
 class SchedulerDeps:
     """What the scheduler's handlers need."""
@@ -134,8 +154,14 @@ class SchedulerDeps:
     # The autoscaler's pool shapes as last read, and the nodes they could add.
     growable: tuple[list[PoolShape], tuple[NodeState, ...]] = ([], ())
     metrics: SchedulerMetrics = field(default_factory=SchedulerMetrics)
-    # How many requests the last cycle found pending (the cycle lock is kept while there are).
+    # How many requests the last cycle found pending (the cycle lock is kept while there are;
+    # placement on admission waits until a cycle finds none).
     last_pending: int = 0
+    # Arrivals admitted in batches (``admit_arrivals``).
+    admissions: GroupCommit[Arrival, ScriptResult] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.admissions = GroupCommit(lambda batch: admit_arrivals(batch, self))
 
 
 def _growable(deps: SchedulerDeps, shapes: list[PoolShape]) -> tuple[NodeState, ...]:
@@ -195,16 +221,13 @@ async def admit_job(
         )
     request = msgspec.structs.replace(request, tenant=tenant)
     limits = config.limits_for(tenant)
-    admitted = await deps.ledger.pend(
-        request.job_id,
+    arrival = Arrival(
+        request,
         config.priority_value(request.priority) or 0,
-        msgspec.json.encode(request),
-        None if request.max_wait_s is None else int(request.max_wait_s * 1000),
-        ADMITTED,
-        tenant=tenant,
-        limits=AdmissionLimits(limits.rate_per_s, limits.burst, limits.max_pending),
-        trace=trace_carrier(),
+        AdmissionLimits(limits.rate_per_s, limits.burst, limits.max_pending),
+        trace_carrier(),
     )
+    admitted = await deps.admissions.submit(arrival)
     if not admitted.ok:
         refused = job_reason(admitted.reason)
         if refused in (
@@ -214,8 +237,117 @@ async def admit_job(
         ):
             return _rejected(request, tenant, refused, None, admitted.detail, deps)
         return []  # a duplicate of a job that went further: its outcome is already out
-    deps.wake.set()
     return []
+
+
+async def admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> list[ScriptResult]:
+    """Admit a batch of new requests in one ledger round trip, placing those that fit at once
+    (``place_on_arrival``); a cycle is woken for any that wait.
+
+    The batch is one span: in the job's trace when it holds one job, else a trace of its own
+    that links each job's (as a cycle's span does)."""
+    attributes = {"xpupool.arrivals": len(arrivals)}
+    if len(arrivals) == 1:
+        span = continue_trace(ADMISSION_SPAN, arrivals[0].trace, attributes)
+    else:
+        span = trace.get_tracer("xpupool.scheduler").start_as_current_span(
+            ADMISSION_SPAN, links=links_to([a.trace for a in arrivals]), attributes=attributes
+        )
+    with span:
+        return await _admit_arrivals(arrivals, deps)
+
+
+async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> list[ScriptResult]:
+    placements = await place_on_arrival(arrivals, deps)
+    results = await deps.ledger.admit_many(
+        [
+            Admission(
+                a.request.job_id,
+                a.priority,
+                msgspec.json.encode(a.request),
+                None if a.request.max_wait_s is None else int(a.request.max_wait_s * 1000),
+                ADMITTED,
+                tenant=a.request.tenant or "",
+                limits=a.limits,
+                trace=a.trace,
+                placement=placements[a.request.job_id][1]
+                if a.request.job_id in placements
+                else None,
+            )
+            for a in arrivals
+        ]
+    )
+    waiting = False
+    for arrival, result in zip(arrivals, results, strict=True):
+        placed = placements.pop(arrival.request.job_id, None)
+        granted = result.ok and result.outcome == "granted"
+        if placed is not None:
+            decision = placed[0]
+            if granted:
+                deps.metrics.granted(decision.queue, 0.0)
+            # A placement the ledger did not take is a refused commit: the job waits instead.
+            committed = result if granted else ScriptResult(ok=False, reason=result.reason)
+            attributes = decision_attributes(
+                arrival.request, arrival.request.tenant or "", decision, committed
+            )
+            attributes["xpupool.decided_in"] = "admission"
+            with continue_trace(DECISION_SPAN, arrival.trace, attributes):
+                pass  # decided and committed above: the span records the outcome
+        waiting = waiting or (result.ok and not granted)
+    if waiting:
+        deps.last_pending = max(deps.last_pending, 1)
+        deps.wake.set()
+    return results
+
+
+async def place_on_arrival(
+    arrivals: Sequence[Arrival], deps: SchedulerDeps
+) -> dict[str, tuple[Reserve, Reservation]]:
+    """Where each new request would go now, by job id, for those that fit: decided together
+    on the cycles' snapshot by the same ``decide_batch`` a cycle runs, as if they were all that
+    waits. Nothing is decided while jobs wait (the ledger would queue these behind them anyway)
+    or when placement on admission is off; a failure here only leaves the requests to a cycle.
+    """
+    settings = deps.settings
+    if not (settings.place_on_admission and settings.grant_at_reserve) or deps.last_pending:
+        return {}
+    try:
+        config = deps.config.current()
+        _, now_ms, pool = await deps.snapshots.read_pool(deps.ledger, config)
+        unique = {a.request.job_id: a.request for a in arrivals}
+        pending = [PendingRequest(request, now_ms / 1000) for request in unique.values()]
+        with deps.snapshots.deciding(pool) as settle:
+            decisions = settle(
+                decide_batch(
+                    pending,
+                    pool,
+                    config,
+                    history=deps.history,
+                    policies=deps.default_policy.cycle_registry(
+                        config.placement, deps.extra_policies
+                    ),
+                    growable=deps.growable[1],
+                )
+            )
+        memory_total = device_memory(pool, (d for _, d in decisions))
+    except Exception as error:  # noqa: BLE001  (the cycle decides them instead)
+        get_logger().warning("placement_on_admission_failed", error=repr(error))
+        return {}
+    return {
+        job_id: (
+            decision,
+            reservation_of(
+                decision,
+                deps.new_lease_id(),
+                memory_total,
+                config,
+                settings.reservation_hold_s,
+                new_lease_secret(),
+            ),
+        )
+        for job_id, decision in decisions
+        if isinstance(decision, Reserve)
+    }
 
 
 _CANCEL_ERRORS: Final = {e.value: e for e in CancelError}
@@ -322,9 +454,16 @@ def give_up_request(request: JobRequested, error: BaseException) -> Sequence[msg
 # ---- the scheduling cycle -------------------------------------------------------------------
 
 
-def device_memory(snapshot: PoolSnapshot) -> dict[str, int]:
-    """Each device's visible memory, looked up once per cycle for the quota claims."""
-    return {d.device_id: d.memory_total_mib for n in snapshot.nodes for d in n.devices}
+def device_memory(pool: WorkingPool, decisions: Iterable[Decision]) -> dict[str, int]:
+    """The visible memory of each device the reservations among ``decisions`` take, for their
+    quota claims."""
+    return {
+        s.device_id: pool.devices[pool.dev_index[s.device_id]].memory_total_mib
+        for d in decisions
+        if isinstance(d, Reserve)
+        for s in d.slices
+        if s.device_id in pool.dev_index
+    }
 
 
 def _usage_claims(
@@ -449,9 +588,9 @@ async def _decide_and_commit(
     deps: SchedulerDeps, jobs: list[tuple[bytes | str, JobRecord]], started: float
 ) -> Sequence[msgspec.Struct]:
     ledger, log = deps.ledger, get_logger()
-    snapshot, now_ms = await deps.snapshots.read(ledger)
-    memory_total = device_memory(snapshot)
     config = deps.config.current()
+    # The working pool is kept across cycles and admission batches (``SnapshotCache``).
+    snapshot, now_ms, pool = await deps.snapshots.read_pool(ledger, config)
 
     records: dict[str, tuple[JobRecord, JobRequested]] = {}
     pending = []
@@ -480,19 +619,22 @@ async def _decide_and_commit(
     )
     # The learned default (kept across cycles) takes the classic ``xpupool`` policy's place.
     registry = deps.default_policy.cycle_registry(config.placement, deps.extra_policies)
-    # One working pool per cycle: the usage it starts with (before decide_batch mutates it) is
-    # what the fair-share history folds in, so building a second pool for it is wasted work.
-    pool = WorkingPool(snapshot, config)
+    # The usage the pool starts with (before decide_batch applies the cycle's decisions) is
+    # what the fair-share history folds in.
     usage = current_usage(pool)
-    decisions = decide_batch(
-        pending,
-        pool,
-        config,
-        history=deps.history,
-        policies=registry,
-        incoming=deps.incoming.jobs(snapshot.now_s) | incoming,
-        growable=_growable(deps, shapes),
-    )
+    with deps.snapshots.deciding(pool) as settle:
+        decisions = settle(
+            decide_batch(
+                pending,
+                pool,
+                config,
+                history=deps.history,
+                policies=registry,
+                incoming=deps.incoming.jobs(snapshot.now_s) | incoming,
+                growable=_growable(deps, shapes),
+            )
+        )
+    memory_total = device_memory(pool, (d for _, d in decisions))
     deps.history = update_history(
         deps.history, usage, snapshot.now_s, config.fair_share.half_life_s
     )
@@ -531,6 +673,7 @@ async def _decide_and_commit(
         attributes = decision_attributes(
             request, request.tenant or "", decision, committed.get(job_id)
         )
+        attributes["xpupool.decided_in"] = "cycle"
         with continue_trace(DECISION_SPAN, job.trace, attributes):
             pass  # decided, and a reservation committed, above: the span records the outcome
     decisions.sort(key=lambda item: not isinstance(item[1], Reserve | Preempt))

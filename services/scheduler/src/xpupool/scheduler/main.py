@@ -32,6 +32,7 @@ from xpupool.placement.node_policies import make_trace_policies, parse_aliases
 from xpupool.placement.workload import load_demands
 from xpupool.scheduler import handlers
 from xpupool.scheduler.config_source import ConfigSource
+from xpupool.scheduler.domain import WorkingPool, current_usage, update_history
 from xpupool.scheduler.domain.config import BUILTIN_POLICIES, ROOT
 from xpupool.scheduler.metrics import serve_metrics
 from xpupool.scheduler.settings import SchedulerSettings
@@ -39,6 +40,8 @@ from xpupool.scheduler.snapshot_cache import SnapshotCache
 
 SERVICE = "scheduler"
 CYCLE_LOCK_MS = 10_000
+# How many job requests one replica handles at once (what one admission batch can hold).
+ADMISSION_CONCURRENCY = 256
 # How long a replica keeps the cycle lock, after a cycle that had work, waiting for more.
 CYCLE_LOCK_LINGER_S = 0.05
 
@@ -107,6 +110,11 @@ async def cycle_loop(
             await _woken(deps.wake, deps.settings.retry_interval_s)
         deps.wake.clear()
         try:
+            if not lock.held and not await deps.ledger.any_pending():
+                # Nothing waits (placement on admission granted what arrived): no lock, no cycle.
+                deps.last_pending = 0
+                deps.metrics.observe_queues(())
+                continue
             if not await lock.take():
                 await asyncio.sleep(0.02)
                 deps.wake.set()
@@ -134,6 +142,15 @@ async def pool_metrics_loop(deps: handlers.SchedulerDeps, stop: asyncio.Event) -
         try:
             snapshot, _ = await cache.read(deps.ledger)
             deps.metrics.observe_pool(snapshot)
+            # Fair share folds in the usage it sees at every cycle; while placement on admission
+            # grants without cycles, this keeps sampling it.
+            config = deps.config.current()
+            deps.history = update_history(
+                deps.history,
+                current_usage(WorkingPool(snapshot, config)),
+                snapshot.now_s,
+                config.fair_share.half_life_s,
+            )
             if deps.history is not None:
                 units = {q: u.units for q, u in deps.history.usage.items()}
                 total = units.pop(ROOT, sum(units.values()))
@@ -259,6 +276,8 @@ async def run(settings: SchedulerSettings) -> None:
                         on_invalid=handlers.reject_invalid_request,
                         on_give_up=handlers.give_up_request,
                         stats=stats,
+                        # Requests are handled side by side so that admission batches them.
+                        concurrency=ADMISSION_CONCURRENCY,
                     ),
                     relay.run(run_stop),
                     cycle_loop(deps, bus.publisher, run_stop),

@@ -27,6 +27,10 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     # two hops and two ledger round trips fewer per grant. Off: reserve, then the lease-manager
     # grants (a reservation it never takes up is taken back after reservation_hold_s).
     grant_at_reserve: bool = True
+    # Place new requests on arrival while no job waits: decided together and granted in their
+    # admission script (one ledger step, no cycle), else admitted to the pending queue. Needs
+    # grant_at_reserve. Off: every request waits for a scheduling cycle.
+    place_on_admission: bool = True
     # How long a reservation waits for the lease-manager before the ledger takes it back.
     reservation_hold_s: float = 60.0
     # Pending requests are retried on every capacity event and at least this often.

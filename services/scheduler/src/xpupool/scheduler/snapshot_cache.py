@@ -6,7 +6,9 @@ domain states of its last read, asks the change log what changed since
 (``Ledger.changes_since``) and re-reads only those nodes and leases. What it returns equals
 ``build_snapshot`` of a full read (``Ledger.nodes()``, ``Ledger.leases()``) at that moment; it
 reads everything when the log cannot answer (the first read, a log trimmed past the cursor, Redis
-flushed, restarted or failed over) and every ``full_every`` reads regardless. It only reads: a
+flushed, restarted or failed over) and every ``full_every`` reads regardless, but not more often
+than every ``full_interval_s`` (a read per arriving batch must not mean a full read of a large
+pool every second). It only reads: a
 cycle with nothing changed costs one round trip (the log and the ledger clock together), and one
 with changes two more.
 """
@@ -15,15 +17,27 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from xpupool.ledger import ChangeCursor, LeaseRecord, Ledger, NodeRecord
-from xpupool.scheduler.domain import LeaseState, NodeState, PoolSnapshot
+from xpupool.scheduler.domain import (
+    Decision,
+    LeaseState,
+    NodeState,
+    PoolSnapshot,
+    Preempt,
+    Reserve,
+    SchedulerConfig,
+    WorkingPool,
+)
 from xpupool.scheduler.snapshot import lease_state, node_state
 
 FULL_EVERY = 100
 """Reads between two full ones: a safety net, since the change log alone keeps the copy exact."""
+FULL_INTERVAL_S = 30.0
+"""The least time between two full reads that the safety net asks for."""
 
 
 @dataclass(frozen=True)
@@ -39,8 +53,12 @@ class ReadStats:
 class SnapshotCache:
     """The last pool snapshot, kept up to date incrementally (one per scheduler replica)."""
 
-    def __init__(self, full_every: int = FULL_EVERY) -> None:
+    def __init__(
+        self, full_every: int = FULL_EVERY, full_interval_s: float = FULL_INTERVAL_S
+    ) -> None:
         self.full_every = full_every
+        self.full_interval_s = full_interval_s
+        self._full_at = 0.0  # monotonic time of the last full read
         self.last: ReadStats | None = None
         self._cursor: ChangeCursor | None = None
         self._since_full = 0
@@ -53,6 +71,13 @@ class SnapshotCache:
         self._node_tuple: tuple[NodeState, ...] = ()
         self._lease_tuple: tuple[LeaseState, ...] = ()
         self._lock = asyncio.Lock()
+        # The working pool of the last read, kept in step with it (``read_pool``), and what
+        # changed since the pool was last brought up to date (None: since a full read).
+        self._pool: WorkingPool | None = None
+        self._pending_nodes: dict[str, NodeState | None] | None = None
+        self._pending_leases: dict[str, LeaseState | None] = {}
+        self.pool_builds = 0
+        """How many working pools were built from scratch (the rest were refreshed)."""
 
     def invalidate(self) -> None:
         """Make the next read a full one."""
@@ -61,39 +86,108 @@ class SnapshotCache:
     async def read(self, ledger: Ledger) -> tuple[PoolSnapshot, int]:
         """The pool as the ledger holds it now, and the ledger's clock (ms) it was read at."""
         async with self._lock:
-            started = time.perf_counter()
-            cursor = self._cursor if self._since_full < self.full_every else None
-            changes = await ledger.changes_since(cursor)
-            if changes.complete:
-                node_ids = set(changes.nodes)
-                for device_id in changes.devices:
-                    node_ids.update(self._device_nodes.get(device_id, ()))
-                wanted_nodes, wanted_leases = sorted(node_ids), sorted(changes.leases)
-                nodes, leases = await ledger.get_nodes_and_leases(wanted_nodes, wanted_leases)
-                now_ms = changes.now_ms
-                # Nothing is applied before every read succeeded: a failed read changes nothing.
-                self._update_nodes(zip(wanted_nodes, nodes, strict=True))
-                self._update_leases(zip(wanted_leases, leases, strict=True))
-                self._since_full += 1
-                self.last = ReadStats(
-                    False, len(wanted_nodes), len(wanted_leases), time.perf_counter() - started
-                )
-            else:
-                all_nodes, all_leases = await ledger.nodes(), await ledger.leases()
-                now_ms = await ledger.now_ms()
-                self._replace(all_nodes, all_leases)
-                self._since_full = 0
-                self.last = ReadStats(
-                    True, len(all_nodes), len(all_leases), time.perf_counter() - started
-                )
-            self._cursor = changes.cursor
-            snapshot = PoolSnapshot(
-                nodes=self._node_tuple,
-                leases=self._lease_tuple,
-                now_s=now_ms / 1000,
-                version=changes.version,
+            return await self._read(ledger)
+
+    async def _read(self, ledger: Ledger) -> tuple[PoolSnapshot, int]:
+        started = time.perf_counter()
+        due = (
+            self._since_full >= self.full_every and started - self._full_at >= self.full_interval_s
+        )
+        cursor = None if due else self._cursor
+        changes = await ledger.changes_since(cursor)
+        if changes.complete:
+            node_ids = set(changes.nodes)
+            for device_id in changes.devices:
+                node_ids.update(self._device_nodes.get(device_id, ()))
+            wanted_nodes, wanted_leases = sorted(node_ids), sorted(changes.leases)
+            nodes, leases = await ledger.get_nodes_and_leases(wanted_nodes, wanted_leases)
+            now_ms = changes.now_ms
+            # Nothing is applied before every read succeeded: a failed read changes nothing.
+            self._update_nodes(zip(wanted_nodes, nodes, strict=True))
+            self._update_leases(zip(wanted_leases, leases, strict=True))
+            if self._pending_nodes is not None:
+                for node_id in wanted_nodes:
+                    self._pending_nodes[node_id] = self._nodes.get(node_id)
+                for lease_id in wanted_leases:
+                    self._pending_leases[lease_id] = self._leases.get(lease_id)
+            self._since_full += 1
+            self.last = ReadStats(
+                False, len(wanted_nodes), len(wanted_leases), time.perf_counter() - started
             )
+        else:
+            all_nodes, all_leases = await ledger.nodes(), await ledger.leases()
+            now_ms = await ledger.now_ms()
+            self._replace(all_nodes, all_leases)
+            self._pending_nodes = None  # the pool, if any, is built anew
+            self._since_full = 0
+            self._full_at = started
+            self.last = ReadStats(
+                True, len(all_nodes), len(all_leases), time.perf_counter() - started
+            )
+        self._cursor = changes.cursor
+        snapshot = PoolSnapshot(
+            nodes=self._node_tuple,
+            leases=self._lease_tuple,
+            now_s=now_ms / 1000,
+            version=changes.version,
+        )
         return snapshot, now_ms
+
+    async def read_pool(
+        self, ledger: Ledger, config: SchedulerConfig
+    ) -> tuple[PoolSnapshot, int, WorkingPool]:
+        """``read``, and the working pool of that snapshot: the one kept from the last read,
+        refreshed with what changed since (``WorkingPool.refresh``), or one built anew after a
+        full read, a change refresh cannot take, or another config.
+
+        The pool is shared: whoever decides on it gives its own decisions back with
+        ``settle`` before the next await, so it never carries them into another read.
+        """
+        async with self._lock:
+            snapshot, now_ms = await self._read(ledger)
+            pool = self._pool
+            nodes, leases = self._pending_nodes, self._pending_leases
+            if (
+                pool is None
+                or nodes is None
+                or pool.config is not config
+                or not pool.refresh(snapshot, nodes, leases)
+            ):
+                pool = self._pool = WorkingPool(snapshot, config)
+                self.pool_builds += 1
+            self._pending_nodes, self._pending_leases = {}, {}
+        return snapshot, now_ms, pool
+
+    @contextmanager
+    def deciding(
+        self, pool: WorkingPool
+    ) -> Iterator[Callable[[list[tuple[str, Decision]]], list[tuple[str, Decision]]]]:
+        """Around a batch of decisions on ``pool`` (from ``read_pool``): the function it gives
+        takes the batch's decisions back out of the pool (each Reserve's reservation) and
+        returns them. The pool is shared, so this happens before the next await. A pool that
+        preempted (victims released, not restorable from here), or whose batch failed midway,
+        is dropped instead, and the next ``read_pool`` builds one anew."""
+        settled = False
+
+        def settle(decisions: list[tuple[str, Decision]]) -> list[tuple[str, Decision]]:
+            nonlocal settled
+            settled = True
+            if pool is not self._pool:
+                return decisions
+            for _, decision in decisions:
+                if isinstance(decision, Preempt):
+                    self._pool = None
+                    return decisions
+            for _, decision in decisions:
+                if isinstance(decision, Reserve):
+                    pool.release(f"reservation:{decision.job_id}")
+            return decisions
+
+        try:
+            yield settle
+        finally:
+            if not settled and pool is self._pool:
+                self._pool = None
 
     def _replace(self, nodes: list[NodeRecord], leases: list[LeaseRecord]) -> None:
         self._nodes = {n.node_id: node_state(n) for n in nodes}

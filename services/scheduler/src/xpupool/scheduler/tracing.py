@@ -14,6 +14,7 @@ from xpupool.scheduler.domain.decide import Preempt, Reject, Reserve, TimedOut, 
 
 DECISION_SPAN = "schedule decision"
 CYCLE_SPAN = "schedule cycle"
+ADMISSION_SPAN = "schedule admission"
 
 
 def decision_attributes(
@@ -49,4 +50,4 @@ def decision_attributes(
     return attributes
 
 
-__all__ = ["CYCLE_SPAN", "DECISION_SPAN", "decision_attributes"]
+__all__ = ["ADMISSION_SPAN", "CYCLE_SPAN", "DECISION_SPAN", "decision_attributes"]
