@@ -508,6 +508,9 @@ def table(results: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: small fleet, short")
+    parser.add_argument(
+        "--devices", type=int, default=None, help="one scenario of this many devices instead"
+    )
     parser.add_argument("--out", type=Path, default=None, help="JSON path")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--duration-s", type=float, default=20.0)
@@ -520,14 +523,16 @@ def main(argv: list[str] | None = None) -> int:
         "--profile-format", default="flamegraph", choices=("flamegraph", "speedscope", "raw")
     )
     args = parser.parse_args(argv)
+    if args.devices is not None:
+        scenarios = [Scenario(f"fleet-{args.devices}", args.devices, open_loop=True)]
     if args.quick:
-        scenarios = [Scenario("quick", 64, open_loop=True)]
+        scenarios = [Scenario("quick", args.devices or 64, open_loop=True)]
         # The smoke run's lengths, unless given on the command line.
         quick = {"duration_s": 4.0, "open_s": 3.0, "serial_count": 10, "floor_count": 1000}
         for name, value in quick.items():
             if getattr(args, name) == parser.get_default(name):
                 setattr(args, name, value)
-    else:
+    elif args.devices is None:
         scenarios = [
             Scenario("fleet-10k", 10_000, open_loop=True),
             Scenario("fleet-1k", 1_000),

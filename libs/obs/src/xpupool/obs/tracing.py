@@ -26,12 +26,14 @@ def spans_exported() -> bool:
 
 
 def configure_tracing(service: str) -> TracerProvider:
-    """Install a tracer provider for ``service``; the caller shuts it down on exit.
+    """The tracer provider for ``service``; the caller shuts it down on exit.
 
     Spans are exported over OTLP/HTTP only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (the
     exporter reads the other ``OTEL_*`` variables: headers, timeout, compression, and the batch
-    processor ``OTEL_BSP_*``), and only then are Redis calls instrumented, so a dev run without
-    a collector costs nothing but context propagation.
+    processor ``OTEL_BSP_*``), and only then is the provider installed and are Redis calls
+    instrumented. Otherwise the API's no-op tracer stays: no span is made, and a job's trace
+    context still travels on (a step continues the context it was given), so a run without a
+    collector costs nothing but that propagation.
     """
     resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME", service)})
     provider = TracerProvider(resource=resource)
@@ -40,7 +42,7 @@ def configure_tracing(service: str) -> TracerProvider:
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         _instrument_redis(provider)
-    trace.set_tracer_provider(provider)
+        trace.set_tracer_provider(provider)
     return provider
 
 

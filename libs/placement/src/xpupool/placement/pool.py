@@ -496,7 +496,7 @@ class WorkingPool:
 
     def release(self, lease_id: str) -> PoolLease | None:
         """Give back ``lease_id``'s slices and host resources; :meth:`restore` undoes it."""
-        pl = self.leases.pop(lease_id, None)
+        pl = self.leases.get(lease_id)
         if pl is None:
             return None
         for s in pl.state.slices:
@@ -504,16 +504,7 @@ class WorkingPool:
             if i is not None:
                 self._apply_slice(i, s, -1)
         self._apply_host(pl.state.host, -1)
-        for ni in pl.nodes:
-            self.node_leases[ni].discard(lease_id)
-        self.queue_leases[pl.queue].discard(lease_id)
-        self.quota_stale.add(pl.queue)
-        self.terminating.discard(lease_id)
-        counts = self.queue_priorities[pl.queue]
-        counts[pl.state.priority] -= 1
-        if not counts[pl.state.priority]:
-            del counts[pl.state.priority]
-        self._charge_usage(pl, -1.0)
+        self._forget(lease_id)
         return pl
 
     def restore(self, pl: PoolLease) -> None:

@@ -316,19 +316,7 @@ async def place_on_arrival(
         _, now_ms, pool = await deps.snapshots.read_pool(deps.ledger, config)
         unique = {a.request.job_id: a.request for a in arrivals}
         pending = [PendingRequest(request, now_ms / 1000) for request in unique.values()]
-        with deps.snapshots.deciding(pool) as settle:
-            decisions = settle(
-                decide_batch(
-                    pending,
-                    pool,
-                    config,
-                    history=deps.history,
-                    policies=deps.default_policy.cycle_registry(
-                        config.placement, deps.extra_policies
-                    ),
-                    growable=deps.growable[1],
-                )
-            )
+        decisions = _decide(deps, pending, pool, config, growable=deps.growable[1])
         memory_total = device_memory(pool, (d for _, d in decisions))
     except Exception as error:  # noqa: BLE001  (the cycle decides them instead)
         get_logger().warning("placement_on_admission_failed", error=repr(error))
@@ -565,6 +553,33 @@ async def _waiting(
     ]
 
 
+def _decide(
+    deps: SchedulerDeps,
+    pending: Sequence[PendingRequest],
+    pool: WorkingPool,
+    config: SchedulerConfig,
+    *,
+    incoming: frozenset[str] = frozenset(),
+    growable: Sequence[NodeState] = (),
+) -> list[tuple[str, Decision]]:
+    """``decide_batch`` with the scheduler's policies on the pool the snapshot cache keeps, the
+    batch's decisions taken back out of it afterwards (``SnapshotCache.deciding``)."""
+    # The learned default (kept across cycles) takes the classic ``xpupool`` policy's place.
+    registry = deps.default_policy.cycle_registry(config.placement, deps.extra_policies)
+    with deps.snapshots.deciding(pool) as settle:
+        return settle(
+            decide_batch(
+                pending,
+                pool,
+                config,
+                history=deps.history,
+                policies=registry,
+                incoming=incoming,
+                growable=growable,
+            )
+        )
+
+
 async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
     """Decide every pending request against one ledger snapshot and commit the outcomes."""
     ledger = deps.ledger
@@ -617,23 +632,17 @@ async def _decide_and_commit(
             for p in pending
         )
     )
-    # The learned default (kept across cycles) takes the classic ``xpupool`` policy's place.
-    registry = deps.default_policy.cycle_registry(config.placement, deps.extra_policies)
     # The usage the pool starts with (before decide_batch applies the cycle's decisions) is
     # what the fair-share history folds in.
     usage = current_usage(pool)
-    with deps.snapshots.deciding(pool) as settle:
-        decisions = settle(
-            decide_batch(
-                pending,
-                pool,
-                config,
-                history=deps.history,
-                policies=registry,
-                incoming=deps.incoming.jobs(snapshot.now_s) | incoming,
-                growable=_growable(deps, shapes),
-            )
-        )
+    decisions = _decide(
+        deps,
+        pending,
+        pool,
+        config,
+        incoming=deps.incoming.jobs(snapshot.now_s) | incoming,
+        growable=_growable(deps, shapes),
+    )
     memory_total = device_memory(pool, (d for _, d in decisions))
     deps.history = update_history(
         deps.history, usage, snapshot.now_s, config.fair_share.half_life_s

@@ -32,11 +32,10 @@ from xpupool.placement.node_policies import make_trace_policies, parse_aliases
 from xpupool.placement.workload import load_demands
 from xpupool.scheduler import handlers
 from xpupool.scheduler.config_source import ConfigSource
-from xpupool.scheduler.domain import WorkingPool, current_usage, update_history
+from xpupool.scheduler.domain import current_usage, update_history
 from xpupool.scheduler.domain.config import BUILTIN_POLICIES, ROOT
 from xpupool.scheduler.metrics import serve_metrics
 from xpupool.scheduler.settings import SchedulerSettings
-from xpupool.scheduler.snapshot_cache import SnapshotCache
 
 SERVICE = "scheduler"
 CYCLE_LOCK_MS = 10_000
@@ -136,21 +135,19 @@ async def pool_metrics_loop(deps: handlers.SchedulerDeps, stop: asyncio.Event) -
     """Refresh the pool gauges from the ledger on the event loop, so a scrape (on the metrics
     server's thread) only renders the last summary and never touches Redis or the loop; and
     publish the fair-share position to the ledger for ``xpupool status`` at the same pace, off
-    the scheduling cycle's path."""
-    cache = SnapshotCache()  # its own: the cycle's cache must not be read concurrently
+    the scheduling cycle's path. It reads through the cycles' snapshot cache (which serialises
+    its readers), so it re-reads nothing a cycle or an admission batch read already."""
     while not stop.is_set():
         try:
-            snapshot, _ = await cache.read(deps.ledger)
+            config = deps.config.current()
+            snapshot, _, pool = await deps.snapshots.read_pool(deps.ledger, config)
             deps.metrics.observe_pool(snapshot)
             # Fair share folds in the usage it sees at every cycle; while placement on admission
             # grants without cycles, this keeps sampling it.
-            config = deps.config.current()
             deps.history = update_history(
-                deps.history,
-                current_usage(WorkingPool(snapshot, config)),
-                snapshot.now_s,
-                config.fair_share.half_life_s,
+                deps.history, current_usage(pool), snapshot.now_s, config.fair_share.half_life_s
             )
+            deps.metrics.observe_fair_share({q: u.units for q, u in deps.history.usage.items()})
             if deps.history is not None:
                 units = {q: u.units for q, u in deps.history.usage.items()}
                 total = units.pop(ROOT, sum(units.values()))

@@ -9,7 +9,8 @@ outbox and usage series, so no series is exported by two services.
   of the devices that report one. Rendered at scrape time from a snapshot the service's event
   loop refreshes (:meth:`SchedulerMetrics.observe_pool`), never read on the scrape thread.
 - ``xpupool_scheduler_queue_pending_requests{queue}`` and
-  ``xpupool_scheduler_queue_oldest_wait_seconds{queue}``: as of this replica's last cycle.
+  ``xpupool_scheduler_queue_oldest_wait_seconds{queue}``: as of this replica's last cycle (0
+  for a queue it has only granted on admission).
 - ``xpupool_scheduler_fair_share_usage_units{queue}``: the decayed normalized capacity a queue
   (subtree included) has used, as this replica's fair-share history ranks queues by;
 - ``xpupool_scheduler_grants_total{queue}``, ``xpupool_scheduler_rejections_total{reason}``
@@ -218,9 +219,14 @@ class SchedulerMetrics:
             self.fair_share_usage.labels(queue).set(units)
 
     def granted(self, queue: str, waited_s: float) -> None:
-        """Count one committed reservation and how long its request waited for it."""
+        """Count one committed reservation and how long its request waited for it. A queue
+        first seen granting (on admission, no cycle having seen it wait) reads 0 pending."""
         self.grants.labels(queue).inc()
         self.grant_latency.observe(max(waited_s, 0.0))
+        if queue not in self._queues:
+            self._queues.add(queue)
+            self.queue_pending.labels(queue).set(0)
+            self.queue_oldest.labels(queue).set(0)
 
 
 def queue_rows(waits: Iterable[tuple[str, float]]) -> list[QueueRow]:

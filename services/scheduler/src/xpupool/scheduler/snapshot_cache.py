@@ -36,8 +36,9 @@ from xpupool.scheduler.snapshot import lease_state, node_state
 
 FULL_EVERY = 100
 """Reads between two full ones: a safety net, since the change log alone keeps the copy exact."""
-FULL_INTERVAL_S = 30.0
-"""The least time between two full reads that the safety net asks for."""
+FULL_INTERVAL_S = 300.0
+"""The least time between two full reads that the safety net asks for: a full read of a large
+pool (10,000 devices) holds the event loop for a noticeable fraction of a second."""
 
 
 @dataclass(frozen=True)
