@@ -78,10 +78,13 @@ class OutboxRelay:
     async def run(self, stop: asyncio.Event) -> None:
         """Relay until ``stop`` is set; transient failures are retried, never fatal."""
         redis = self._ledger.redis
-        await self._ensure_group()
+        grouped = False  # the consumer group is made once Redis answers (it may be away now)
         backlog = True  # first drain what this consumer was given before a restart
         while not stop.is_set():
             try:
+                if not grouped:
+                    await self._ensure_group()
+                    grouped = True
                 if backlog:
                     entries = await self._claim_stale()
                     entries += await self._read("0")
@@ -108,7 +111,7 @@ class OutboxRelay:
                 backlog = True
                 await asyncio.sleep(0.5)
                 if "NOGROUP" in repr(error):
-                    await self._ensure_group()
+                    grouped = False  # Redis lost the group (a flush, a restart): make it again
 
     async def _relay(
         self, fields: dict[str, str], events: Sequence[msgspec.Struct]
