@@ -57,6 +57,7 @@ from xpupool.ledger.audit import audit
 from xpupool.telemetry_collector.fleet import FleetNode, format_fleet
 
 TENANT = "bench"
+SERVERS = ("nats-server", "redis-server")
 PROFILES = ("8xA100-80GB", "8xAscend910B", "8xT4", "8xMLU370-X4")
 FLOOR_SUBJECT = "bench.floor"
 # One reservation, as the ledger's scripts do it: check, take, and (to keep the key steady)
@@ -404,12 +405,21 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
             load = Load(client, f"{sc.name}-{os.getpid()}")
             await load.closed(4, 1.0)  # warm-up: caches, first snapshot, JIT of connections
             pids = {f"{p.name}-{i}": p.process.pid for i, p in enumerate(stack.services)}
+            # The servers too: what one grant costs them says when one of them is the limit.
+            for name, server in zip(SERVERS, (nats, redis_server), strict=True):
+                if server.process is not None:
+                    pids[name] = server.process.pid
             cpu0 = {k: proc_usage(pid)[0] for k, pid in pids.items()}
             cmd0, varz0 = await redis_commands(redis), nats.varz()
             g0 = load.tally.kinds["AllocationGranted"]
             load.latencies = []
             profilers = (
-                start_profilers(pids, args.profile / sc.name, args.duration_s, args.profile_format)
+                start_profilers(
+                    {k: v for k, v in pids.items() if k not in SERVERS},
+                    args.profile / sc.name,
+                    args.duration_s,
+                    args.profile_format,
+                )
                 if args.profile
                 else []
             )
