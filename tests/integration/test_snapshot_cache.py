@@ -16,6 +16,7 @@ from xpupool.contracts import DeviceSample, DeviceSpec, Health, JobRequested
 from xpupool.devstack.servers import RedisServer
 from xpupool.ledger import Holder, HostClaim, Ledger, Reservation, SliceClaim, UsageClaim
 from xpupool.ledger.ledger import SCRIPTS, script_source
+from xpupool.placement.node_policies import NodeView
 from xpupool.scheduler.domain import (
     PoolSnapshot,
     Reserve,
@@ -426,6 +427,19 @@ def _pool_state(pool: WorkingPool) -> dict[str, object]:
     }
 
 
+def _synced(view: NodeView, pool: WorkingPool) -> NodeView:
+    view.sync(pool)
+    return view
+
+
+def _view_state(view: NodeView) -> dict[str, list[object]]:
+    st = view.state
+    return {
+        name: getattr(st, name).tolist()
+        for name in ("gpu_free", "cpu_free", "mem_free", "class_counts", "pod_count")
+    }
+
+
 @pytest.mark.parametrize("seed", [11, 12, 13])
 async def test_the_kept_working_pool_equals_a_new_one_after_random_transitions(
     ledger: Ledger, seed: int
@@ -436,11 +450,17 @@ async def test_the_kept_working_pool_equals_a_new_one_after_random_transitions(
     config = default_config()
     rng = random.Random(seed)
     refreshed = 0
+    view: NodeView | None = None  # the node view a policy keeps, synced from the kept pool
     for k in range(120):
         step = await work.step()
         snapshot, _, pool = await cache.read_pool(ledger, config)
         builds = cache.pool_builds
-        assert _pool_state(pool) == _pool_state(WorkingPool(snapshot, config)), f"{k}: {step}"
+        fresh = WorkingPool(snapshot, config)
+        assert _pool_state(pool) == _pool_state(fresh), f"{k}: {step}"
+        if view is None or not view.matches(pool):
+            view = NodeView(pool, {})
+        view.sync(pool)
+        assert _view_state(view) == _view_state(_synced(NodeView(fresh, {}), fresh)), f"{k}"
         # A batch decided on the kept pool, then taken back out: the pool is the ledger's again.
         requests = [
             JobRequested(job_id=f"probe-{k}-{i}", tenant="t", count=rng.choice((0, 1, 2)))

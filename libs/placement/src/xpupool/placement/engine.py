@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 
@@ -51,6 +51,8 @@ __all__ = [
     "place_host_only",
     "place_in_class",
     "placeable_count",
+    "places_pool_wide",
+    "learns",
 ]
 
 
@@ -144,6 +146,18 @@ class LearningPolicy(Protocol):
     def observe(self, job_id: str, demand: Demand, pool: WorkingPool) -> None:
         """Learn from one request."""
         ...
+
+
+def places_pool_wide(policy: PlacementPolicy) -> TypeGuard[PoolPlacementPolicy]:
+    """``isinstance(policy, PoolPlacementPolicy)`` without typing's protocol check, which walks
+    the protocol's members on every call (a fifth of a small decision's time): a placement
+    policy is pool-wide when it has ``place_pool``."""
+    return callable(getattr(policy, "place_pool", None))
+
+
+def learns(policy: object) -> TypeGuard[LearningPolicy]:
+    """``isinstance(policy, LearningPolicy)``, as cheaply (see ``places_pool_wide``)."""
+    return callable(getattr(policy, "observe", None))
 
 
 NodeScorer = Callable[[WorkingPool, int, Sequence[int], Demand, int], float]

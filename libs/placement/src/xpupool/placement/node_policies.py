@@ -158,6 +158,10 @@ class NodeView:
         self._ok: np.ndarray = np.zeros(0, dtype=np.bool_)
         self._ok_of: WorkingPool | None = None
         self._leases: dict[str, tuple[int, int]] = {}
+        # Where this view is in its pool's log of lease changes (``WorkingPool.lease_changes``).
+        self._log_of: WorkingPool | None = None
+        self._log_epoch = -1
+        self._log_pos = 0
 
     def matches(self, pool: WorkingPool) -> bool:
         """Whether ``pool`` has the nodes and devices this view was built from."""
@@ -210,15 +214,25 @@ class NodeView:
         st = self.state
         known = self._leases
         current = pool.leases
-        if len(known) == len(current) and known.keys() == current.keys():
-            return
-        for lease_id in known.keys() - current.keys():
+        # The ids whose membership may differ: those the pool logged since the last sync, or
+        # (another pool, or its log restarted) every id on either side.
+        if self._log_of is pool and self._log_epoch == pool.lease_changes_epoch:
+            logged = pool.lease_changes[self._log_pos :]
+            gone = [i for i in dict.fromkeys(logged) if i in known and i not in current]
+            new = [i for i in dict.fromkeys(logged) if i in current and i not in known]
+        elif len(known) == len(current) and known.keys() == current.keys():
+            gone, new = [], []
+        else:
+            gone, new = list(known.keys() - current.keys()), list(current.keys() - known.keys())
+        self._log_of, self._log_epoch = pool, pool.lease_changes_epoch
+        self._log_pos = len(pool.lease_changes)
+        for lease_id in gone:
             row, col = known.pop(lease_id)
             if col >= 0:
                 st.class_counts[row, col] -= 1
             st.pod_count[row] -= 1
             st.node_version[row] += 1
-        for lease_id in current.keys() - known.keys():
+        for lease_id in new:
             pl = current[lease_id]
             slices = pl.state.slices
             if slices:

@@ -287,6 +287,10 @@ class WorkingPool:
         self.total_units = float(sum(d.capacity_units for d in usable)) or 1.0
 
         self.leases: dict[str, PoolLease] = {}
+        self.lease_changes: list[str] = []
+        """The ids of leases added or dropped, in order, for readers that follow the lease set
+        incrementally (``NodeView``); cleared, with ``lease_changes_epoch`` bumped, when long."""
+        self.lease_changes_epoch = 0
         self.node_leases: list[set[str]] = [set() for _ in self.nodes]
         self.queue_leases: dict[str, set[str]] = {}
         self.quota_stale: set[str] = set()
@@ -472,6 +476,7 @@ class WorkingPool:
                     self._apply_slice(i, s, +1)
             self._apply_host(lease.host, +1)
         self.leases[lease.lease_id] = pl
+        self._lease_changed(lease.lease_id)
         for ni in pl.nodes:
             self.node_leases[ni].add(lease.lease_id)
         self.queue_leases.setdefault(pl.queue, set()).add(lease.lease_id)
@@ -598,10 +603,18 @@ class WorkingPool:
         if was_busy != now_busy:
             self.node_busy[ni] += 1 if now_busy else -1
 
+    def _lease_changed(self, lease_id: str) -> None:
+        changes = self.lease_changes
+        if len(changes) > 4 * len(self.leases) + 4096:
+            changes.clear()  # readers see the epoch move and compare the whole set once
+            self.lease_changes_epoch += 1
+        changes.append(lease_id)
+
     def _forget(self, lease_id: str) -> None:
         """Drop a lease's bookkeeping without touching the counters (``release`` without giving
         its slices back: the ledger's counters, read anew, no longer hold them)."""
         pl = self.leases.pop(lease_id)
+        self._lease_changed(lease_id)
         for ni in pl.nodes:
             self.node_leases[ni].discard(lease_id)
         self.queue_leases[pl.queue].discard(lease_id)

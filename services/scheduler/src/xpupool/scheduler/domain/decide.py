@@ -31,11 +31,12 @@ from xpupool.placement.engine import (
     Placement,
     PlacementPolicy,
     PolicyRegistry,
-    PoolPlacementPolicy,
     eligible_devices,
+    learns,
     place_host_only,
     place_in_class,
     placeable_count,
+    places_pool_wide,
 )
 from xpupool.placement.inventory import (
     HostCharge,
@@ -320,7 +321,7 @@ def _decide_one(item: PendingRequest, pool: WorkingPool, ctx: _Ctx) -> _Outcome:
 
     verdicts = {ci: check_quota(pool, cfg, queue, demand, ci) for ci in ranked}
     allowed = tuple(ci for ci in ranked if verdicts[ci].allowed)
-    if isinstance(policy, PoolPlacementPolicy):
+    if places_pool_wide(policy):
         # One decision over every allowed class (FGD-style scores compare models).
         found = policy.place_pool(pool, demand, allowed, respect_holds=not may_backfill)
         if found is not None:
@@ -367,7 +368,7 @@ def _decide_host_only(
     waits, saying whether ending leases or held nodes would let it in.
     """
     req = item.request
-    if isinstance(policy, PoolPlacementPolicy):
+    if places_pool_wide(policy):
         found = policy.place_pool(pool, demand, (), respect_holds=not may_backfill)
     else:
         found = place_host_only(pool, demand, policy, respect_holds=not may_backfill)
@@ -646,7 +647,7 @@ def _setup(
         wp.now_s = now_s
     refresh_over_quota(wp, cfg)
     registry = policies or default_registry(cfg.placement)
-    learners = {id(p): p for p in registry.policies.values() if isinstance(p, LearningPolicy)}
+    learners = {id(p): p for p in registry.policies.values() if learns(p)}
     ctx = _Ctx(cfg, registry, history, wp.now_s, tuple(learners.values()))
     return wp, ctx
 
