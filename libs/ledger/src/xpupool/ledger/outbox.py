@@ -30,7 +30,7 @@ from opentelemetry.trace import SpanKind
 from redis.exceptions import ResponseError
 
 from xpupool.ledger.ledger import Ledger
-from xpupool.obs import get_logger
+from xpupool.obs import get_logger, spans_exported
 
 # The events for each entry of a batch (a builder may read what they need in one round trip).
 BuildEvents = Callable[[Sequence[dict[str, str]]], Awaitable[Sequence[Sequence[msgspec.Struct]]]]
@@ -134,6 +134,10 @@ class OutboxRelay:
     async def _trace_context(self, fields: dict[str, str]) -> Context:
         if fields.get("traceparent"):
             return propagate.extract(fields)
+        if not spans_exported():
+            # No span goes anywhere: two ledger reads per entry (a job that came without trace
+            # context has none to find) would buy nothing.
+            return Context()
         for kind in ("lease", "job"):
             record_id = fields.get(f"{kind}_id")
             if record_id:

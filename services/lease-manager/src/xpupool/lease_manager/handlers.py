@@ -71,7 +71,8 @@ async def end_lease(command: EndLease, ledger: Ledger) -> Sequence[msgspec.Struc
     """End a lease on the scheduler's request (preemption, a cancel); idempotent. With a grace
     period the holder is warned first and the lease ends at its deadline (or when released)."""
     attributes = {"xpupool.lease_id": command.lease_id, "xpupool.reason": command.reason.value}
-    with continue_trace("lease end", await ledger.trace_of("lease", command.lease_id), attributes):
+    trace = await ledger.trace_of("lease", command.lease_id) if spans_exported() else {}
+    with continue_trace("lease end", trace, attributes):
         if command.grace_s > 0:
             grace_ms = int(command.grace_s * 1000)
             await ledger.end_after(command.lease_id, command.reason.value, grace_ms)
