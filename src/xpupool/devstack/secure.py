@@ -88,6 +88,7 @@ LEDGER_SCRIPTS: Final[Mapping[str, tuple[str, ...]]] = {
         "acquire",
         "release_lock",
         "time_out_pending",
+        "read_changes",
     ),
     access.LEASE_MANAGER: (
         "grant",
@@ -126,12 +127,7 @@ DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
         "get",
         # note_pending, publish_fair_share
         "hset",
-        # changes_since: one MULTI of GETs, INFO server and a ZRANGEBYSCORE; now_ms
-        "multi",
-        "exec",
-        "discard",
-        "info",
-        "zrangebyscore",
+        # now_ms (changes_since is a script: read_changes)
         "time",
     ),
     # get_lease/leases; tenant_leases: its jobs (zrevrange), their live leases (smismember)

@@ -321,6 +321,18 @@ class LedgerChanges:
     leases: frozenset[str] = frozenset()
     now_ms: int = 0
     """The ledger's clock when the log was read."""
+    records: ChangedRecords | None = None
+    """The records the log names, read with it (when asked for, and not too many)."""
+
+
+@dataclass(frozen=True)
+class ChangedRecords:
+    """The nodes and leases a change log names, as they were when it was read: a node as
+    ``get_nodes`` reads it and a lease as ``live_leases`` does (None: gone, or not live). The
+    nodes are those the log names and those of the devices it names (where they are now)."""
+
+    nodes: Mapping[str, NodeRecord | None]
+    leases: Mapping[str, LeaseRecord | None]
 
 
 @dataclass(frozen=True)
@@ -725,9 +737,13 @@ class Ledger:
         """A counter bumped by every change of capacity or health (cheap cache invalidation)."""
         return _int(await self._redis.get(self.key("ver")))
 
-    async def changes_since(self, cursor: ChangeCursor | None) -> LedgerChanges:
+    async def changes_since(
+        self, cursor: ChangeCursor | None, max_records: int = 0
+    ) -> LedgerChanges:
         """The nodes, devices and leases changed since ``cursor`` (from the previous call), with
-        the cursor for the next call and the ledger version, in one atomic read.
+        the cursor for the next call and the ledger version, in one atomic read
+        (``read_changes.lua``); with ``max_records``, the records they name too (``records``,
+        left out when there are more than that).
 
         ``complete`` is False when the change log cannot answer and the caller must read
         everything (``nodes()``, ``leases()``) after this call: no cursor yet, the log trimmed
@@ -735,19 +751,19 @@ class Ledger:
         restarted from an older save, or failed over to a replica that lagged), in which case the
         sequence could have passed the cursor again without showing what was lost.
         """
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.get(self.key("changes-epoch"))
-            pipe.get(self.key("changes-seq"))
-            pipe.get(self.key("changes-floor"))
-            pipe.get(self.key("ver"))
-            pipe.info("server")
-            pipe.time()
-            if cursor is not None:
-                pipe.zrangebyscore(self.key("changes"), f"({cursor.seq}", "+inf")
-            raw = await pipe.execute()
-        epoch, seq, floor, version = _str(raw[0]), _int(raw[1]), _int(raw[2]), _int(raw[3])
-        now_ms = int(raw[5][0]) * 1000 + int(raw[5][1]) // 1000
-        new = ChangeCursor(seq=seq, epoch=epoch, server=_str(raw[4].get("run_id")))
+        after = "" if cursor is None else str(cursor.seq)
+        raw: Any = await self._scripts["read_changes"](
+            keys=[self.prefix], args=[after, max_records]
+        )
+        header, entries, node_rows, lease_rows = raw
+        epoch, seq, floor, version = (
+            _str(header[0]),
+            _int(header[1]),
+            _int(header[2]),
+            _int(header[3]),
+        )
+        now_ms = int(header[5]) * 1000 + int(header[6]) // 1000
+        new = ChangeCursor(seq=seq, epoch=epoch, server=_str(header[4]))
         if (
             cursor is None
             or not epoch
@@ -756,9 +772,18 @@ class Ledger:
         ):
             return LedgerChanges(cursor=new, version=version, complete=False, now_ms=now_ms)
         kinds: dict[str, set[str]] = {"node": set(), "dev": set(), "lease": set()}
-        for entry in raw[6]:
+        for entry in entries:
             kind, _, record_id = _str(entry).partition(":")
             kinds.setdefault(kind, set()).add(record_id)
+        records = None
+        if node_rows is not None and lease_rows is not None:
+            records = ChangedRecords(
+                nodes={_str(n[0]): _changed_node(n) for n in node_rows},
+                leases={
+                    _str(lease_id): _lease(_str(lease_id), _pairs(row)) if row and live else None
+                    for lease_id, live, row in lease_rows
+                },
+            )
         return LedgerChanges(
             cursor=new,
             version=version,
@@ -767,6 +792,7 @@ class Ledger:
             devices=frozenset(kinds["dev"]),
             leases=frozenset(kinds["lease"]),
             now_ms=now_ms,
+            records=records,
         )
 
     async def now_ms(self) -> int:
@@ -949,6 +975,22 @@ async def open_ledger(
     redis = Redis.from_url(url, ssl_ca_certs=tls_ca) if tls_ca else Redis.from_url(url)
     stack.push_async_callback(redis.aclose)
     return Ledger(redis, namespace)
+
+
+def _pairs(flat: Sequence[Any]) -> dict[Any, Any]:
+    """A hash as a script returns it (HGETALL's flat list) as redis-py's dict."""
+    return dict(zip(flat[0::2], flat[1::2], strict=True))
+
+
+def _changed_node(row: Sequence[Any]) -> NodeRecord | None:
+    """One node of ``read_changes.lua``: ``{node_id, member, hash, {device_id, hash, ...}}``."""
+    node_id, member, node_hash, devices = _str(row[0]), row[1], row[2], row[3]
+    if not member:
+        return None
+    ids = [_str(d) for d in devices[0::2]]
+    by_id = {i: _device(node_id, _pairs(h)) for i, h in zip(ids, devices[1::2], strict=True)}
+    found = [by_id[i] for i in sorted(ids)]
+    return _node(node_id, _pairs(node_hash), [d for d in found if d is not None])
 
 
 def _device(node_id: str, row: dict[Any, Any]) -> DeviceRecord | None:

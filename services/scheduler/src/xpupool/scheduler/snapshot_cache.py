@@ -9,8 +9,8 @@ reads everything when the log cannot answer (the first read, a log trimmed past 
 flushed, restarted or failed over) and every ``full_every`` reads regardless, but not more often
 than every ``full_interval_s`` (a read per arriving batch must not mean a full read of a large
 pool every second). It only reads: a
-cycle with nothing changed costs one round trip (the log and the ledger clock together), and one
-with changes two more.
+read costs one round trip, the change log, the ledger clock and the changed records together
+(``read_changes.lua``), unless more records changed than ``max_records``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ FULL_INTERVAL_S = 300.0
 """The least time between two full reads that the safety net asks for: a full read of a large
 pool (10,000 devices) holds the event loop for a noticeable fraction of a second."""
 
+MAX_RECORDS_WITH_LOG = 256
+"""The most changed records read with the change log in its one script; more are read in
+pipelined round trips instead, so one read never holds Redis for long."""
+
 
 @dataclass(frozen=True)
 class ReadStats:
@@ -55,9 +59,13 @@ class SnapshotCache:
     """The last pool snapshot, kept up to date incrementally (one per scheduler replica)."""
 
     def __init__(
-        self, full_every: int = FULL_EVERY, full_interval_s: float = FULL_INTERVAL_S
+        self,
+        full_every: int = FULL_EVERY,
+        full_interval_s: float = FULL_INTERVAL_S,
+        max_records: int = MAX_RECORDS_WITH_LOG,
     ) -> None:
         self.full_every = full_every
+        self.max_records = max_records
         self.full_interval_s = full_interval_s
         self._full_at = 0.0  # monotonic time of the last full read
         self.last: ReadStats | None = None
@@ -95,13 +103,28 @@ class SnapshotCache:
             self._since_full >= self.full_every and started - self._full_at >= self.full_interval_s
         )
         cursor = None if due else self._cursor
-        changes = await ledger.changes_since(cursor)
+        changes = await ledger.changes_since(cursor, max_records=self.max_records)
         if changes.complete:
             node_ids = set(changes.nodes)
             for device_id in changes.devices:
                 node_ids.update(self._device_nodes.get(device_id, ()))
-            wanted_nodes, wanted_leases = sorted(node_ids), sorted(changes.leases)
-            nodes, leases = await ledger.get_nodes_and_leases(wanted_nodes, wanted_leases)
+            read = changes.records
+            if read is not None:
+                # Read with the log (the usual case): only a node a changed device left, which
+                # the log's script cannot know of, is read on its own.
+                node_ids |= read.nodes.keys()
+                wanted_nodes, wanted_leases = sorted(node_ids), sorted(read.leases)
+                missing = [n for n in wanted_nodes if n not in read.nodes]
+                extra = (
+                    dict(zip(missing, await ledger.get_nodes(missing), strict=True))
+                    if missing
+                    else {}
+                )
+                nodes = [read.nodes[n] if n in read.nodes else extra[n] for n in wanted_nodes]
+                leases = [read.leases[lease_id] for lease_id in wanted_leases]
+            else:
+                wanted_nodes, wanted_leases = sorted(node_ids), sorted(changes.leases)
+                nodes, leases = await ledger.get_nodes_and_leases(wanted_nodes, wanted_leases)
             now_ms = changes.now_ms
             # Nothing is applied before every read succeeded: a failed read changes nothing.
             self._update_nodes(zip(wanted_nodes, nodes, strict=True))
