@@ -160,3 +160,47 @@ def test_a_share_the_views_rounding_would_refuse_is_placed() -> None:
     assert placed is not None and placed.devices == (0,)
     too_big = make_demand(job("k", memory_mib=20_001), pool)
     assert bestfit.place_pool(pool, too_big, too_big.classes) is None
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_view_synced_from_the_pools_change_log_equals_a_fresh_one(seed: int) -> None:
+    """The node view compares only the rows of devices and nodes the pool logged since its last
+    sync: after random grants and releases (shares, whole devices, host charges, a mixed node,
+    the log starting over) it holds exactly what a view built and synced anew holds."""
+    rng = np.random.default_rng(seed)
+    mixed = node("m", "T4", 2)
+    a100 = node("m", "A100", 2).devices
+    both = replace(mixed, devices=(*mixed.devices, *(replace(d, index=d.index + 2) for d in a100)))
+    both = replace(both, devices=tuple(replace(d, device_id=f"m/{d.index}") for d in both.devices))
+    pool = WorkingPool(snapshot(node("a", "A100", 4), node("t", "T4", 3), both), default_config())
+    kept = NodeView(pool, {})
+    kept.sync(pool)
+    devices = [d.device_id for d in pool.devices]
+    live: list[str] = []
+    for k in range(200):
+        if live and rng.random() < 0.4:
+            pool.release(live.pop(int(rng.integers(len(live)))))
+        else:
+            chosen = list(rng.choice(devices, size=int(rng.integers(0, 3)), replace=False))
+            whole = rng.random() < 0.3
+            node_id = chosen[0].split("/")[0] if chosen else "a"
+            grant = lease(
+                f"l{k}",
+                chosen,
+                share=None if whole else (1024, 10),
+                host=(HostCharge(node_id, int(rng.integers(0, 4000)), 1024),),
+            )
+            if not any(pool.dev_exclusive[pool.dev_index[d]] for d in chosen) and (
+                not whole or all(pool.dev_holders[pool.dev_index[d]] == 0 for d in chosen)
+            ):
+                pool.add_lease(grant)
+                live.append(grant.lease_id)
+        if k == 120:
+            pool.counter_changes_epoch += 1  # as when the log is cut: the next sync is whole
+        if rng.random() < 0.5:
+            kept.sync(pool)
+    kept.sync(pool)
+    fresh = NodeView(pool, {})
+    fresh.sync(pool)
+    for name in ("gpu_free", "cpu_free", "mem_free", "class_counts", "pod_count"):
+        assert getattr(kept.state, name).tolist() == getattr(fresh.state, name).tolist(), name

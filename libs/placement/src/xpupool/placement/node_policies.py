@@ -157,11 +157,40 @@ class NodeView:
         self._mapped = self.dev_row >= 0
         self._ok: np.ndarray = np.zeros(0, dtype=np.bool_)
         self._ok_of: WorkingPool | None = None
+        # Where this view is in its pool's log of counter changes
+        # (``WorkingPool.counter_changes``): None when the next sync compares every row.
+        self._counters_at: tuple[WorkingPool, int, int, int] | None = None
+        # Per set of device classes: its rows, allowed models and exactness (``class_rows``);
+        # rows, models and classes are fixed for the view's life.
+        self._class_rows: dict[frozenset[int], tuple[BoolArray, frozenset[str] | None, bool]] = {}
+        self._row_end: IntArray = np.append(self.first_row[1:], len(rows)).astype(np.int64)
+        """One past the last row of each pool node (a node's rows are consecutive)."""
         self._leases: dict[str, tuple[int, int]] = {}
         # Where this view is in its pool's log of lease changes (``WorkingPool.lease_changes``).
         self._log_of: WorkingPool | None = None
         self._log_epoch = -1
         self._log_pos = 0
+
+    def class_rows(self, classes: Iterable[int]) -> tuple[BoolArray, frozenset[str] | None, bool]:
+        """The rows of device classes ``classes``, the models they hold as ``allowed_models``
+        (None: every model of the view), and whether those models' rows are exactly these
+        (or also hold other classes of the same model). The array is shared: copy to change it.
+        """
+        key = frozenset(classes)
+        found = self._class_rows.get(key)
+        if found is None:
+            st = self.state
+            rows_ok = np.isin(self.row_class, np.fromiter(key, dtype=np.int64))
+            gpu_rows = st.num_gpu > 0
+            models = frozenset(
+                st.models[int(m)] for m in np.unique(st.model_id[rows_ok & gpu_rows])
+            )
+            every = frozenset(st.models[int(m)] for m in np.unique(st.model_id[gpu_rows]))
+            allowed = None if models == every else models
+            exact = bool(np.array_equal(st.model_mask(allowed) & gpu_rows, rows_ok & gpu_rows))
+            rows_ok.flags.writeable = False
+            found = self._class_rows[key] = (rows_ok, allowed, exact)
+        return found
 
     def matches(self, pool: WorkingPool) -> bool:
         """Whether ``pool`` has the nodes and devices this view was built from."""
@@ -173,39 +202,75 @@ class NodeView:
         return np.flatnonzero(np.isin(self.row_node, wanted))
 
     def sync(self, pool: WorkingPool) -> None:
-        """Copy the pool's free counters and lease classes in; bump changed rows' versions."""
-        st = self.state
+        """Copy the pool's free counters and lease classes in; bump changed rows' versions.
+
+        Only the rows of devices and nodes the pool logged since the last sync of the same pool
+        are compared; every row is, for another pool or after the pool's log started over.
+        """
         # The pool keeps numpy copies of its counters up to date incrementally; health is fixed
         # for a pool's life, so it is converted once per pool.
         arr = pool.arrays()
         if self._ok_of is not pool:
             self._ok = np.fromiter(pool.dev_ok, dtype=np.bool_, count=len(pool.devices))
             self._ok_of = pool
-        gpu = np.zeros_like(st.gpu_free)
-        m = self._mapped
-        gpu[self.dev_row[m], self.dev_slot[m]] = self.free_milli(arr)[m]
-        cpu, mem = arr.node_cpu_free[self.row_node], arr.node_mem_free[self.row_node]
-        changed = (gpu != st.gpu_free).any(axis=1) | (cpu != st.cpu_free) | (mem != st.mem_free)
-        if changed.any():
-            st.gpu_free[changed] = gpu[changed]
-            st.cpu_free[changed] = cpu[changed]
-            st.mem_free[changed] = mem[changed]
-            st.node_version[changed] += 1
+        devices, nodes = pool.counter_changes
+        at = self._counters_at
+        if at is not None and at[0] is pool and at[1] == pool.counter_changes_epoch:
+            self._sync_rows(arr, self._changed_rows(devices[at[2] :], nodes[at[3] :]))
+        else:
+            self._sync_rows(arr, None)
+        self._counters_at = (pool, pool.counter_changes_epoch, len(devices), len(nodes))
         self._sync_classes(pool)
 
-    def free_milli(self, arr: PoolArrays) -> IntArray:
-        """Each device's free milli-GPU: the smaller of its compute and memory fractions left.
+    def _changed_rows(self, devices: Sequence[int], nodes: Sequence[int]) -> IntArray:
+        rows = {int(r) for r in self.dev_row[list(devices)] if r >= 0} if devices else set()
+        for ni in set(nodes):
+            rows.update(range(int(self.first_row[ni]), int(self._row_end[ni])))
+        return np.array(sorted(rows), dtype=np.int64)
+
+    def _sync_rows(self, arr: PoolArrays, rows: IntArray | None) -> None:
+        """Bring ``rows`` (None: every row) in step with the pool's counters."""
+        st = self.state
+        if rows is None:
+            gpu = np.zeros_like(st.gpu_free)
+            m = self._mapped
+            gpu[self.dev_row[m], self.dev_slot[m]] = self.free_milli(arr)[m]
+            row_node = self.row_node
+            gpu_now, cpu_now, mem_now = st.gpu_free, st.cpu_free, st.mem_free
+        else:
+            if not len(rows):
+                return
+            devs = np.concatenate([self.row_devs[r] for r in rows.tolist()]).astype(np.int64)
+            gpu = np.zeros((len(rows), st.gpu_free.shape[1]), dtype=st.gpu_free.dtype)
+            if len(devs):
+                local = np.searchsorted(rows, self.dev_row[devs])
+                gpu[local, self.dev_slot[devs]] = self.free_milli(arr, devs)
+            row_node = self.row_node[rows]
+            gpu_now, cpu_now, mem_now = st.gpu_free[rows], st.cpu_free[rows], st.mem_free[rows]
+        cpu, mem = arr.node_cpu_free[row_node], arr.node_mem_free[row_node]
+        changed = (gpu != gpu_now).any(axis=1) | (cpu != cpu_now) | (mem != mem_now)
+        if changed.any():
+            at = changed if rows is None else rows[changed]
+            st.gpu_free[at] = gpu[changed]
+            st.cpu_free[at] = cpu[changed]
+            st.mem_free[at] = mem[changed]
+            st.node_version[at] += 1
+
+    def free_milli(self, arr: PoolArrays, devices: IntArray | None = None) -> IntArray:
+        """Each device's free milli-GPU (of ``devices``, by index, when given): the smaller of
+        its compute and memory fractions left.
 
         With compute-only shares the memory fraction is never the smaller one, so this is
         exactly 10 x compute_free_pct; a memory share (or a device held whole) still counts.
         Unhealthy and whole-held devices have none.
         """
-        usable = self._ok & ~arr.exclusive
-        by_mem = np.clip(arr.mem_free, 0, None) * MILLI // self._dev_mem_total
+        at = slice(None) if devices is None else devices
+        usable = self._ok[at] & ~arr.exclusive[at]
+        by_mem = np.clip(arr.mem_free[at], 0, None) * MILLI // self._dev_mem_total[at]
         # A device whose memory is unknown (0) is bound by compute alone here; shares never go
         # to its class (``place_pool`` drops classes a share's memory does not fit).
-        by_mem = np.where(self._memory_unknown, MILLI, by_mem)
-        milli = np.minimum(np.clip(arr.compute_free, 0, 100) * (MILLI // 100), by_mem)
+        by_mem = np.where(self._memory_unknown[at], MILLI, by_mem)
+        milli = np.minimum(np.clip(arr.compute_free[at], 0, 100) * (MILLI // 100), by_mem)
         return np.where(usable, milli, 0)
 
     def _sync_classes(self, pool: WorkingPool) -> None:
@@ -377,13 +442,7 @@ class TracePolicy(DelegatedJudgements):
             return None
         view = self.view(pool)
         st = view.state
-        wanted = set(classes)
-        rows_ok = np.isin(view.row_class, np.fromiter(wanted, dtype=np.int64))
-        gpu_rows = st.num_gpu > 0
-        models = frozenset(st.models[int(m)] for m in np.unique(st.model_id[rows_ok & gpu_rows]))
-        every = frozenset(st.models[int(m)] for m in np.unique(st.model_id[gpu_rows]))
-        allowed = None if models == every else models
-        exact = bool(np.array_equal(st.model_mask(allowed) & gpu_rows, rows_ok & gpu_rows))
+        rows_ok, allowed, exact = view.class_rows(classes)
         held = respect_holds and bool(pool.held_nodes)
         if held:
             rows_ok = rows_ok.copy()

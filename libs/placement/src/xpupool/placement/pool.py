@@ -315,6 +315,11 @@ class WorkingPool:
         self._layouts: dict[int, ClassLayout] = {}
         self._dirty_devs: set[int] = set()
         self._dirty_nodes: set[int] = set()
+        self.counter_changes: tuple[list[int], list[int]] = ([], [])
+        """The devices and the nodes whose free counters changed, in order, for readers that
+        follow the counters incrementally (``NodeView``); cleared, with
+        ``counter_changes_epoch`` bumped, when long."""
+        self.counter_changes_epoch = 0
         for lease in snapshot.leases:
             self._register(lease, charge=False)
 
@@ -450,8 +455,8 @@ class WorkingPool:
             self.dev_mem_free[i] -= sign * s.memory_mib
             self.dev_compute_free[i] -= sign * s.compute_pct
         self.dev_holders[i] += sign
-        self._dirty_devs.add(i)
-        self._dirty_nodes.add(ni)
+        self._device_changed(i)
+        self._node_changed(ni)
         now_free, now_busy = self._whole_free(i), self._busy(i)
         if was_free != now_free:
             wf = self.class_whole_free[ci]
@@ -465,7 +470,7 @@ class WorkingPool:
             if ni is not None:
                 self.node_cpu_free[ni] -= sign * h.cpu_milli
                 self.node_mem_free[ni] -= sign * h.memory_mib
-                self._dirty_nodes.add(ni)
+                self._node_changed(ni)
 
     def _register(self, lease: LeaseState, *, charge: bool) -> PoolLease:
         pl = self._resolve(lease)
@@ -581,7 +586,7 @@ class WorkingPool:
         self.nodes[ni] = node
         self.node_cpu_free[ni] = node.cpu_milli_free
         self.node_mem_free[ni] = node.memory_mib_free
-        self._dirty_nodes.add(ni)
+        self._node_changed(ni)
         for i, device in zip(self.node_devs[ni], node.devices, strict=True):
             self._refresh_device(i, device)
 
@@ -595,13 +600,29 @@ class WorkingPool:
         self.dev_compute_free[i] = device.compute_free_pct
         self.dev_holders[i] = device.holders
         self.dev_exclusive[i] = device.exclusive
-        self._dirty_devs.add(i)
+        self._device_changed(i)
         now_free, now_busy = self._whole_free(i), self._busy(i)
         if was_free != now_free:
             wf = self.class_whole_free[ci]
             wf[ni] = wf.get(ni, 0) + (1 if now_free else -1)
         if was_busy != now_busy:
             self.node_busy[ni] += 1 if now_busy else -1
+
+    def _device_changed(self, i: int) -> None:
+        self._dirty_devs.add(i)
+        self._counter_logged(0, i)
+
+    def _node_changed(self, ni: int) -> None:
+        self._dirty_nodes.add(ni)
+        self._counter_logged(1, ni)
+
+    def _counter_logged(self, kind: int, index: int) -> None:
+        devices, nodes = self.counter_changes
+        if len(devices) + len(nodes) > 4 * (len(self.devices) + len(self.nodes)) + 4096:
+            devices.clear()  # readers see the epoch move and compare every counter once
+            nodes.clear()
+            self.counter_changes_epoch += 1
+        self.counter_changes[kind].append(index)
 
     def _lease_changed(self, lease_id: str) -> None:
         changes = self.lease_changes
