@@ -483,3 +483,20 @@ async def test_the_kept_working_pool_equals_a_new_one_after_random_transitions(
     # Most reads refreshed the kept pool rather than building one (health changes, node
     # registrations and reaps build anew), and decisions were taken back out along the way.
     assert cache.pool_builds < 60 and refreshed > 10, (cache.pool_builds, refreshed)
+
+
+async def test_only_a_full_read_calls_its_hook(ledger: Ledger) -> None:
+    """The scheduler freezes its heap after a full read (the copy it built lives until the next
+    one), not after every incremental read."""
+    calls: list[bool] = []
+    cache = SnapshotCache(after_full_read=lambda: calls.append(True))
+    work = Workload(ledger, 61)
+    await work.register()
+    await cache.read(ledger)
+    assert calls == [True]
+    await work.step()
+    await cache.read(ledger)
+    assert calls == [True]
+    cache.invalidate()
+    await cache.read(ledger)
+    assert calls == [True, True]

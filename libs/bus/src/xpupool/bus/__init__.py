@@ -15,7 +15,7 @@ from xpupool.bus.consumer import (
     serve_subject,
 )
 from xpupool.bus.envelope import Envelope, ce_headers
-from xpupool.bus.lifecycle import BusClosed, supervise, watch_bus
+from xpupool.bus.lifecycle import BusClosed, freeze_heap, supervise, watch_bus
 from xpupool.bus.publisher import MessageTooLarge, Publisher
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "PAYLOAD_TOO_LARGE",
     "BusClosed",
+    "freeze_heap",
     "BusSettings",
     "DispatchStats",
     "Envelope",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import threading
@@ -69,6 +70,22 @@ def run_service(main: Coroutine[Any, Any, None]) -> None:
             uvloop.run(main)
             return
     asyncio.run(main)
+
+
+def freeze_heap() -> None:
+    """Collect what is garbage now, then take every object still alive out of the cyclic
+    collector's view (``gc.freeze``).
+
+    A full collection walks every tracked object, and a service's heap is mostly what lives as
+    long as it does: modules, connections, and in the scheduler its copy of the ledger. At
+    10,000 devices such passes took 47 ms in the lease-manager and 103 ms in the scheduler, each
+    a stall of every request in flight (the open-loop p99). Frozen objects are still freed by
+    reference counting when dropped; only a reference cycle among them would stay, which is
+    why this is called once the long-lived state is built (start-up, a full ledger read), not
+    on a timer.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def stop_on_signals() -> asyncio.Event:
@@ -145,6 +162,7 @@ async def run_until_stopped(
     """
     log = get_logger()
     _running.add(stop)
+    freeze_heap()  # what start-up built lives as long as the service
     tasks = [asyncio.create_task(loop) for loop in loops]
     stopper = asyncio.create_task(stop.wait())
     try:

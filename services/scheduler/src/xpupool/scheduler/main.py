@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 from xpupool.bus import DispatchStats, Publisher, consume_stream, serve_subject
 from xpupool.bus.connection import bus_settings
 from xpupool.bus.lifecycle import (
+    freeze_heap,
     open_bus,
     run_service,
     run_until_stopped,
@@ -36,6 +37,7 @@ from xpupool.scheduler.domain import current_usage, update_history
 from xpupool.scheduler.domain.config import BUILTIN_POLICIES, ROOT
 from xpupool.scheduler.metrics import serve_metrics
 from xpupool.scheduler.settings import SchedulerSettings
+from xpupool.scheduler.snapshot_cache import SnapshotCache
 
 SERVICE = "scheduler"
 CYCLE_LOCK_MS = 10_000
@@ -190,6 +192,8 @@ async def run(settings: SchedulerSettings) -> None:
             config=config,
             default_policy=DefaultPolicy.create(half_life=settings.placement_shape_half_life),
             extra_policies=extra,
+            # The copy of the ledger a full read builds lives until the next one.
+            snapshots=SnapshotCache(after_full_read=freeze_heap),
         )
         stats = DispatchStats()
         if settings.scheduler_metrics_port:

@@ -63,9 +63,12 @@ class SnapshotCache:
         full_every: int = FULL_EVERY,
         full_interval_s: float = FULL_INTERVAL_S,
         max_records: int = MAX_RECORDS_WITH_LOG,
+        after_full_read: Callable[[], None] | None = None,
     ) -> None:
         self.full_every = full_every
         self.max_records = max_records
+        self.after_full_read = after_full_read
+        """Called once a full read replaced the copy (the service freezes its heap there)."""
         self.full_interval_s = full_interval_s
         self._full_at = 0.0  # monotonic time of the last full read
         self.last: ReadStats | None = None
@@ -148,6 +151,8 @@ class SnapshotCache:
             self.last = ReadStats(
                 True, len(all_nodes), len(all_leases), time.perf_counter() - started
             )
+            if self.after_full_read is not None:
+                self.after_full_read()
         self._cursor = changes.cursor
         snapshot = PoolSnapshot(
             nodes=self._node_tuple,
