@@ -21,6 +21,7 @@ from xpupool.ledger.ledger import (
     SliceMeta,
     TakenSlice,
     UsageClaim,
+    entry_lease,
     new_lease_secret,
     open_ledger,
 )
@@ -28,6 +29,7 @@ from xpupool.ledger.outbox import OutboxRelay, each_entry
 
 __all__ = [
     "audit",
+    "entry_lease",
     "new_lease_secret",
     "open_ledger",
     "Admission",
