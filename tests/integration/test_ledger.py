@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import msgspec
 import pytest
 
 from tests.integration.ledger_builders import device_spec, reservation
-from xpupool.contracts import AllocationGranted, Health, LeaseEnded, PartitionSpec
-from xpupool.lease_manager.handlers import build_events
+from xpupool.contracts import Health, PartitionSpec
 from xpupool.ledger import (
     AdmissionLimits,
     Holder,
@@ -20,7 +18,6 @@ from xpupool.ledger import (
     SliceMeta,
     UsageClaim,
     audit,
-    entry_lease,
 )
 
 pytestmark = pytest.mark.integration
@@ -368,25 +365,3 @@ async def test_growth_reads_shapes_and_incoming_jobs_in_one_call(ledger: Ledger)
     await ledger.redis.set(ledger.key("autoscaler", "incoming"), msgspec.json.encode({"j": 9.0}))
     assert await ledger.growth(5.0) == ([shape], frozenset({"j"}))
     assert await ledger.growth(10.0) == ([shape], frozenset())
-
-
-async def test_lease_events_carry_the_lease_as_it_was_when_they_happened(ledger: Ledger) -> None:
-    """The relay builds an event without reading the lease: the entry carries it as its script
-    left it (a grant's entry says active with its term; the end's entry says ended), whatever
-    the lease became before the relay ran."""
-    await _two_gpus(ledger)
-    claim = SliceClaim("n1/nvidia0", 1024, 10)
-    assert (await ledger.reserve(reservation("j", claim, secret="s3cret"))).ok
-    assert (await ledger.end("lease-j", "preempted", "for a test")).ok
-    raw: Any = await ledger.redis.xrange(ledger.key("outbox", "lease-manager"))
-    entries = [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in raw]
-    assert [e["kind"] for e in entries] == ["granted", "ended"]
-    granted, ended = (entry_lease(e) for e in entries)
-    assert granted is not None and granted.state == "active" and granted.secret == "s3cret"
-    assert [s.device_id for s in granted.slices] == ["n1/nvidia0"]
-    assert ended is not None and ended.state == "ended" and ended.end_reason == "preempted"
-    await ledger.redis.delete(ledger.key("lease", "lease-j"))  # nothing left to read
-    (grant_event,), (end_event,) = await build_events(entries, ledger)
-    assert isinstance(grant_event, AllocationGranted) and isinstance(end_event, LeaseEnded)
-    assert grant_event.lease_id == "lease-j" and grant_event.fencing_token == granted.token
-    assert end_event.reason.value == "preempted" and end_event.detail == "for a test"

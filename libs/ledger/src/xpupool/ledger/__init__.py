@@ -21,7 +21,6 @@ from xpupool.ledger.ledger import (
     SliceMeta,
     TakenSlice,
     UsageClaim,
-    entry_lease,
     new_lease_secret,
     open_ledger,
 )
@@ -29,7 +28,6 @@ from xpupool.ledger.outbox import OutboxRelay, each_entry
 
 __all__ = [
     "audit",
-    "entry_lease",
     "new_lease_secret",
     "open_ledger",
     "Admission",

@@ -1079,17 +1079,6 @@ def _trace_of(row: Mapping[str, str]) -> dict[str, str]:
     return {name: row[name] for name in TRACE_FIELDS if row.get(name)}
 
 
-def entry_lease(fields: Mapping[str, str]) -> LeaseRecord | None:
-    """The lease an outbox entry carries (as the script that queued it left the lease), or
-    None when it carries none (an entry queued before entries carried their lease)."""
-    carried = fields.get("lease")
-    lease_id = fields.get("lease_id")
-    if not carried or not lease_id:
-        return None
-    flat = msgspec.json.decode(carried, type=list[str])
-    return _lease(lease_id, dict(zip(flat[0::2], flat[1::2], strict=True)))
-
-
 def _lease(lease_id: str, row: dict[Any, Any]) -> LeaseRecord:
     r = {_str(a): _str(b) for a, b in row.items()}
     return LeaseRecord(

@@ -39,7 +39,7 @@ from xpupool.contracts import (
 from xpupool.lease_manager.env import job_environment
 from xpupool.lease_manager.metrics import LeaseManagerMetrics
 from xpupool.lease_manager.tracing import record_lifetime
-from xpupool.ledger import Holder, LeaseRecord, Ledger, ScriptResult, entry_lease
+from xpupool.ledger import Holder, LeaseRecord, Ledger, ScriptResult
 from xpupool.obs import continue_trace, get_logger, spans_exported
 
 _LEASE_ERRORS = {e.value: e for e in LeaseError}
@@ -223,24 +223,11 @@ def granted_event(lease: LeaseRecord) -> AllocationGranted:
 async def build_events(
     entries: Sequence[dict[str, str]], ledger: Ledger, metrics: LeaseManagerMetrics | None = None
 ) -> list[Sequence[msgspec.Struct]]:
-    """The public events for a batch of lease-manager outbox entries, each from the lease as its
-    entry carries it (the lease when the event happened), else read (all such in one round
-    trip); ends are counted in ``metrics``."""
-    carried = [entry_lease(f) for f in entries]
-    lease_ids = sorted(
-        {
-            f["lease_id"]
-            for f, c in zip(entries, carried, strict=True)
-            if f.get("lease_id") and not c
-        }
-    )
-    read = (
-        dict(zip(lease_ids, await ledger.get_leases(lease_ids), strict=True)) if lease_ids else {}
-    )
-    return [
-        entry_events(f, c or read.get(f.get("lease_id", "")), metrics)
-        for f, c in zip(entries, carried, strict=True)
-    ]
+    """The public events for a batch of lease-manager outbox entries, the leases they are about
+    read in one round trip (ends counted in ``metrics``)."""
+    lease_ids = sorted({f["lease_id"] for f in entries if f.get("lease_id")})
+    leases = dict(zip(lease_ids, await ledger.get_leases(lease_ids), strict=True))
+    return [entry_events(f, leases.get(f.get("lease_id", "")), metrics) for f in entries]
 
 
 def entry_events(

@@ -65,7 +65,6 @@ from xpupool.ledger import (
     SliceClaim,
     SliceMeta,
     UsageClaim,
-    entry_lease,
     new_lease_secret,
 )
 from xpupool.obs import continue_trace, get_logger, links_to, trace_carrier
@@ -733,7 +732,7 @@ async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgsp
     """The event for one scheduler outbox entry."""
     kind = fields.get("kind")
     if kind == "reserved":
-        lease = entry_lease(fields) or await ledger.get_lease(fields["lease_id"])
+        lease = await ledger.get_lease(fields["lease_id"])
         if lease is None:
             return []
         return [

@@ -45,29 +45,18 @@ end
 -- lease must exist, belong to the tenant whose subject sent the command, match the grant's
 -- secret, still be active within its term, and the fencing token must be its current one.
 -- Returns nil when the holder is good, else the refusal to return.
--- Queue an event about a lease in ``service``'s outbox with the lease as it is now (``lease``:
--- its hash as a JSON list of fields and values) and the trace context it keeps (its job's), so
--- the relay builds the event and continues that trace without reading the lease again. Call it
--- once the script has written the lease.
+-- Queue an event about a lease in ``service``'s outbox with the trace context the lease keeps
+-- (its job's), so the relay continues that trace without reading the lease again.
 local function lease_event(service, lease_id, kind, ...)
   local fields = {'kind', kind, 'lease_id', lease_id, ...}
-  local lease = redis.call('HGETALL', k('lease', lease_id))
-  if #lease > 0 then
-    local traceparent, tracestate
-    for i = 1, #lease, 2 do
-      if lease[i] == 'traceparent' then traceparent = lease[i + 1] end
-      if lease[i] == 'tracestate' then tracestate = lease[i + 1] end
+  local trace = redis.call('HMGET', k('lease', lease_id), 'traceparent', 'tracestate')
+  if trace[1] then
+    fields[#fields + 1] = 'traceparent'
+    fields[#fields + 1] = trace[1]
+    if trace[2] and trace[2] ~= '' then
+      fields[#fields + 1] = 'tracestate'
+      fields[#fields + 1] = trace[2]
     end
-    if traceparent then
-      fields[#fields + 1] = 'traceparent'
-      fields[#fields + 1] = traceparent
-      if tracestate and tracestate ~= '' then
-        fields[#fields + 1] = 'tracestate'
-        fields[#fields + 1] = tracestate
-      end
-    end
-    fields[#fields + 1] = 'lease'
-    fields[#fields + 1] = cjson.encode(lease)
   end
   redis.call('XADD', k('outbox', service), '*', unpack(fields))
 end
