@@ -11,7 +11,8 @@ as the load generator. Each scenario measures, in the same run on the same serve
   shares and 2-device gangs mixed); sustained grants/s;
 - open loop: a constant-rate generator at 25/50/80 % of the closed-loop rate; submit -> grant
   latency percentiles;
-- CPU seconds per 1,000 grants and resident memory per service (/proc), Redis commands per
+- CPU seconds per 1,000 grants and resident memory per service, per server and for the load
+  generator itself (/proc), Redis commands per
   grant (INFO commandstats delta), NATS messages per grant (/varz delta).
 
 ``--profile DIR`` attaches py-spy to every service during the closed loop and writes one
@@ -409,13 +410,16 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
             for name, server in zip(SERVERS, (nats, redis_server), strict=True):
                 if server.process is not None:
                     pids[name] = server.process.pid
+            services = dict(pids)
+            # And this process: the client's own share of the same cores.
+            pids["load-generator"] = os.getpid()
             cpu0 = {k: proc_usage(pid)[0] for k, pid in pids.items()}
             cmd0, varz0 = await redis_commands(redis), nats.varz()
             g0 = load.tally.kinds["AllocationGranted"]
             load.latencies = []
             profilers = (
                 start_profilers(
-                    {k: v for k, v in pids.items() if k not in SERVERS},
+                    {k: v for k, v in services.items() if k not in SERVERS},
                     args.profile / sc.name,
                     args.duration_s,
                     args.profile_format,
