@@ -138,6 +138,33 @@ async def test_fencing_tokens_guard_renew_and_release(ledger: Ledger) -> None:
     assert (await ledger.release("lease-a", holder)).reason == "lease_ended"
 
 
+async def test_concurrent_holder_commands_are_batched_and_answered_each(ledger: Ledger) -> None:
+    """Renewals and releases made together go out in one pipelined batch per script; each still
+    gets its own answer (a good release, a refused one, a repeated one, a renewal), in order."""
+    await _two_gpus(ledger)
+    await ledger.reserve(reservation("a", SliceClaim("n1/nvidia0", 1024, 10)))
+    await ledger.reserve(reservation("b", SliceClaim("n1/nvidia1", 1024, 10)))
+    a, b = await ledger.grant("lease-a", "sa"), await ledger.grant("lease-b", "sb")
+    holder_a, holder_b = Holder("t", "sa", a.token), Holder("t", "sb", b.token)
+    results = await asyncio.gather(
+        ledger.release("lease-a", holder_a),
+        ledger.release("lease-b", Holder("t", "wrong", b.token)),
+        ledger.release("lease-a", holder_a),
+        ledger.renew("lease-b", holder_b, 120_000),
+        ledger.renew("lease-b", Holder("t", "sb", b.token + 1)),
+    )
+    assert [r.ok or r.reason for r in results] == [
+        True,
+        "bad_secret",
+        "lease_ended",
+        True,
+        "stale_token",
+    ]
+    lease_b = await ledger.get_lease("lease-b")
+    assert lease_b is not None and lease_b.state == "active"
+    assert await audit(ledger) == []
+
+
 async def test_only_the_owner_with_the_secret_can_touch_a_lease(ledger: Ledger) -> None:
     """Another tenant, a wrong secret, an ended lease and an unknown lease are each refused with
     their own reason, and none of them changes the lease or the ledger."""

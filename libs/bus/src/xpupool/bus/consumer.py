@@ -443,7 +443,7 @@ async def consume_stream(
 
     ``concurrency`` messages at most are handled at once (each acknowledged when its own handler
     is done, so in any order); 1 handles them one after the other, in stream order. A handler
-    that batches its work (``xpupool.scheduler.admission``) needs more than one to see a batch.
+    that batches its work (``xpupool.ledger.group_commit``) needs more than one to see a batch.
 
     Several replicas passing the same ``durable`` share the work. Each message is handled as it
     arrives; a pull request stays waiting on the server (its ``num_waiting`` is the readiness

@@ -8,6 +8,7 @@ always comes from Redis ``TIME`` inside the scripts.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -20,6 +21,7 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
 from xpupool.contracts import DeviceSample, DeviceSlice, DeviceSpec, Health, PoolShape, Vendor
+from xpupool.ledger.group_commit import GroupCommit
 
 _SPEC_DECODER = msgspec.json.Decoder(DeviceSpec)
 
@@ -50,6 +52,10 @@ class FairShareView(msgspec.Struct, frozen=True):
 
 
 _FAIR_SHARE_DECODER = msgspec.json.Decoder(FairShareView)
+
+
+ScriptArg = str | int | float | bytes
+"""One argument of a ledger script (ARGV)."""
 
 
 class ScriptResult(msgspec.Struct, frozen=True):
@@ -396,6 +402,8 @@ class Ledger:
         # Every lua/*.lua but the shared parts (``_*.lua``) is one transition, registered by its
         # file name.
         self._scripts = {name: redis.register_script(script_source(name)) for name in SCRIPTS}
+        # Per script, the calls made while its last batch was out (``_run_batched``).
+        self._batches: dict[str, GroupCommit[Sequence[ScriptArg], ScriptResult]] = {}
 
     @property
     def redis(self) -> Redis:
@@ -409,6 +417,15 @@ class Ledger:
     async def _run(self, script: str, *args: str | int | float | bytes) -> ScriptResult:
         raw = await self._scripts[script](keys=[self.prefix], args=list(args))
         return _decode_result(raw)
+
+    async def _run_batched(self, script: str, *args: ScriptArg) -> ScriptResult:
+        """``_run``, sent with the calls of the same script made while its last batch was out
+        (``GroupCommit``): concurrent holder commands share one pipelined round trip, one
+        fsync and, replied to together, one socket write of their answers."""
+        batch = self._batches.get(script)
+        if batch is None:
+            batch = self._batches[script] = GroupCommit(functools.partial(self._run_many, script))
+        return await batch.submit(args)
 
     async def _run_many(
         self, script: str, calls: Sequence[Sequence[str | int | float | bytes]]
@@ -697,7 +714,7 @@ class Ledger:
     async def renew(self, lease_id: str, holder: Holder, ttl_ms: int | None = None) -> ScriptResult:
         """Extend a lease for its holder; refused (``not_owner``, ``bad_secret``,
         ``lease_ended``, ``stale_token`` …) without touching it otherwise."""
-        return await self._run(
+        return await self._run_batched(
             "renew",
             lease_id,
             holder.tenant,
@@ -708,13 +725,13 @@ class Ledger:
 
     async def release(self, lease_id: str, holder: Holder) -> ScriptResult:
         """End a lease on its holder's request, after the same checks as :meth:`renew`."""
-        return await self._run(
+        return await self._run_batched(
             "end", lease_id, "released", holder.tenant, holder.secret, holder.token, ""
         )
 
     async def end(self, lease_id: str, reason: str, detail: str = "") -> ScriptResult:
         """End a lease on the control plane's own authority (preemption); idempotent."""
-        return await self._run("end", lease_id, reason, "", "", "", detail)
+        return await self._run_batched("end", lease_id, reason, "", "", "", detail)
 
     async def expire_due(self, limit: int = 256) -> ScriptResult:
         """End leases and reservations whose term has passed (``max_runtime`` for those at their

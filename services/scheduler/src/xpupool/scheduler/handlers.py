@@ -67,9 +67,9 @@ from xpupool.ledger import (
     UsageClaim,
     new_lease_secret,
 )
+from xpupool.ledger.group_commit import GroupCommit
 from xpupool.obs import continue_trace, get_logger, links_to, trace_carrier
 from xpupool.placement.default import DefaultPolicy
-from xpupool.scheduler.admission import GroupCommit
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.domain import (
     Decision,

@@ -1,10 +1,11 @@
-"""Group commit of arrivals: the job requests handed in while the ledger is busy with the last
-batch are admitted together, in one ledger round trip and one placement decision.
+"""Group commit: the calls handed in while the ledger is busy with the last batch are committed
+together, in one ledger round trip (and one fsync).
 
-At low load a batch is one request and costs no waiting (the flush starts on the next turn of
-the event loop); under load the batch grows with whatever arrived during the previous flush, so
-the cost per request falls as the rate rises. One flush runs at a time, in arrival order, which
-also keeps the ledger's admission order the order requests were handed in.
+At low load a batch is one call and costs no waiting (the flush starts on the next turn of the
+event loop); under load the batch grows with whatever arrived during the previous flush, so the
+cost per call falls as the rate rises. One flush runs at a time, in arrival order, which also
+keeps the ledger's order the order calls were handed in. The scheduler admits job requests this
+way (one placement decision per batch too); the ledger batches holder commands with it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Group commit of arrivals (``xpupool.scheduler.admission.GroupCommit``), without servers."""
+"""Group commit (``xpupool.ledger.group_commit.GroupCommit``), without servers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from xpupool.scheduler.admission import GroupCommit
+from xpupool.ledger.group_commit import GroupCommit
 
 
 class Recorder:
