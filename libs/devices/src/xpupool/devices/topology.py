@@ -17,6 +17,8 @@ from xpupool.devices.backend import LinkInfo
 __all__ = ["TopoMatrix", "parse_topo_matrix"]
 
 _COLUMN_SPLIT: Final = re.compile(r"\t+|\s{2,}")
+# Terminal styling: nvidia-smi 580 underlines the header row even when its output is piped.
+_ANSI_STYLE: Final = re.compile(r"\x1b\[[0-9;]*m")
 _DEVICE: Final = re.compile(r"^(GPU|NPU|MLU)(\d+)$")
 _NVLINK: Final = re.compile(r"^NV(\d+)$")
 
@@ -52,7 +54,7 @@ class TopoMatrix(Struct, frozen=True, kw_only=True):
 
 def parse_topo_matrix(text: str) -> TopoMatrix:
     """Parse a topology matrix; tolerates a leading tab, NIC rows and a trailing legend."""
-    lines = [line.rstrip() for line in text.splitlines()]
+    lines = [line.rstrip() for line in _ANSI_STYLE.sub("", text).splitlines()]
     header_at = next((i for i, line in enumerate(lines) if line.strip()), None)
     if header_at is None:
         return TopoMatrix(columns=[])
