@@ -35,6 +35,7 @@ from xpupool.devices import (
     to_specs,
 )
 from xpupool.devices.backend import device_id_for, partition_id_for
+from xpupool.devices.enforcement import running_isolation, running_share_limits
 from xpupool.ledger import DeviceRecord, LeaseRecord, Ledger
 from xpupool.obs import get_logger
 from xpupool.telemetry_collector.health import HealthModel
@@ -90,7 +91,13 @@ async def register_node(deps: CollectorDeps) -> Sequence[msgspec.Struct]:
     """Put the node and its present devices into the ledger, reconciling with what was there:
     leases on devices that vanished end as ``lost`` (the lease-manager's outbox reports them)."""
     infos = await asyncio.to_thread(deps.backend.discover)
-    specs = unique_specs(to_specs(infos, deps.settings.node_id, deps.catalog))
+    running = running_share_limits(
+        deps.settings.share_limits, simulated=isinstance(deps.backend, SimulatedBackend)
+    )
+    specs = [
+        msgspec.structs.replace(spec, isolation=running_isolation(spec.isolation, running))
+        for spec in unique_specs(to_specs(infos, deps.settings.node_id, deps.catalog))
+    ]
     result = await deps.ledger.register_node(
         deps.settings.node_id,
         specs,

@@ -19,6 +19,7 @@ from xpupool.bus.lifecycle import (
 )
 from xpupool.contracts import access, subjects
 from xpupool.devices import Catalog, DeviceBackend, SimulatedBackend, load_catalog
+from xpupool.devices.enforcement import running_share_limits
 from xpupool.devices.registry import create_backend
 from xpupool.ledger import open_ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
@@ -58,6 +59,13 @@ async def run(settings: CollectorSettings) -> None:
     stop = stop_on_signals()
     catalog = load_catalog(Path(settings.catalog) if settings.catalog else None)
     backend = build_backend(settings, catalog)
+    # A bad XPUPOOL_SHARE_LIMITS stops the collector here, not at its first registration.
+    limits = running_share_limits(
+        settings.share_limits, simulated=isinstance(backend, SimulatedBackend)
+    )
+    get_logger().info(
+        "share_limits", running=sorted(limits) if limits is not None else "as the catalog lists"
+    )
     async with AsyncExitStack() as stack:
         stack.callback(backend.close)
         deps = handlers.CollectorDeps(

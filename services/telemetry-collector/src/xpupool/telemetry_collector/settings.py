@@ -37,6 +37,10 @@ class CollectorSettings(msgspec.Struct, frozen=True, kw_only=True):
     backend: str = "simulated"
     node_profile: str = "2xA100-80GB"
     catalog: str = ""
+    # Which per-process share limits run on this node (xpupool.devices.enforcement): "auto"
+    # (a real node: MPS when its control daemon answers; a simulated one: the catalog's),
+    # "catalog", "none", or a comma list of mps and hami-core.
+    share_limits: str = "auto"
     seed: int = 0
     sample_interval_s: float = 1.0
     # Consecutive ticks without a sample before a device counts as lost.
