@@ -444,7 +444,6 @@ class WorkingPool:
 
     def _apply_slice(self, i: int, s: LeaseSlice, sign: int) -> None:
         ni = self.dev_node[i]
-        ci = self.dev_class[i]
         was_free, was_busy = self._whole_free(i), self._busy(i)
         if s.whole:
             self.dev_exclusive[i] = sign > 0
@@ -455,14 +454,8 @@ class WorkingPool:
             self.dev_mem_free[i] -= sign * s.memory_mib
             self.dev_compute_free[i] -= sign * s.compute_pct
         self.dev_holders[i] += sign
-        self._device_changed(i)
+        self._device_changed(i, was_free, was_busy)
         self._node_changed(ni)
-        now_free, now_busy = self._whole_free(i), self._busy(i)
-        if was_free != now_free:
-            wf = self.class_whole_free[ci]
-            wf[ni] = wf.get(ni, 0) + (1 if now_free else -1)
-        if was_busy != now_busy:
-            self.node_busy[ni] += 1 if now_busy else -1
 
     def _apply_host(self, host: Iterable[HostCharge], sign: int) -> None:
         for h in host:
@@ -591,7 +584,7 @@ class WorkingPool:
             self._refresh_device(i, device)
 
     def _refresh_device(self, i: int, device: DeviceState) -> None:
-        ni, ci = self.dev_node[i], self.dev_class[i]
+        ci = self.dev_class[i]
         was_free, was_busy = self._whole_free(i), self._busy(i)
         if device.util_pct != self.devices[i].util_pct:
             self._layouts.pop(ci, None)  # its utilisation column is rebuilt when next read
@@ -600,17 +593,20 @@ class WorkingPool:
         self.dev_compute_free[i] = device.compute_free_pct
         self.dev_holders[i] = device.holders
         self.dev_exclusive[i] = device.exclusive
-        self._device_changed(i)
+        self._device_changed(i, was_free, was_busy)
+
+    def _device_changed(self, i: int, was_free: bool, was_busy: bool) -> None:
+        """Log device ``i``'s changed counters, and move it between the whole-free and busy
+        indexes when its state moved (``was_free``, ``was_busy``: before the change)."""
+        self._dirty_devs.add(i)
+        self._counter_logged(0, i)
+        ni, ci = self.dev_node[i], self.dev_class[i]
         now_free, now_busy = self._whole_free(i), self._busy(i)
         if was_free != now_free:
             wf = self.class_whole_free[ci]
             wf[ni] = wf.get(ni, 0) + (1 if now_free else -1)
         if was_busy != now_busy:
             self.node_busy[ni] += 1 if now_busy else -1
-
-    def _device_changed(self, i: int) -> None:
-        self._dirty_devs.add(i)
-        self._counter_logged(0, i)
 
     def _node_changed(self, ni: int) -> None:
         self._dirty_nodes.add(ni)
