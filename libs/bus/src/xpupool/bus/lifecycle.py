@@ -38,6 +38,7 @@ from xpupool.bus.publisher import Publisher
 from xpupool.obs import get_logger
 
 SHUTDOWN_TIMEOUT_S = 5.0
+CANCEL_AGAIN_AFTER_S = 0.5
 WATCH_INTERVAL_S = 0.5
 
 
@@ -257,8 +258,12 @@ async def _until_stopped(
         stopper.cancel()
         if not task.done():
             get_logger().warning("run_cancelled_at_stop", started=run_stop in _running)
-            task.cancel()
-            await asyncio.wait([task])
+            # A cancellation can be lost: Python 3.11's wait_for swallows one that lands as its
+            # timeout fires, and nats-py's first connect (retried forever) sits in one. Seen
+            # in CI: a service started with NATS gone kept reconnecting until the hard exit.
+            while not task.done():
+                task.cancel()
+                await asyncio.wait([task], timeout=CANCEL_AGAIN_AFTER_S)
     if not task.cancelled():
         task.result()
 
