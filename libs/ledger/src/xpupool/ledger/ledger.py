@@ -195,7 +195,7 @@ class Admission:
     trace: Mapping[str, str] = field(default_factory=dict)
     placement: Reservation | None = None
 
-    def script_args(self) -> list[str | int | float | bytes]:
+    def script_args(self) -> list[ScriptArg]:
         return [
             self.job_id,
             self.priority,
@@ -414,7 +414,7 @@ class Ledger:
         """A key of this ledger, as the scripts build it."""
         return self.prefix + ":".join(parts)
 
-    async def _run(self, script: str, *args: str | int | float | bytes) -> ScriptResult:
+    async def _run(self, script: str, *args: ScriptArg) -> ScriptResult:
         raw = await self._scripts[script](keys=[self.prefix], args=list(args))
         return _decode_result(raw)
 
@@ -428,7 +428,7 @@ class Ledger:
         return await batch.submit(args)
 
     async def _run_many(
-        self, script: str, calls: Sequence[Sequence[str | int | float | bytes]]
+        self, script: str, calls: Sequence[Sequence[ScriptArg]]
     ) -> list[ScriptResult]:
         """Run ``script`` once per argument list, in order, in one pipelined round trip.
 
@@ -445,9 +445,7 @@ class Ledger:
             raw = await self._evalsha_all(registered.sha, calls)
         return [_decode_result(r) for r in raw]
 
-    async def _evalsha_all(
-        self, sha: str, calls: Sequence[Sequence[str | int | float | bytes]]
-    ) -> list[Any]:
+    async def _evalsha_all(self, sha: str, calls: Sequence[Sequence[ScriptArg]]) -> list[Any]:
         async with self._redis.pipeline(transaction=False) as pipe:
             for args in calls:
                 pipe.evalsha(sha, 1, self.prefix, *args)
@@ -884,13 +882,12 @@ class Ledger:
                 for device_id in ids:
                     pipe.hgetall(self.key("dev", device_id))
             device_rows = iter(await pipe.execute())
-        nodes: list[NodeRecord | None] = []
-        for node_id, row, ids, known in zip(node_ids, node_rows, device_ids, member, strict=True):
-            devices = [_device(node_id, next(device_rows)) for _ in ids]
-            nodes.append(
-                _node(node_id, row, [d for d in devices if d is not None]) if known else None
+        return [
+            _member_node(node_id, known, row, [next(device_rows) for _ in ids])
+            for node_id, row, ids, known in zip(
+                node_ids, node_rows, device_ids, member, strict=True
             )
-        return nodes
+        ]
 
     async def node_devices(self, node_id: str) -> list[DeviceRecord]:
         """One node's devices (what the collector needs each tick), in two round trips."""
@@ -1000,14 +997,20 @@ def _pairs(flat: Sequence[Any]) -> dict[Any, Any]:
 
 
 def _changed_node(row: Sequence[Any]) -> NodeRecord | None:
-    """One node of ``read_changes.lua``: ``{node_id, member, hash, {device_id, hash, ...}}``."""
+    """One node of ``read_changes.lua``: ``{node_id, member, hash, {device hash, ...}}``."""
     node_id, member, node_hash, devices = _str(row[0]), row[1], row[2], row[3]
+    return _member_node(node_id, bool(member), _pairs(node_hash), [_pairs(h) for h in devices])
+
+
+def _member_node(
+    node_id: str, member: bool, row: dict[Any, Any], device_rows: Sequence[dict[Any, Any]]
+) -> NodeRecord | None:
+    """A node from its hash and its devices' hashes (in device id order); None when it is not
+    a registered node."""
     if not member:
         return None
-    ids = [_str(d) for d in devices[0::2]]
-    by_id = {i: _device(node_id, _pairs(h)) for i, h in zip(ids, devices[1::2], strict=True)}
-    found = [by_id[i] for i in sorted(ids)]
-    return _node(node_id, _pairs(node_hash), [d for d in found if d is not None])
+    devices = [_device(node_id, r) for r in device_rows]
+    return _node(node_id, row, [d for d in devices if d is not None])
 
 
 def _device(node_id: str, row: dict[Any, Any]) -> DeviceRecord | None:

@@ -5,8 +5,9 @@
 -- Returns {header, entries, nodes, leases}:
 --   header  = {epoch, seq, floor, version, run_id, time_s, time_us}
 --   entries = the log's "kind:id" entries after the cursor
---   nodes   = {node_id, member (0/1), node hash (flat), {device_id, device hash (flat), ...}}
---             for every node the log names, directly or through one of its devices
+--   nodes   = {node_id, member (0/1), node hash (flat), {device hash (flat), ...}} for every
+--             node the log names, directly or through one of its devices; its devices' hashes
+--             in device id order
 --   leases  = {lease_id, live (0/1), lease hash (flat)} for every lease the log names
 --   (nodes and leases are false when there were more records than ARGV[2])
 local t = redis.call('TIME')
@@ -44,9 +45,10 @@ if #node_ids + #lease_ids > tonumber(ARGV[2]) then return {header, entries, fals
 
 local nodes = {}
 for _, node_id in ipairs(node_ids) do
+  local device_ids = redis.call('SMEMBERS', k('node-devices', node_id))
+  table.sort(device_ids)
   local devices = {}
-  for _, device_id in ipairs(redis.call('SMEMBERS', k('node-devices', node_id))) do
-    devices[#devices + 1] = device_id
+  for _, device_id in ipairs(device_ids) do
     devices[#devices + 1] = redis.call('HGETALL', k('dev', device_id))
   end
   nodes[#nodes + 1] = {
