@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from xpupool.ledger import ChangeCursor, LeaseRecord, Ledger, NodeRecord
+from xpupool.ledger import ChangeCursor, ChangedRecords, LeaseRecord, Ledger, NodeRecord
 from xpupool.scheduler.domain import (
     Decision,
     LeaseState,
@@ -111,23 +111,23 @@ class SnapshotCache:
             node_ids = set(changes.nodes)
             for device_id in changes.devices:
                 node_ids.update(self._device_nodes.get(device_id, ()))
-            read = changes.records
-            if read is not None:
-                # Read with the log (the usual case): only a node a changed device left, which
-                # the log's script cannot know of, is read on its own.
-                node_ids |= read.nodes.keys()
-                wanted_nodes, wanted_leases = sorted(node_ids), sorted(read.leases)
-                missing = [n for n in wanted_nodes if n not in read.nodes]
-                extra = (
-                    dict(zip(missing, await ledger.get_nodes(missing), strict=True))
-                    if missing
-                    else {}
+            # Usually read with the log; what it did not bring is read now: everything when
+            # more changed than max_records, else only a node a changed device left (which
+            # the log's script cannot know of).
+            read = changes.records or ChangedRecords(nodes={}, leases={})
+            node_ids |= read.nodes.keys()
+            wanted_nodes, wanted_leases = sorted(node_ids), sorted(changes.leases)
+            missing_nodes = [n for n in wanted_nodes if n not in read.nodes]
+            missing_leases = [i for i in wanted_leases if i not in read.leases]
+            found_nodes, found_leases = dict(read.nodes), dict(read.leases)
+            if missing_nodes or missing_leases:
+                more_nodes, more_leases = await ledger.get_nodes_and_leases(
+                    missing_nodes, missing_leases
                 )
-                nodes = [read.nodes[n] if n in read.nodes else extra[n] for n in wanted_nodes]
-                leases = [read.leases[lease_id] for lease_id in wanted_leases]
-            else:
-                wanted_nodes, wanted_leases = sorted(node_ids), sorted(changes.leases)
-                nodes, leases = await ledger.get_nodes_and_leases(wanted_nodes, wanted_leases)
+                found_nodes.update(zip(missing_nodes, more_nodes, strict=True))
+                found_leases.update(zip(missing_leases, more_leases, strict=True))
+            nodes = [found_nodes[n] for n in wanted_nodes]
+            leases = [found_leases[i] for i in wanted_leases]
             now_ms = changes.now_ms
             # Nothing is applied before every read succeeded: a failed read changes nothing.
             self._update_nodes(zip(wanted_nodes, nodes, strict=True))
