@@ -15,9 +15,9 @@ gone" and undo it exactly, which is much cheaper than copying 10,000 devices.
 
 For the vectorized placement path the pool also keeps numpy mirrors of its mutable counters
 (:meth:`WorkingPool.arrays`) and static per-class layouts (:meth:`WorkingPool.class_layout`).
-Every counter change goes through ``_apply_slice`` / ``_apply_host``, which mark the touched
-device and node dirty; the mirrors copy only those entries the next time they are read, so a
-decision costs O(touched slices) to keep them exact.
+Every counter change (``_apply_slice``, ``_apply_host``, a refresh from the ledger) logs the
+touched device and node in ``counter_changes``; the mirrors, and each ``NodeView``, copy only the
+entries logged since they last read, so a decision costs O(touched slices) to keep them exact.
 """
 
 from __future__ import annotations
@@ -313,11 +313,11 @@ class WorkingPool:
         straightforward per-device scoring (the reference the fast path is tested against)."""
         self._arrays: PoolArrays | None = None
         self._layouts: dict[int, ClassLayout] = {}
-        self._dirty_devs: set[int] = set()
-        self._dirty_nodes: set[int] = set()
+        # Where the arrays are in the counter log: (its epoch, devices read, nodes read).
+        self._arrays_at = (0, 0, 0)
         self.counter_changes: tuple[list[int], list[int]] = ([], [])
         """The devices and the nodes whose free counters changed, in order, for readers that
-        follow the counters incrementally (``NodeView``); cleared, with
+        follow the counters incrementally (``arrays``, ``NodeView``); cleared, with
         ``counter_changes_epoch`` bumped, when long."""
         self.counter_changes_epoch = 0
         for lease in snapshot.leases:
@@ -338,9 +338,12 @@ class WorkingPool:
     # ------------------------------------------------------------------------------------------
 
     def arrays(self) -> PoolArrays:
-        """The counters as numpy arrays, brought up to date with every change since last read."""
+        """The counters as numpy arrays, brought up to date with every change logged since the
+        last read (all of them anew when the log started over)."""
         a = self._arrays
-        if a is None:
+        devices, nodes = self.counter_changes
+        epoch, devices_read, nodes_read = self._arrays_at
+        if a is None or epoch != self.counter_changes_epoch:
             a = self._arrays = PoolArrays(
                 mem_free=np.array(self.dev_mem_free, dtype=np.int64),
                 compute_free=np.array(self.dev_compute_free, dtype=np.int64),
@@ -353,17 +356,16 @@ class WorkingPool:
                 node_cpu_total=np.array([n.cpu_milli_total for n in self.nodes], dtype=np.int64),
             )
         else:
-            for i in self._dirty_devs:
+            for i in set(devices[devices_read:]):
                 a.mem_free[i] = self.dev_mem_free[i]
                 a.compute_free[i] = self.dev_compute_free[i]
                 a.holders[i] = self.dev_holders[i]
                 a.exclusive[i] = self.dev_exclusive[i]
-            for ni in self._dirty_nodes:
+            for ni in set(nodes[nodes_read:]):
                 a.node_cpu_free[ni] = self.node_cpu_free[ni]
                 a.node_mem_free[ni] = self.node_mem_free[ni]
                 a.node_busy[ni] = self.node_busy[ni]
-        self._dirty_devs.clear()
-        self._dirty_nodes.clear()
+        self._arrays_at = (self.counter_changes_epoch, len(devices), len(nodes))
         return a
 
     def class_layout(self, ci: int) -> ClassLayout:
@@ -598,7 +600,6 @@ class WorkingPool:
     def _device_changed(self, i: int, was_free: bool, was_busy: bool) -> None:
         """Log device ``i``'s changed counters, and move it between the whole-free and busy
         indexes when its state moved (``was_free``, ``was_busy``: before the change)."""
-        self._dirty_devs.add(i)
         self._counter_logged(0, i)
         ni, ci = self.dev_node[i], self.dev_class[i]
         now_free, now_busy = self._whole_free(i), self._busy(i)
@@ -609,7 +610,6 @@ class WorkingPool:
             self.node_busy[ni] += 1 if now_busy else -1
 
     def _node_changed(self, ni: int) -> None:
-        self._dirty_nodes.add(ni)
         self._counter_logged(1, ni)
 
     def _counter_logged(self, kind: int, index: int) -> None:
