@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from xpupool.contracts import DeviceSample, Vendor
-from xpupool.devices import DeviceInfo, SimulatedBackend, load_catalog, to_samples
+from tests.integration.test_collector_overuse import ProcessBackend
+from xpupool.contracts import Vendor
+from xpupool.devices import SimulatedBackend, load_catalog
 from xpupool.devices.enforcement import slice_enforced
 from xpupool.ledger import Ledger
 from xpupool.telemetry_collector.handlers import CollectorDeps, register_node
@@ -18,32 +19,8 @@ from xpupool.telemetry_collector.settings import CollectorSettings
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
 
-class OneGpu:
-    """One A100 as a real backend reports it (a stand-in for NVML)."""
-
-    node_id = "gpu-node"
-    vendor = Vendor.NVIDIA
-
-    def discover(self) -> list[DeviceInfo]:
-        return [
-            DeviceInfo(
-                vendor=Vendor.NVIDIA,
-                index=0,
-                name="NVIDIA A100-SXM4-80GB",
-                uuid="GPU-limits-0",
-                memory_total_mib=81_920,
-            )
-        ]
-
-    def sample(self) -> list[DeviceSample]:
-        return to_samples(self.discover(), self.node_id)
-
-    def close(self) -> None:
-        pass
-
-
 async def _registered(
-    ledger: Ledger, backend: OneGpu | SimulatedBackend, share_limits: str
+    ledger: Ledger, backend: ProcessBackend | SimulatedBackend, share_limits: str
 ) -> list[list[str]]:
     deps = CollectorDeps(
         ledger=ledger,
@@ -61,19 +38,21 @@ async def test_a_real_node_without_mps_registers_no_share_limit(
     ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))  # no control pipe there
-    (isolation,) = await _registered(ledger, OneGpu(), "auto")
+    (isolation,) = await _registered(ledger, ProcessBackend("gpu-node", []), "auto")
     assert isolation == ["mig"]
     assert not slice_enforced(Vendor.NVIDIA, isolation, whole=False)
 
 
 async def test_a_node_named_to_run_mps_registers_it(ledger: Ledger) -> None:
-    (isolation,) = await _registered(ledger, OneGpu(), "mps")
+    (isolation,) = await _registered(ledger, ProcessBackend("gpu-node", []), "mps")
     assert isolation == ["mig", "mps"]
     assert slice_enforced(Vendor.NVIDIA, isolation, whole=False)
 
 
 async def test_named_limits_and_simulated_nodes(ledger: Ledger) -> None:
-    assert await _registered(ledger, OneGpu(), "hami-core") == [["mig", "hami-core"]]
+    assert await _registered(ledger, ProcessBackend("gpu-node", []), "hami-core") == [
+        ["mig", "hami-core"]
+    ]
     simulated = SimulatedBackend("sim-node", "1xA100-80GB", load_catalog(None))
     assert await _registered(ledger, simulated, "auto") == [["mig", "mps", "hami-core"]]
     assert await _registered(ledger, simulated, "none") == [["mig"]]

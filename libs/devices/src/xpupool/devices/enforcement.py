@@ -38,6 +38,7 @@ from xpupool.contracts import Vendor
 __all__ = [
     "ENV_LIMITED",
     "MIG_UUID_PREFIX",
+    "SHARE_LIMITS",
     "is_mig_uuid",
     "mps_running",
     "running_share_limits",
@@ -50,6 +51,9 @@ ENV_LIMITED: Final[dict[Vendor, frozenset[str]]] = {
     Vendor.ASCEND: frozenset({"hami-core"}),
 }
 """Per vendor, the isolation mechanisms whose limits the job environment carries."""
+
+SHARE_LIMITS: Final = frozenset().union(*ENV_LIMITED.values())
+"""Every mechanism whose share limits a job's environment carries, whatever the vendor."""
 
 MIG_UUID_PREFIX: Final = "MIG-"
 
@@ -130,12 +134,11 @@ def running_share_limits(setting: str, *, simulated: bool) -> frozenset[str] | N
         return None
     if words == {"auto"}:
         return None if simulated else (frozenset({"mps"}) if mps_running() else frozenset())
-    known = set().union(*ENV_LIMITED.values())
-    unknown = words - known - {"none"}
+    unknown = words - SHARE_LIMITS - {"none"}
     if unknown:
         raise ValueError(
             f"XPUPOOL_SHARE_LIMITS: unknown {sorted(unknown)}; expected auto, catalog, none "
-            f"or a comma list of {sorted(known)}"
+            f"or a comma list of {sorted(SHARE_LIMITS)}"
         )
     return frozenset(words - {"none"})
 
@@ -143,5 +146,4 @@ def running_share_limits(setting: str, *, simulated: bool) -> frozenset[str] | N
 def running_isolation(isolation: Iterable[str], running: frozenset[str] | None) -> list[str]:
     """The mechanisms of ``isolation`` the node has: all but the share limit mechanisms that
     do not run there (all of them when ``running`` is None: the catalog is trusted)."""
-    env_limited = set().union(*ENV_LIMITED.values())
-    return [m for m in isolation if running is None or m not in env_limited or m in running]
+    return [m for m in isolation if running is None or m not in SHARE_LIMITS or m in running]
