@@ -46,6 +46,11 @@ lint: sync
     uv run --frozen ruff check .
     uv run --frozen mypy libs/*/src services/*/src src tests bench services/*/bench
 
+# On a machine with an NVIDIA GPU and PyTorch, as root: NVML discovery and load, the job environment of a whole GPU and of a share with and without MPS, and MPS detection, checked on the GPU itself
+[group("bench")]
+gpu-check OUT="gpu-check": sync
+    uv run --frozen python bench/device/gpu_check.py {{OUT}}
+
 # Placement quality on the Alibaba GPU trace: every policy, seeds 42-51
 [group("bench")]
 bench-placement *ARGS: sync
