@@ -32,8 +32,8 @@ from xpupool.contracts import DeviceSlice, Vendor
 from xpupool.devices.backend import to_specs
 from xpupool.devices.catalog import load_catalog
 from xpupool.devices.enforcement import mps_running, running_share_limits
+from xpupool.devices.environment import job_environment
 from xpupool.devices.nvml import NvmlBackend
-from xpupool.lease_manager.env import job_environment
 
 # Run in a child process under each job environment (it must see only that environment).
 PROBE = r"""

@@ -44,6 +44,6 @@ def test_anatomy_times_the_steps_of_a_job() -> None:
         "process xpupool.tenant.v1.{tenant}.jobs.requested",
         "schedule admission",
         "schedule decision",
-        "relay granted",
+        "publish granted",
     ):
         assert step in done.stdout, done.stdout

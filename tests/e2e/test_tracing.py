@@ -27,15 +27,15 @@ async def receiver() -> AsyncIterator[Receiver]:
 
 
 # How the scheduler gets a job to its grant: placed on admission and granted in the admission
-# script; decided by a cycle and granted in the reservation's script; or reserved by a cycle and
-# then granted by the lease-manager.
+# script, the grant published by the scheduler itself; decided by a cycle and granted in the
+# reservation's script; or reserved by a cycle and then granted by the lease-manager.
 MODES = {
     "on-admission": {"XPUPOOL_PLACE_ON_ADMISSION": "1", "XPUPOOL_GRANT_AT_RESERVE": "1"},
     "in-cycle": {"XPUPOOL_PLACE_ON_ADMISSION": "0", "XPUPOOL_GRANT_AT_RESERVE": "1"},
     "two-step": {"XPUPOOL_PLACE_ON_ADMISSION": "0", "XPUPOOL_GRANT_AT_RESERVE": "0"},
 }
 GRANT_STEPS = {
-    "on-admission": {"schedule admission", "relay granted"},
+    "on-admission": {"schedule admission", "publish granted"},
     "in-cycle": {"relay granted"},
     "two-step": {"relay reserved", "lease grant", "relay granted"},
 }
@@ -70,7 +70,8 @@ async def test_submit_grant_renew_release_is_one_trace(
     finally:
         context.detach(token)
 
-    steps = ["lease release", "relay ended", "lease renew", "relay renewed", "relay granted"]
+    granted = "publish granted" if mode == "on-admission" else "relay granted"
+    steps = ["lease release", "relay ended", "lease renew", "relay renewed", granted]
     await eventually(lambda: all(receiver.named(trace_id, n) for n in steps), timeout_s=30)
     spans = receiver.of_trace(trace_id)
     names = {s.name for s in spans}
@@ -160,6 +161,6 @@ async def test_a_job_without_trace_context_gets_a_root(
     [root] = admission()
     if not isinstance(trace.get_tracer_provider(), TracerProvider):
         assert root.parent_id == ""  # the client had no trace: the admission starts one
-    await eventually(lambda: receiver.named(root.trace_id, "relay granted"), timeout_s=30)
+    await eventually(lambda: receiver.named(root.trace_id, "publish granted"), timeout_s=30)
     names = {s.name for s in receiver.of_trace(root.trace_id)}
     assert {"schedule decision", *GRANT_STEPS["on-admission"]} <= names, names

@@ -63,9 +63,18 @@ async def test_a_placed_admission_is_granted_in_one_step(ledger: Ledger) -> None
     assert job is not None and job.state == "leased"
     assert await ledger.pending_jobs() == []
     assert await ledger.pending_count("t") == 0
-    outbox: Any = await ledger.redis.xrange(ledger.key("outbox", "lease-manager"))
-    assert [fields[b"kind"] for _, fields in outbox] == [b"granted"]
+    # The grant is the scheduler's to publish (the direct outbox), not the lease-manager's.
+    assert await ledger.redis.xrange(ledger.key("outbox", "lease-manager")) == []
+    direct: Any = await ledger.redis.xrange(ledger.key("outbox", "direct"))
+    assert [(_s(i), fields[b"kind"]) for i, fields in direct] == [(result.entry, b"granted")]
+    assert ledger.granted_lease(result) == lease  # the answer carries the lease as stored
+    await ledger.confirm_direct([result.entry])
+    assert await ledger.redis.xrange(ledger.key("outbox", "direct")) == []
     assert await audit(ledger) == []
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 async def test_a_refused_placement_leaves_the_job_waiting(ledger: Ledger) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
@@ -10,9 +11,20 @@ import msgspec
 import pytest
 
 from tests.conftest import eventually
+from tests.integration.ledger_builders import device_spec, reservation
 from xpupool.contracts import JobCancelled
 from xpupool.devstack.servers import RedisServer
-from xpupool.ledger import Ledger, OutboxRelay
+from xpupool.lease_manager.handlers import build_events
+from xpupool.ledger import (
+    Admission,
+    DirectOutbox,
+    Ledger,
+    OutboxRelay,
+    ScriptResult,
+    SliceClaim,
+    new_lease_secret,
+)
+from xpupool.ledger.events import granted_event
 
 pytestmark = pytest.mark.integration
 
@@ -42,3 +54,126 @@ async def test_a_relay_started_while_redis_is_away_waits_for_it(
     assert [getattr(e, "job_id", None) for e in sent] == ["j1"]
     stop.set()
     await asyncio.wait_for(relay, 5)
+
+
+# ---- the direct outbox: grants the scheduler made on admission and publishes itself ----------
+
+
+async def _granted_on_admission(ledger: Ledger, job: str = "a") -> ScriptResult:
+    """A job granted in its admission step, its grant queued in the direct outbox."""
+    assert (await ledger.register_node("n1", [device_spec("n1", 0)], 64_000, 256_000)).ok
+    placement = reservation(job, SliceClaim("n1/nvidia0", whole=True), secret=new_lease_secret())
+    [result] = await ledger.admit_many(
+        [Admission(job, 500, b"{}", None, "queued", tenant="t", placement=placement)]
+    )
+    assert result.ok and result.outcome == "granted" and result.entry
+    return result
+
+
+async def _direct_entries(ledger: Ledger) -> list[str]:
+    entries: Any = await ledger.redis.xrange(ledger.key("outbox", "direct"))
+    return [i.decode() if isinstance(i, bytes) else str(i) for i, _ in entries]
+
+
+def _stored() -> asyncio.Future[None]:
+    ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    ack.set_result(None)
+    return ack
+
+
+async def test_a_grant_published_by_its_writer_is_confirmed_and_never_relayed(
+    ledger: Ledger,
+) -> None:
+    """The scheduler sends the grant its admission made, and deletes the entry once JetStream
+    stored it: the lease-manager's sweep, however eager, has nothing left to publish."""
+    result = await _granted_on_admission(ledger)
+    lease = ledger.granted_lease(result)
+    assert lease is not None
+    sent: list[msgspec.Struct] = []
+
+    async def send(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
+        sent.append(event)
+        return [_stored()]
+
+    stop = asyncio.Event()
+    direct = DirectOutbox(ledger)
+    confirming = asyncio.create_task(direct.run(send, stop))
+    await asyncio.sleep(0)
+    await direct.publish(result.entry, [granted_event(lease)])
+    assert sent == [granted_event(lease)]  # sent at once, not after the confirmation
+    await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
+
+    relayed: list[msgspec.Struct] = []
+
+    async def relay_send(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
+        relayed.append(event)
+        return []
+
+    relay = OutboxRelay(
+        ledger,
+        "lease-manager",
+        functools.partial(build_events, ledger=ledger),
+        relay_send,
+        sweep_direct=True,
+        direct_stale_ms=0,
+    )
+    sweeping = asyncio.create_task(relay.run(stop))
+    await asyncio.sleep(1.5)
+    assert relayed == []
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(confirming, sweeping), 5)
+
+
+async def _empty(entries: Awaitable[list[str]]) -> bool:
+    return not await entries
+
+
+async def test_a_grant_its_writer_did_not_get_stored_is_published_by_the_sweep(
+    ledger: Ledger,
+) -> None:
+    """A grant whose publish JetStream never acknowledged (or whose scheduler died after its
+    admission) stays in the direct outbox; the lease-manager's relay publishes it once it is
+    older than the stale age, the same event the scheduler would have sent, then deletes it.
+    Younger entries are left to their writer."""
+    result = await _granted_on_admission(ledger)
+    lease = ledger.granted_lease(result)
+    assert lease is not None
+
+    async def lost(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
+        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ack.set_exception(TimeoutError("no acknowledgement"))
+        return [ack]
+
+    stop = asyncio.Event()
+    direct = DirectOutbox(ledger)
+    confirming = asyncio.create_task(direct.run(lost, stop))
+    await asyncio.sleep(0)
+    await direct.publish(result.entry, [granted_event(lease)])
+    await asyncio.sleep(0.3)
+    assert await _direct_entries(ledger) == [result.entry]  # unconfirmed: kept
+
+    relayed: list[msgspec.Struct] = []
+
+    async def relay_send(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
+        relayed.append(event)
+        return [_stored()]
+
+    def sweeper(stale_ms: int) -> OutboxRelay:
+        return OutboxRelay(
+            ledger,
+            "lease-manager",
+            functools.partial(build_events, ledger=ledger),
+            relay_send,
+            sweep_direct=True,
+            direct_stale_ms=stale_ms,
+        )
+
+    patient = asyncio.create_task(sweeper(60_000).run(stop))
+    await asyncio.sleep(1.5)
+    assert relayed == [] and await _direct_entries(ledger) == [result.entry]
+    eager = asyncio.create_task(sweeper(0).run(stop))
+    await eventually(lambda: relayed, timeout_s=5)
+    assert relayed == [granted_event(lease)]
+    await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(confirming, patient, eager), 5)

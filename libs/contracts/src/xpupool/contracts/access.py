@@ -66,7 +66,9 @@ def service_permissions(role: str) -> Permissions:
                     *_JS_API,
                     "xpupool.jobs.v1.>",
                     "xpupool.sched.v1.>",
-                    *_tenant_events("rejected", "pending", "timed_out", "cancelled"),
+                    # The grants it makes on admission (handlers.publish_grants).
+                    s.ALLOC_GRANTED.address,
+                    *_tenant_events("granted", "rejected", "pending", "timed_out", "cancelled"),
                     # Replies to cancel requests go to the requester's inbox, whoever it is.
                     "_INBOX.>",
                 ),

@@ -193,7 +193,8 @@ ALLOC_GRANTED: Final = Channel(
     "xpupool.alloc.v1.granted",
     (p.AllocationGranted,),
     "Operator copy of a grant: the slices and environment, never the lease secret.",
-    sender="lease-manager",
+    # The scheduler publishes the grants it makes on admission; the lease-manager the rest.
+    sender="scheduler or lease-manager",
     receivers=("operators", "scheduler"),
     stream=EVENTS_STREAM,
 )
@@ -326,7 +327,7 @@ TENANT_ALLOC_GRANTED: Final = Channel(
     (p.AllocationGranted,),
     "The job holds a lease: slices, environment, fencing token and the lease secret that "
     "renew and release must present. Delivered to the owning tenant only.",
-    sender="lease-manager",
+    sender="scheduler or lease-manager",
     receivers=("upstream",),
     stream=TENANT_EVENTS_STREAM,
     parameters=TENANT_PARAM,

@@ -24,7 +24,7 @@ from xpupool.ledger.ledger import (
     new_lease_secret,
     open_ledger,
 )
-from xpupool.ledger.outbox import OutboxRelay, each_entry
+from xpupool.ledger.outbox import DirectOutbox, OutboxRelay, each_entry
 
 __all__ = [
     "audit",
@@ -43,6 +43,7 @@ __all__ = [
     "LeaseRecord",
     "LedgerChanges",
     "NodeRecord",
+    "DirectOutbox",
     "OutboxRelay",
     "each_entry",
     "Reservation",

@@ -32,6 +32,10 @@ AUTOSCALER_SHAPES: Final = "shapes"
 autoscaler (``xpupool.autoscaler.state``), read by the scheduler."""
 AUTOSCALER_INCOMING: Final = "incoming"
 """``{ns}:autoscaler:<this>``: job id -> until when (epoch s) an in-flight scale-up is for it."""
+DIRECT_OUTBOX: Final = "direct"
+"""The outbox (``outbox:direct``) of events their writer publishes itself, right after its script
+returns, and deletes once stored (``confirm_direct``); ``OutboxRelay``'s sweep publishes what a
+writer left there (it died, or NATS did not answer)."""
 SCHEDULER_STATE: Final = "scheduler"
 """``{ns}:<this>``: a hash of what the scheduler publishes for operators (field ``fair-share``:
 ``FairShareView``), written by the scheduler's metrics loop, read by ``xpupool status``."""
@@ -76,9 +80,13 @@ class ScriptResult(msgspec.Struct, frozen=True):
     removed: list[str] = msgspec.field(default_factory=list)
     lost: list[str] = msgspec.field(default_factory=list)
     ended: list[str] = msgspec.field(default_factory=list)
+    entry: str = ""
+    """A grant announced through the direct outbox: its entry, for ``confirm_direct``."""
+    lease: list[str] = msgspec.field(default_factory=list)
+    """A grant on admission: the lease's hash as HGETALL answers it (``granted_lease``)."""
 
 
-_LIST_FIELDS = ("added", "removed", "lost", "ended")
+_LIST_FIELDS = ("added", "removed", "lost", "ended", "lease")
 
 
 def _decode_result(raw: bytes | str) -> ScriptResult:
@@ -582,11 +590,25 @@ class Ledger:
         sent together, Redis makes them durable together).
 
         An admission with a ``placement`` is granted in the same step when the ledger accepts
-        that placement and no other job waits (``outcome`` ``granted``, with the lease id and
-        fencing token); otherwise it waits in the pending queue (``outcome`` ``pending``)."""
+        that placement and no other job waits (``outcome`` ``granted``, with the lease id,
+        fencing token, the lease's record (``granted_lease``) and the grant's entry in the
+        direct outbox, which the caller publishes and then confirms); otherwise it waits in
+        the pending queue (``outcome`` ``pending``)."""
         if not admissions:
             return []
         return await self._run_many("pend", [a.script_args() for a in admissions])
+
+    def granted_lease(self, result: ScriptResult) -> LeaseRecord | None:
+        """The lease an admission granted (``admit_many``), as ``get_lease`` would read it."""
+        if not (result.ok and result.outcome == "granted" and result.lease):
+            return None
+        return _lease(result.lease_id, _pairs(result.lease))
+
+    async def confirm_direct(self, entry_ids: Sequence[str]) -> None:
+        """Drop direct-outbox entries whose events their writer published and JetStream
+        stored, so the lease-manager's relay never publishes them again."""
+        if entry_ids:
+            await self._redis.xdel(self.key("outbox", DIRECT_OUTBOX), *entry_ids)
 
     async def any_pending(self) -> bool:
         """Whether any request waits in the pending queue (one read, no script)."""

@@ -10,6 +10,12 @@ awaited together (one round trip per batch, not per event); only then are the en
 deleted from the stream, in one round trip. A failure anywhere leaves the whole batch pending to
 be sent again: a duplicate, never a loss.
 
+A service that publishes an event itself, right after the script that queued it returned,
+queues it in the direct outbox instead (``DirectOutbox``; the scheduler's grants on admission):
+one hop less between the grant and its subscribers. It deletes the entry once JetStream stored
+the event. The lease-manager's relay sweeps that outbox too, and publishes what stayed there
+longer than ``DIRECT_STALE_MS`` (its writer died, or NATS did not answer it): late, never lost.
+
 Each entry is relayed inside a span that continues the job's trace: the entry's own
 ``traceparent``/``tracestate`` when the script wrote them, else the ones its lease (or job) keeps
 (``reserve.lua`` copies the job's onto the lease). A relay never starts a trace of its own for an
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -29,7 +36,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 from redis.exceptions import ResponseError
 
-from xpupool.ledger.ledger import Ledger
+from xpupool.ledger.ledger import DIRECT_OUTBOX, Ledger
 from xpupool.obs import get_logger, spans_exported
 
 # The events for each entry of a batch (a builder may read what they need in one round trip).
@@ -39,6 +46,12 @@ BuildEntryEvents = Callable[[dict[str, str]], Awaitable[Sequence[msgspec.Struct]
 # (its JetStream acknowledgements): ``xpupool.bus.Publisher.send``.
 Send = Callable[[msgspec.Struct], Awaitable[Sequence[Awaitable[Any]]]]
 SEND_TIMEOUT_S = 5.0
+
+DIRECT_STALE_MS = 10_000
+"""How long a direct-outbox entry may wait for its writer before the relay publishes it: past the
+writer's own publish timeout (``SEND_TIMEOUT_S``), well inside JetStream's duplicate window (two
+minutes), which drops the copy should the writer's event have been stored after all."""
+SWEEP_INTERVAL_S = 1.0
 
 GROUP = "relay"
 # Entry fields that name what an event is about, as span attributes operators search by.
@@ -65,9 +78,14 @@ class OutboxRelay:
         build_events: BuildEvents,
         send: Send,
         consumer: str | None = None,
+        sweep_direct: bool = False,
+        direct_stale_ms: int = DIRECT_STALE_MS,
     ) -> None:
         self._ledger = ledger
         self._stream = ledger.key("outbox", service)
+        self._direct = ledger.key("outbox", DIRECT_OUTBOX) if sweep_direct else None
+        self._direct_stale_ms = direct_stale_ms
+        self._swept_at = 0.0
         self._build_events = build_events
         self._send = send
         self._consumer = consumer or f"{socket.gethostname()}-{id(self):x}"
@@ -91,14 +109,13 @@ class OutboxRelay:
                     backlog = False
                 else:
                     entries = await self._read(">", block_ms=500)
+                if self._direct is not None and time.monotonic() - self._swept_at >= (
+                    SWEEP_INTERVAL_S
+                ):
+                    await self._sweep_direct(self._direct)
                 if not entries:
                     continue
-                built = await self._build_events([fields for _, fields in entries])
-                acks: list[Awaitable[Any]] = []
-                for (_, fields), events in zip(entries, built, strict=True):
-                    acks += await self._relay(fields, events)
-                # Still pending after the timeout: cancelled, and the batch is sent again.
-                await asyncio.wait_for(asyncio.gather(*acks), SEND_TIMEOUT_S)
+                await self._publish(entries)
                 ids = [entry_id for entry_id, _ in entries]
                 async with redis.pipeline(transaction=False) as pipe:
                     pipe.xack(self._stream, GROUP, *ids)
@@ -112,6 +129,28 @@ class OutboxRelay:
                 await asyncio.sleep(0.5)
                 if "NOGROUP" in repr(error):
                     grouped = False  # Redis lost the group (a flush, a restart): make it again
+
+    async def _publish(self, entries: Sequence[tuple[str, dict[str, str]]]) -> None:
+        """Send a batch's events and wait until JetStream stored them all."""
+        built = await self._build_events([fields for _, fields in entries])
+        acks: list[Awaitable[Any]] = []
+        for (_, fields), events in zip(entries, built, strict=True):
+            acks += await self._relay(fields, events)
+        # Still pending after the timeout: cancelled, and the batch is sent again.
+        await asyncio.wait_for(asyncio.gather(*acks), SEND_TIMEOUT_S)
+
+    async def _sweep_direct(self, stream: str) -> None:
+        """Publish (then delete) the direct-outbox entries their writers left behind."""
+        now_ms = await self._ledger.now_ms()
+        reply: Any = await self._ledger.redis.xrange(
+            stream, "-", str(now_ms - self._direct_stale_ms), count=100
+        )
+        entries = [(_s(i), _fields(f)) for i, f in reply or [] if f]
+        if entries:
+            self._log.warning("direct_outbox_swept", entries=len(entries))
+            await self._publish(entries)
+            await self._ledger.redis.xdel(stream, *(entry_id for entry_id, _ in entries))
+        self._swept_at = time.monotonic()
 
     async def _relay(
         self, fields: dict[str, str], events: Sequence[msgspec.Struct]
@@ -179,3 +218,66 @@ def _s(value: Any) -> str:
 
 def _fields(raw: dict[Any, Any]) -> dict[str, str]:
     return {_s(k): _s(v) for k, v in raw.items()}
+
+
+class DirectOutbox:
+    """Publishes the events of the direct-outbox entries its own service's scripts just wrote,
+    and confirms (deletes) each entry once JetStream stored its events.
+
+    ``publish`` hands the events to the connection at once; ``run``, alive while the bus is
+    open, awaits their acknowledgements in the background and confirms them in one round trip
+    per batch. Without a bus, or when NATS does not acknowledge, the entry stays: the
+    lease-manager's relay publishes it after ``DIRECT_STALE_MS``.
+    """
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self._send: Send | None = None
+        self._sent: list[tuple[str, Sequence[Awaitable[Any]]]] = []
+        self._wake = asyncio.Event()
+        self._log = get_logger().bind(outbox=DIRECT_OUTBOX)
+
+    async def publish(self, entry_id: str, events: Sequence[msgspec.Struct]) -> None:
+        """Send one entry's events now (they are confirmed in the background)."""
+        if self._send is None:
+            return  # no bus now: the relay's sweep publishes them
+        acks: list[Awaitable[Any]] = []
+        for event in events:
+            acks += await self._send(event)
+        self._sent.append((entry_id, acks))
+        self._wake.set()
+
+    async def run(self, send: Send, stop: asyncio.Event) -> None:
+        """Publish with ``send`` and confirm what JetStream stored, until ``stop``."""
+        self._send = send
+        try:
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(self._wake.wait(), SWEEP_INTERVAL_S)
+                except TimeoutError:
+                    continue
+                self._wake.clear()
+                await self._confirm()
+        finally:
+            self._send = None
+            if self._sent:  # stored or not, the sweep publishes them (JetStream drops copies)
+                self._log.info("direct_left_to_sweep", entries=len(self._sent))
+                self._sent = []
+
+    async def _confirm(self) -> None:
+        sent, self._sent = self._sent, []
+        stored = await asyncio.gather(
+            *(asyncio.wait_for(asyncio.gather(*acks), SEND_TIMEOUT_S) for _, acks in sent),
+            return_exceptions=True,
+        )
+        confirmed = [
+            entry
+            for (entry, _), outcome in zip(sent, stored, strict=True)
+            if not isinstance(outcome, BaseException)
+        ]
+        if len(confirmed) < len(sent):
+            self._log.warning("direct_publish_unconfirmed", entries=len(sent) - len(confirmed))
+        try:
+            await self._ledger.confirm_direct(confirmed)
+        except Exception as error:  # noqa: BLE001  (the sweep publishes them again: a duplicate)
+            self._log.warning("direct_confirm_failed", error=repr(error))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from datetime import UTC, datetime
 from typing import Final
 
 import msgspec
@@ -16,7 +15,6 @@ from opentelemetry.trace import Span
 
 from xpupool.bus import InvalidMessage
 from xpupool.contracts import (
-    AllocationGranted,
     EndLease,
     EndReason,
     GetLease,
@@ -36,17 +34,13 @@ from xpupool.contracts import (
     ReleaseLease,
     RenewLease,
 )
-from xpupool.lease_manager.env import job_environment
 from xpupool.lease_manager.metrics import LeaseManagerMetrics
 from xpupool.lease_manager.tracing import record_lifetime
 from xpupool.ledger import Holder, LeaseRecord, Ledger, ScriptResult
+from xpupool.ledger.events import event_time, granted_event
 from xpupool.obs import continue_trace, get_logger, spans_exported
 
 _LEASE_ERRORS = {e.value: e for e in LeaseError}
-
-
-def _time(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 _ENDING_DETAIL: Final = {
@@ -116,7 +110,9 @@ async def renew_lease(
         span.set_attribute("xpupool.outcome", "renewed" if result.ok else result.reason)
     if not result.ok:
         return [_refusal(command.lease_id, tenant, result)]
-    return [LeaseReply(ok=True, lease_id=command.lease_id, expires_at=_time(result.expires_ms))]
+    return [
+        LeaseReply(ok=True, lease_id=command.lease_id, expires_at=event_time(result.expires_ms))
+    ]
 
 
 async def release_lease(
@@ -149,10 +145,10 @@ def lease_info(lease: LeaseRecord) -> LeaseInfo:
             HostShare(node_id=node_id, cpu_milli=h.cpu_milli, memory_mib=h.memory_mib)
             for node_id, h in sorted(lease.host.items())
         ],
-        granted_at=_time(lease.granted_ms) if lease.granted_ms else None,
-        expires_at=_time(lease.expires_ms) if active and lease.expires_ms else None,
+        granted_at=event_time(lease.granted_ms) if lease.granted_ms else None,
+        expires_at=event_time(lease.expires_ms) if active and lease.expires_ms else None,
         end_reason=reasons.get(lease.end_reason or ""),
-        ended_at=_time(lease.ended_ms) if lease.ended_ms else None,
+        ended_at=event_time(lease.ended_ms) if lease.ended_ms else None,
     )
 
 
@@ -198,28 +194,6 @@ def reply_too_large(reply: msgspec.Struct) -> LeaseReply:
     )
 
 
-def granted_event(lease: LeaseRecord) -> AllocationGranted:
-    """The public grant, with the environment the job must run with."""
-    slices = [s.to_contract() for s in lease.slices]
-    return AllocationGranted(
-        job_id=lease.job_id,
-        lease_id=lease.lease_id,
-        tenant=lease.tenant,
-        owner=lease.owner,
-        fencing_token=lease.token,
-        granted_at=_time(lease.granted_ms or lease.created_ms),
-        expires_at=_time(lease.expires_ms),
-        slices=slices,
-        env=job_environment(slices, lease.job_id, lease.lease_id, lease.token),
-        host=[
-            HostShare(node_id=node_id, cpu_milli=h.cpu_milli, memory_mib=h.memory_mib)
-            for node_id, h in sorted(lease.host.items())
-        ],
-        # The publisher strips it from the operator copy; only the owner's copy carries it.
-        lease_secret=lease.secret or None,
-    )
-
-
 async def build_events(
     entries: Sequence[dict[str, str]], ledger: Ledger, metrics: LeaseManagerMetrics | None = None
 ) -> list[Sequence[msgspec.Struct]]:
@@ -238,7 +212,9 @@ def entry_events(
     if kind == "node_lost":
         last_seen = int(fields.get("last_seen_ms") or 0)
         return [
-            NodeLost(node_id=fields["node_id"], last_seen=_time(last_seen) if last_seen else None)
+            NodeLost(
+                node_id=fields["node_id"], last_seen=event_time(last_seen) if last_seen else None
+            )
         ]
     if lease is None:
         get_logger().error("outbox_entry_without_lease", entry=fields)
@@ -253,7 +229,7 @@ def entry_events(
                 lease_id=lease.lease_id,
                 tenant=lease.tenant,
                 fencing_token=lease.token,
-                expires_at=_time(expires_ms),
+                expires_at=event_time(expires_ms),
             )
         ]
     if kind == "ending":
@@ -264,7 +240,7 @@ def entry_events(
                 lease_id=lease.lease_id,
                 tenant=lease.tenant,
                 reason=EndReason(fields.get("reason") or EndReason.MAX_RUNTIME.value),
-                deadline=_time(deadline_ms),
+                deadline=event_time(deadline_ms),
                 fencing_token=lease.token,
                 detail=_ENDING_DETAIL.get(
                     fields.get("reason") or "",
@@ -280,7 +256,7 @@ def entry_events(
                 tenant=lease.tenant,
                 reason=EndReason(lease.end_reason or "released"),
                 fencing_token=lease.token,
-                ended_at=_time(lease.ended_ms or lease.expires_ms),
+                ended_at=event_time(lease.ended_ms or lease.expires_ms),
                 detail=lease.end_detail,
             )
         ]

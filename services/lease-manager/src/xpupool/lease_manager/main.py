@@ -153,6 +153,8 @@ async def run(settings: LeaseManagerSettings) -> None:
                     SERVICE,
                     functools.partial(handlers.build_events, ledger=ledger, metrics=metrics),
                     bus.publisher.send,
+                    # Grants the scheduler made on admission and could not publish itself.
+                    sweep_direct=True,
                 )
                 await run_until_stopped(
                     run_stop,

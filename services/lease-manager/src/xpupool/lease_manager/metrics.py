@@ -10,7 +10,9 @@ decision series, so no series is exported by two services.
   (granted to ended, per device held; a host-only lease adds none);
 - ``xpupool_outbox_entries{outbox}`` and ``xpupool_outbox_oldest_age_seconds{outbox}``: events
   written by ledger scripts and not yet relayed (a relayed entry is deleted), for the
-  scheduler's and the lease-manager's outboxes, ledger-wide like the lease gauge.
+  scheduler's and the lease-manager's outboxes and the direct one (grants the scheduler
+  publishes itself: an entry older than a second there means it could not), ledger-wide like
+  the lease gauge.
 
 Several replicas: the lease and outbox gauges are ledger-wide, so every replica reports the
 same values and dashboards take ``max by (state)`` / ``max by (outbox)``; an outbox entry is
@@ -41,8 +43,9 @@ __all__ = [
 ]
 
 UNKNOWN_MODEL: Final = "unknown"
-# The services whose ledger scripts queue events in an outbox (``OutboxRelay``).
-OUTBOXES: Final = ("scheduler", "lease-manager")
+# The outboxes ledger scripts queue events in: each service's (``OutboxRelay``) and the direct
+# one (``DirectOutbox``), whose entries should live for milliseconds.
+OUTBOXES: Final = ("scheduler", "lease-manager", "direct")
 
 
 async def outbox_lag(ledger: Ledger, service: str) -> tuple[int, float]:

@@ -57,6 +57,7 @@ from xpupool.contracts import (
 from xpupool.ledger import (
     Admission,
     AdmissionLimits,
+    DirectOutbox,
     HostClaim,
     JobRecord,
     Ledger,
@@ -67,6 +68,7 @@ from xpupool.ledger import (
     UsageClaim,
     new_lease_secret,
 )
+from xpupool.ledger.events import granted_event
 from xpupool.ledger.group_commit import GroupCommit
 from xpupool.obs import continue_trace, get_logger, links_to, trace_carrier
 from xpupool.placement.default import DefaultPolicy
@@ -96,6 +98,7 @@ from xpupool.scheduler.tracing import (
     ADMISSION_SPAN,
     CYCLE_SPAN,
     DECISION_SPAN,
+    GRANT_SPAN,
     decision_attributes,
 )
 
@@ -159,9 +162,12 @@ class SchedulerDeps:
     last_pending: int = 0
     # Arrivals admitted in batches (``admit_arrivals``).
     admissions: GroupCommit[Arrival, ScriptResult] = field(init=False)
+    # Grants made on admission, published by the scheduler itself (``publish_grants``).
+    direct: DirectOutbox = field(init=False)
 
     def __post_init__(self) -> None:
         self.admissions = GroupCommit(lambda batch: admit_arrivals(batch, self))
+        self.direct = DirectOutbox(self.ledger)
 
 
 def _growable(deps: SchedulerDeps, shapes: list[PoolShape]) -> tuple[NodeState, ...]:
@@ -277,6 +283,7 @@ async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> l
             for a in arrivals
         ]
     )
+    await publish_grants(arrivals, results, deps)
     waiting = False
     for arrival, result in zip(arrivals, results, strict=True):
         placed = placements.pop(arrival.request.job_id, None)
@@ -298,6 +305,19 @@ async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> l
         deps.last_pending = max(deps.last_pending, 1)
         deps.wake.set()
     return results
+
+
+async def publish_grants(
+    arrivals: Sequence[Arrival], results: Sequence[ScriptResult], deps: SchedulerDeps
+) -> None:
+    """Publish the grants this batch's admissions made, straight from their scripts' answers
+    (``DirectOutbox``), each in its job's trace: the lease-manager's relay is not in the way."""
+    for arrival, result in zip(arrivals, results, strict=True):
+        lease = deps.ledger.granted_lease(result)
+        if lease is None:
+            continue
+        with continue_trace(GRANT_SPAN, arrival.trace, {"xpupool.lease_id": lease.lease_id}):
+            await deps.direct.publish(result.entry, [granted_event(lease)])
 
 
 async def place_on_arrival(

@@ -281,6 +281,7 @@ async def run(settings: SchedulerSettings) -> None:
                         concurrency=ADMISSION_CONCURRENCY,
                     ),
                     relay.run(run_stop),
+                    deps.direct.run(bus.publisher.send, run_stop),
                     cycle_loop(deps, bus.publisher, run_stop),
                     pool_metrics_loop(deps, run_stop),
                 )

@@ -15,6 +15,8 @@ from xpupool.scheduler.domain.decide import Preempt, Reject, Reserve, TimedOut, 
 DECISION_SPAN = "schedule decision"
 CYCLE_SPAN = "schedule cycle"
 ADMISSION_SPAN = "schedule admission"
+GRANT_SPAN = "publish granted"
+"""A grant made on admission, published by the scheduler (the lease-manager relays the rest)."""
 
 
 def decision_attributes(
@@ -50,4 +52,10 @@ def decision_attributes(
     return attributes
 
 
-__all__ = ["ADMISSION_SPAN", "CYCLE_SPAN", "DECISION_SPAN", "decision_attributes"]
+__all__ = [
+    "ADMISSION_SPAN",
+    "CYCLE_SPAN",
+    "DECISION_SPAN",
+    "GRANT_SPAN",
+    "decision_attributes",
+]

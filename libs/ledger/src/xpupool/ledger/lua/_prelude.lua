@@ -46,7 +46,8 @@ end
 -- secret, still be active within its term, and the fencing token must be its current one.
 -- Returns nil when the holder is good, else the refusal to return.
 -- Queue an event about a lease in ``service``'s outbox with the trace context the lease keeps
--- (its job's), so the relay continues that trace without reading the lease again.
+-- (its job's), so the relay continues that trace without reading the lease again. Returns the
+-- entry's id.
 local function lease_event(service, lease_id, kind, ...)
   local fields = {'kind', kind, 'lease_id', lease_id, ...}
   local trace = redis.call('HMGET', k('lease', lease_id), 'traceparent', 'tracestate')
@@ -58,7 +59,7 @@ local function lease_event(service, lease_id, kind, ...)
       fields[#fields + 1] = trace[2]
     end
   end
-  redis.call('XADD', k('outbox', service), '*', unpack(fields))
+  return redis.call('XADD', k('outbox', service), '*', unpack(fields))
 end
 
 local function holder_refusal(lk, lease_id, tenant, secret, token, now)
@@ -148,7 +149,9 @@ end
 -- clock (capped by the maximum run time), the devices' load integrals as usage accounting's
 -- baseline, and the lease-manager's outbox told to announce the grant. Shared by grant.lua (the
 -- lease-manager granting a reservation) and reserve.lua (a reservation granted at once).
-local function activate(lease_id, secret, now)
+-- The grant is announced through ``outbox`` (the lease-manager's unless the caller publishes it
+-- itself: 'direct', see outbox.py). Returns the fencing token, the term's end and the entry id.
+local function activate(lease_id, secret, now, outbox)
   local lk = k('lease', lease_id)
   local l = redis.call('HMGET', lk, 'ttl_ms', 'job_id', 'max_runtime_ms', 'idle_after_ms',
     'slices')
@@ -173,8 +176,8 @@ local function activate(lease_id, secret, now)
   local idle_after = tonumber(l[4] or '0') or 0
   if idle_after > 0 then redis.call('ZADD', k('idle-watch'), now + idle_after, lease_id) end
   redis.call('HSET', k('job', l[2]), 'state', 'leased')
-  lease_event('lease-manager', lease_id, 'granted')
-  return token, expires
+  local entry = lease_event(outbox or 'lease-manager', lease_id, 'granted')
+  return token, expires, entry
 end
 
 local function write_usage(lease_id, reason, now)

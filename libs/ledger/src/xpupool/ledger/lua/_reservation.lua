@@ -4,9 +4,10 @@
 -- capacity, host resources and quota, then write slices, host charges, quota counters and the
 -- lease at once. With r.secret the lease is granted at once (activate); without one it stays
 -- reserved and the scheduler's outbox announces that. Shared by reserve.lua (a pending job) and
--- pend.lua (a new job placed on admission). Returns the taken slices and the fencing token
--- (0 when only reserved), or nil and the refusal; nothing is written before every check passed.
-local function take_reservation(r)
+-- pend.lua (a new job placed on admission). A grant is announced through ``grant_outbox`` (see
+-- activate). Returns the taken slices, the fencing token (0 when only reserved) and the grant's
+-- outbox entry id, or nil and the refusal; nothing is written before every check passed.
+local function take_reservation(r, grant_outbox)
   if #r.slices == 0 and next(r.host) == nil then
     return nil, fail('empty_reservation', r.job_id)
   end
@@ -87,13 +88,14 @@ local function take_reservation(r)
   redis.call('HSET', jk, 'state', 'reserved', 'lease_id', r.lease_id)
   redis.call('EXPIRE', jk, RETAIN_S)
   unpend(r.job_id)
-  local token = 0
+  local token, entry = 0, nil
   if r.secret and r.secret ~= '' then
-    token = activate(r.lease_id, r.secret, now)
+    local _
+    token, _, entry = activate(r.lease_id, r.secret, now, grant_outbox)
   else
     lease_event('scheduler', r.lease_id, 'reserved')
   end
   bump()
   touched('lease', r.lease_id)
-  return {taken = taken, token = token}
+  return {taken = taken, token = token, entry = entry}
 end

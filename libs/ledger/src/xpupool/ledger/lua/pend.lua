@@ -4,7 +4,10 @@
 -- detail, tenant, rate_per_s (<= 0: unlimited), burst, max_pending (< 0: unlimited),
 -- traceparent, tracestate ('' = none): the job's trace, which every later step continues;
 -- placement ('' = none): a reservation as reserve.lua takes it, with its secret, for a job the
--- scheduler found room for on arrival.
+-- scheduler found room for on arrival. Such a grant is announced through the direct outbox: the
+-- scheduler publishes it at once from what this script answers (the lease's record and the
+-- entry's id) and then deletes the entry; the lease-manager's relay publishes only what a
+-- scheduler left there (outbox.py).
 -- The score orders by priority, then arrival in seconds (both exact in a double).
 -- A new request of a tenant over its rate (a token bucket kept as its theoretical arrival time,
 -- GCRA) or at its maximum of pending requests is refused before anything is written. A
@@ -72,10 +75,11 @@ if placement then
   if redis.call('ZCARD', k('pending')) > 0 then
     not_placed = 'jobs_waiting'
   else
-    local taken, refusal = take_reservation(placement)
+    local taken, refusal = take_reservation(placement, 'direct')
     if taken then
       return cjson.encode({ok = true, outcome = 'granted', lease_id = placement.lease_id,
-        token = taken.token, since_ms = since, now_ms = now})
+        token = taken.token, since_ms = since, now_ms = now, entry = taken.entry,
+        lease = redis.call('HGETALL', k('lease', placement.lease_id))})
     end
     not_placed = cjson.decode(refusal).reason
   end

@@ -7,7 +7,7 @@ import pytest
 
 from xpupool.contracts import DeviceSlice, Vendor
 from xpupool.devices import load_catalog, slice_enforced
-from xpupool.lease_manager.env import job_environment
+from xpupool.devices.environment import job_environment
 
 VISIBLE = (
     "NVIDIA_VISIBLE_DEVICES",
