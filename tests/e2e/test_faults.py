@@ -22,17 +22,25 @@ def stack_security(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.mark.parametrize("grant_at_reserve", [True, False], ids=["grant-at-reserve", "two-step"])
+# How a job is granted: on admission (the scheduler announces it), by a cycle in one step (the
+# lease-manager's relay announces it) or in two (the lease-manager grants and announces it).
+GRANT_PATHS = {
+    "on-admission": {"XPUPOOL_PLACE_ON_ADMISSION": "1", "XPUPOOL_GRANT_AT_RESERVE": "1"},
+    "grant-at-reserve": {"XPUPOOL_PLACE_ON_ADMISSION": "0", "XPUPOOL_GRANT_AT_RESERVE": "1"},
+    "two-step": {"XPUPOOL_PLACE_ON_ADMISSION": "0", "XPUPOOL_GRANT_AT_RESERVE": "0"},
+}
+
+
+@pytest.mark.parametrize("path", list(GRANT_PATHS))
 async def test_lease_manager_killed_before_grant_grants_after_restart(
-    make_stack: Callable[..., Stack], ready: Ready, grant_at_reserve: bool
+    make_stack: Callable[..., Stack], ready: Ready, path: str
 ) -> None:
-    """With the lease-manager down, a job is granted in the ledger and its announcement waits
-    in the lease-manager's outbox (or, granting in two steps, its reservation waits on the
-    lease-manager's stream); a restarted lease-manager announces (or grants) it, once."""
-    stack = make_stack(
-        [NodeSpec("node-f", "2xA100-80GB")],
-        extra_env={"XPUPOOL_GRANT_AT_RESERVE": "1" if grant_at_reserve else "0"},
-    )
+    """With the lease-manager down, a job is granted in the ledger. Granted on admission, the
+    scheduler announces it at once; otherwise its announcement waits in the lease-manager's
+    outbox (or, granting in two steps, its reservation waits on the lease-manager's stream)
+    and a restarted lease-manager announces (or grants) it. Either way exactly once, the
+    restarted lease-manager's sweep of the direct outbox included."""
+    stack = make_stack([NodeSpec("node-f", "2xA100-80GB")], extra_env=GRANT_PATHS[path])
     ledger = await ready(stack, 2)
     assert stack.nats_url
     lease_manager = next(s for s in stack.services if s.name == "lease-manager")
@@ -42,20 +50,33 @@ async def test_lease_manager_killed_before_grant_grants_after_restart(
         await log.attach(client.nc)
         waiting = client.expect("during-outage")
         await client.submit(JobRequested(job_id="during-outage", tenant="t"))
-        expected_state = "leased" if grant_at_reserve else "reserved"
+        expected_state = "reserved" if path == "two-step" else "leased"
 
         async def decided() -> bool:
             job = await ledger.get_job("during-outage")
             return job is not None and job.state == expected_state
 
         await eventually(decided)
-        await asyncio.sleep(0.5)
-        assert not waiting.done()  # nothing announced while the lease-manager is down
-        stack.restart(lease_manager)
-        outcome = await asyncio.wait_for(waiting, 30)
+        if path == "on-admission":
+            outcome = await asyncio.wait_for(waiting, 10)  # the lease-manager is still down
+            stack.restart(lease_manager)
+        else:
+            await asyncio.sleep(0.5)
+            assert not waiting.done()  # nothing announced while the lease-manager is down
+            stack.restart(lease_manager)
+            outcome = await asyncio.wait_for(waiting, 30)
         assert isinstance(outcome, AllocationGranted)
-        await asyncio.sleep(1.0)
+
+        async def released() -> bool:  # by the restarted lease-manager, once it serves
+            try:
+                return (await client.release(outcome.lease_id, outcome.fencing_token)).ok
+            except Exception:  # noqa: BLE001  (no responder yet)
+                return False
+
+        await eventually(released, timeout_s=30)
+        await asyncio.sleep(1.5)  # its relay has swept the direct outbox by now
         assert len(log.of(AllocationGranted, "during-outage")) == 1
+        assert await ledger.redis.xlen(ledger.key("outbox", "direct")) == 0
         assert await audit(ledger) == []
 
 
