@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import msgspec
 import pytest
 
 from tests.integration.ledger_builders import device_spec, reservation
-from xpupool.contracts import Health, PartitionSpec
+from xpupool.contracts import DeviceSample, Health, PartitionSpec
 from xpupool.ledger import (
     AdmissionLimits,
     Holder,
@@ -392,3 +393,31 @@ async def test_growth_reads_shapes_and_incoming_jobs_in_one_call(ledger: Ledger)
     await ledger.redis.set(ledger.key("autoscaler", "incoming"), msgspec.json.encode({"j": 9.0}))
     assert await ledger.growth(5.0) == ([shape], frozenset({"j"}))
     assert await ledger.growth(10.0) == ([shape], frozenset())
+
+
+async def test_a_reader_that_keeps_its_nodes_is_sent_only_the_devices_that_changed(
+    ledger: Ledger,
+) -> None:
+    """Telemetry changes one device of an eight-device node: a reader that passes the nodes it
+    read before gets that device's hash alone (the script sends nil for the seven others) and
+    still the whole node, equal to a fresh read; a reader without them gets every hash, and a
+    reader whose copy lacks a device is left to read that node whole."""
+    assert (await ledger.register_node("n1", [device_spec("n1", i) for i in range(8)])).ok
+    cursor = (await ledger.changes_since(None)).cursor
+    known = {node.node_id: node for node in await ledger.nodes()}
+    await ledger.record_load([DeviceSample(device_id="n1/nvidia3", util_pct=42.0)])
+
+    raw = await ledger._scripts["read_changes"](keys=[ledger.prefix], args=[cursor.seq, 256, "1"])
+    [(_, _, _, device_ids, rows)] = raw[2]
+    sent = [d.decode() for d, row in zip(device_ids, rows, strict=True) if row is not None]
+    assert sent == ["n1/nvidia3"]
+
+    [fresh] = await ledger.nodes()
+    assert fresh.devices[3].util_pct == 42.0
+    changes = await ledger.changes_since(cursor, max_records=256, known=known)
+    assert changes.records is not None and changes.records.nodes == {"n1": fresh}
+    everything = await ledger.changes_since(cursor, max_records=256)
+    assert everything.records is not None and everything.records.nodes == {"n1": fresh}
+    lacking = {"n1": dataclasses.replace(known["n1"], devices=known["n1"].devices[:7])}
+    partial = await ledger.changes_since(cursor, max_records=256, known=lacking)
+    assert partial.records is not None and partial.records.nodes == {}

@@ -588,18 +588,18 @@ def redacted(event: msgspec.Struct) -> msgspec.Struct:
 
 
 def deliveries(event: msgspec.Struct) -> list[tuple[Channel, str, msgspec.Struct]]:
-    """Where one event goes, and in what form: its channel (operator copies with secrets
-    removed) and, for an event of a known tenant, that tenant's own copy in the tenant space."""
+    """Where one event goes, and in what form: for an event of a known tenant, that tenant's
+    own copy in the tenant space first (the one a job waits on), then its channel (operator
+    copies with secrets removed)."""
     channel = channel_of(event)
     tenant_channel = TENANT_COPIES.get(channel.address)
     tenant = getattr(event, "tenant", None)
     if tenant_channel is None:
         return [(channel, _subject_on(channel, event), event)]
-    out: list[tuple[Channel, str, msgspec.Struct]] = [
-        (channel, _subject_on(channel, event), redacted(event))
-    ]
+    out: list[tuple[Channel, str, msgspec.Struct]] = []
     if tenant and TENANT_NAME.fullmatch(tenant):
         out.append((tenant_channel, _subject_on(tenant_channel, event), event))
+    out.append((channel, _subject_on(channel, event), redacted(event)))
     return out
 
 

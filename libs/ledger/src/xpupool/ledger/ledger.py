@@ -775,12 +775,20 @@ class Ledger:
         return _int(await self._redis.get(self.key("ver")))
 
     async def changes_since(
-        self, cursor: ChangeCursor | None, max_records: int = 0
+        self,
+        cursor: ChangeCursor | None,
+        max_records: int = 0,
+        known: Mapping[str, NodeRecord] | None = None,
     ) -> LedgerChanges:
         """The nodes, devices and leases changed since ``cursor`` (from the previous call), with
         the cursor for the next call and the ledger version, in one atomic read
         (``read_changes.lua``); with ``max_records``, the records they name too (``records``,
         left out when there are more than that).
+
+        ``known``: the nodes as the caller read them up to ``cursor``. The script then sends
+        only the devices that changed, and a changed node's other devices are taken from
+        ``known``; a node with a device ``known`` lacks is left out of ``records`` (the caller
+        reads it whole).
 
         ``complete`` is False when the change log cannot answer and the caller must read
         everything (``nodes()``, ``leases()``) after this call: no cursor yet, the log trimmed
@@ -790,7 +798,7 @@ class Ledger:
         """
         after = "" if cursor is None else str(cursor.seq)
         raw: Any = await self._scripts["read_changes"](
-            keys=[self.prefix], args=[after, max_records]
+            keys=[self.prefix], args=[after, max_records, "1" if known is not None else ""]
         )
         header, entries, node_rows, lease_rows = raw
         epoch, seq, floor, version = (
@@ -814,8 +822,14 @@ class Ledger:
             kinds.setdefault(kind, set()).add(record_id)
         records = None
         if node_rows is not None and lease_rows is not None:
+            nodes: dict[str, NodeRecord | None] = {}
+            for row in node_rows:
+                node_id = _str(row[0])
+                node = _changed_node(node_id, row, (known or {}).get(node_id))
+                if not isinstance(node, _Incomplete):
+                    nodes[node_id] = node
             records = ChangedRecords(
-                nodes={_str(n[0]): _changed_node(n) for n in node_rows},
+                nodes=nodes,
                 leases={
                     _str(lease_id): _lease(_str(lease_id), _pairs(row)) if row and live else None
                     for lease_id, live, row in lease_rows
@@ -1018,10 +1032,34 @@ def _pairs(flat: Sequence[Any]) -> dict[Any, Any]:
     return dict(zip(flat[0::2], flat[1::2], strict=True))
 
 
-def _changed_node(row: Sequence[Any]) -> NodeRecord | None:
-    """One node of ``read_changes.lua``: ``{node_id, member, hash, {device hash, ...}}``."""
-    node_id, member, node_hash, devices = _str(row[0]), row[1], row[2], row[3]
-    return _member_node(node_id, bool(member), _pairs(node_hash), [_pairs(h) for h in devices])
+class _Incomplete:
+    """A changed node whose unchanged devices the reader does not hold."""
+
+
+_INCOMPLETE: Final = _Incomplete()
+
+
+def _changed_node(
+    node_id: str, row: Sequence[Any], known: NodeRecord | None
+) -> NodeRecord | None | _Incomplete:
+    """One node of ``read_changes.lua`` (``{node_id, member, hash, {device id, ...}, {device
+    hash or nil, ...}}``), an unchanged device (nil) taken from ``known``, the node as read
+    before; ``_INCOMPLETE`` when that lacks one."""
+    member, node_hash, device_ids, rows = row[1], row[2], row[3], row[4]
+    if not member:
+        return None
+    kept = {d.spec.device_id: d for d in known.devices} if known is not None else {}
+    devices: list[DeviceRecord] = []
+    for device_id, device_row in zip(device_ids, rows, strict=True):
+        if device_row is None:
+            device = kept.get(_str(device_id))
+            if device is None:
+                return _INCOMPLETE
+        else:
+            device = _device(node_id, _pairs(device_row))
+        if device is not None:
+            devices.append(device)
+    return _node(node_id, _pairs(node_hash), devices)
 
 
 def _member_node(

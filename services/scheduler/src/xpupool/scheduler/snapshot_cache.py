@@ -3,7 +3,8 @@
 Reading the whole ledger (every node, device and lease hash) takes hundreds of milliseconds at a
 thousand nodes, and a cycle usually follows a handful of changes. ``SnapshotCache`` keeps the
 domain states of its last read, asks the change log what changed since
-(``Ledger.changes_since``) and re-reads only those nodes and leases. What it returns equals
+(``Ledger.changes_since``) and re-reads only those nodes and leases (and of a node, only the
+devices that changed: telemetry changes one device's utilisation at a time). What it returns equals
 ``build_snapshot`` of a full read (``Ledger.nodes()``, ``Ledger.leases()``) at that moment; it
 reads everything when the log cannot answer (the first read, a log trimmed past the cursor, Redis
 flushed, restarted or failed over) and every ``full_every`` reads regardless, but not more often
@@ -75,6 +76,8 @@ class SnapshotCache:
         self._cursor: ChangeCursor | None = None
         self._since_full = 0
         self._nodes: dict[str, NodeState] = {}
+        # The records they were made from: a changed node's unchanged devices come from here.
+        self._records: dict[str, NodeRecord] = {}
         self._leases: dict[str, LeaseState] = {}
         # Device id -> ids of the cached nodes that list it (a device logs its own changes).
         self._device_nodes: dict[str, set[str]] = {}
@@ -106,7 +109,9 @@ class SnapshotCache:
             self._since_full >= self.full_every and started - self._full_at >= self.full_interval_s
         )
         cursor = None if due else self._cursor
-        changes = await ledger.changes_since(cursor, max_records=self.max_records)
+        changes = await ledger.changes_since(
+            cursor, max_records=self.max_records, known=self._records
+        )
         if changes.complete:
             node_ids = set(changes.nodes)
             for device_id in changes.devices:
@@ -219,6 +224,7 @@ class SnapshotCache:
                 self._pool = None
 
     def _replace(self, nodes: list[NodeRecord], leases: list[LeaseRecord]) -> None:
+        self._records = {n.node_id: n for n in nodes}
         self._nodes = {n.node_id: node_state(n) for n in nodes}
         self._leases = {lease.lease_id: lease_state(lease) for lease in leases}
         self._device_nodes = {}
@@ -233,6 +239,7 @@ class SnapshotCache:
         changed = members = False
         for node_id, record in records:
             old = self._nodes.pop(node_id, None)
+            self._records.pop(node_id, None)
             for device in old.devices if old else ():
                 holders = self._device_nodes.get(device.device_id)
                 if holders is not None:
@@ -240,6 +247,7 @@ class SnapshotCache:
                     if not holders:
                         del self._device_nodes[device.device_id]
             if record is not None:
+                self._records[node_id] = record
                 state = self._nodes[node_id] = node_state(record)
                 for device in state.devices:
                     self._device_nodes.setdefault(device.device_id, set()).add(node_id)
