@@ -573,7 +573,7 @@ class WorkingPool:
         if node.draining != old.draining or len(node.devices) != len(old.devices):
             return False
         return all(
-            _layout_key(new) == _layout_key(was)
+            new is was or _layout_key(new) == _layout_key(was)
             for new, was in zip(node.devices, old.devices, strict=True)
         )
 
@@ -583,7 +583,10 @@ class WorkingPool:
         self.node_mem_free[ni] = node.memory_mib_free
         self._node_changed(ni)
         for i, device in zip(self.node_devs[ni], node.devices, strict=True):
-            self._refresh_device(i, device)
+            # The same state object (the snapshot kept an unchanged device's): the pool, which
+            # carries no decisions of its own here, already holds its counters.
+            if device is not self.devices[i]:
+                self._refresh_device(i, device)
 
     def _refresh_device(self, i: int, device: DeviceState) -> None:
         ci = self.dev_class[i]

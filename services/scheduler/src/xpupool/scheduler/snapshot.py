@@ -53,12 +53,19 @@ def _device(node: NodeRecord, record: DeviceRecord) -> DeviceState:
     )
 
 
-def node_state(record: NodeRecord) -> NodeState:
+def node_state(record: NodeRecord, before: tuple[NodeRecord, NodeState] | None = None) -> NodeState:
     """One node as the domain sees it; a node that is not up keeps its devices (marked lost) so
-    running leases are still accounted for."""
+    running leases are still accounted for.
+
+    ``before``: the node's previous record and state. The states of the devices whose records
+    it shares (the same objects: a change read kept them) are kept too, so whoever compares
+    states can skip them by identity."""
+    kept: dict[int, DeviceState] = {}
+    if before is not None and before[0].status == record.status:
+        kept = {id(d): state for d, state in zip(before[0].devices, before[1].devices, strict=True)}
     return NodeState(
         node_id=record.node_id,
-        devices=tuple(_device(record, d) for d in record.devices),
+        devices=tuple(kept.get(id(d)) or _device(record, d) for d in record.devices),
         cpu_milli_total=record.cpu_total_milli,
         cpu_milli_free=record.cpu_free_milli,
         memory_mib_total=record.memory_total_mib,

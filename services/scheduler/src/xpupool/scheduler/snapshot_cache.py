@@ -82,6 +82,7 @@ class SnapshotCache:
         # Device id -> ids of the cached nodes that list it (a device logs its own changes).
         self._device_nodes: dict[str, set[str]] = {}
         self._node_ids: list[str] = []
+        self._node_position: dict[str, int] = {}  # a node's place in _node_ids and _node_tuple
         self._lease_ids: list[str] = []
         self._node_tuple: tuple[NodeState, ...] = ()
         self._lease_tuple: tuple[LeaseState, ...] = ()
@@ -232,14 +233,16 @@ class SnapshotCache:
             for device in node.devices:
                 self._device_nodes.setdefault(device.device_id, set()).add(node.node_id)
         self._node_ids, self._lease_ids = sorted(self._nodes), sorted(self._leases)
+        self._node_position = {node_id: i for i, node_id in enumerate(self._node_ids)}
         self._node_tuple = tuple(self._nodes[i] for i in self._node_ids)
         self._lease_tuple = tuple(self._leases[i] for i in self._lease_ids)
 
     def _update_nodes(self, records: Iterable[tuple[str, NodeRecord | None]]) -> None:
-        changed = members = False
+        changed: list[str] = []
+        members = False
         for node_id, record in records:
             old = self._nodes.pop(node_id, None)
-            self._records.pop(node_id, None)
+            old_record = self._records.pop(node_id, None)
             for device in old.devices if old else ():
                 holders = self._device_nodes.get(device.device_id)
                 if holders is not None:
@@ -248,15 +251,22 @@ class SnapshotCache:
                         del self._device_nodes[device.device_id]
             if record is not None:
                 self._records[node_id] = record
-                state = self._nodes[node_id] = node_state(record)
+                before = (old_record, old) if old is not None and old_record is not None else None
+                state = self._nodes[node_id] = node_state(record, before)
                 for device in state.devices:
                     self._device_nodes.setdefault(device.device_id, set()).add(node_id)
-            changed = True
+            changed.append(node_id)
             members = members or (old is None) != (record is None)
         if members:
             self._node_ids = sorted(self._nodes)
-        if changed:
+            self._node_position = {node_id: i for i, node_id in enumerate(self._node_ids)}
             self._node_tuple = tuple(self._nodes[i] for i in self._node_ids)
+        elif changed:
+            # The same nodes: only the changed ones' places in the tuple are replaced.
+            nodes = list(self._node_tuple)
+            for node_id in changed:
+                nodes[self._node_position[node_id]] = self._nodes[node_id]
+            self._node_tuple = tuple(nodes)
 
     def _update_leases(self, records: Iterable[tuple[str, LeaseRecord | None]]) -> None:
         changed = members = False
