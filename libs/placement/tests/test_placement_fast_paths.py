@@ -392,15 +392,16 @@ def test_same_decisions_on_many_identical_nodes(policy: str) -> None:
 
 #: sha256 of the placements (``pod,node,gpus`` lines) of seed 42 on the reduced trace, as the
 #: policies placed them before the fast paths existed (a policy change must update these; the
-#: gpuspec33/xpupool one was updated for the model-pressure term, checked against ref_xpupool).
+#: gpuspec33/xpupool one was updated for the model-pressure term, both xpupool ones for the
+#: count-weighted target, each checked against ref_xpupool).
 PINNED = {
     ("default", "fgd"): "2db092c19c2049bc385293487d6960de5ddbb8330e4ee0585bbc9623f859d4df",
     ("default", "xpupool-static"): (
-        "a64b8b50cd5a3229867122a25114bd31b82fd20f79047ad59ad5d48a76d95d3f"
+        "1fb18c4f64afe174c94c5fa2ac36fb5d2e26c94e4e3d0d1bd89dc2c56d502552"
     ),
     ("gpuspec33", "fgd"): "c8beda535dfb4638373865a19b350ba275c7c26f789bc24728c6b5166b4fe47a",
     ("gpuspec33", "xpupool-static"): (
-        "0ac430d4db7b842729d54834c34f578228818a5f20d42a152282730c64664233"
+        "d91af7ae4629594a4fa975fd5a42da5e95f7d17642696140de0643790dbfa4d4"
     ),
 }
 

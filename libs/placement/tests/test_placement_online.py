@@ -7,7 +7,7 @@ import pytest
 
 from xpupool.placement.frag import Shape
 from xpupool.placement.online import OnlineFragmentationPolicy, ShapeLearner
-from xpupool.placement.ours import FragmentationPolicy
+from xpupool.placement.ours import FragmentationPolicy, target_distribution
 from xpupool.placement.policies import PolicyContext
 from xpupool.placement.state import ClusterState, NodeSpec, PodDemand
 from xpupool.replay.arrivals import build_fgd_workload, replay_arrivals
@@ -29,17 +29,20 @@ def test_observations_are_idempotent_per_key() -> None:
 
 
 def test_weights_follow_the_offline_target() -> None:
-    """Each request weighs 1 + GPUs requested, as ``ours.target_distribution`` weighs pods."""
-    learner = ShapeLearner(half_life=1e12)
-    for pod in (SHARE, WHOLE, CPU):
-        learner.observe(pod)
-    dist = learner.distribution()
-    assert dist is not None
-    probs = dict(zip(dist.shapes, dist.probs, strict=True))
-    total = 1.5 + 2.0 + 1.0
-    assert probs[Shape.of(SHARE)] == pytest.approx(1.5 / total)
-    assert probs[Shape.of(WHOLE)] == pytest.approx(2.0 / total)
-    assert probs[Shape.of(CPU)] == pytest.approx(1.0 / total)
+    """Each request weighs 1 + gpu_weight x GPUs requested, as ``ours.target_distribution``
+    weighs pods: by default its count alone, the next pod's probability."""
+    for gpu_weight, weights in ((0.0, (1.0, 1.0, 1.0)), (1.0, (1.5, 2.0, 1.0))):
+        learner = ShapeLearner(half_life=1e12, gpu_weight=gpu_weight)
+        for pod in (SHARE, WHOLE, CPU):
+            learner.observe(pod)
+        dist = learner.distribution()
+        assert dist is not None
+        probs = dict(zip(dist.shapes, dist.probs, strict=True))
+        offline = target_distribution([SHARE, WHOLE, CPU], gpu_weight)
+        assert probs == pytest.approx(dict(zip(offline.shapes, offline.probs, strict=True)))
+        total = sum(weights)
+        for pod, weight in zip((SHARE, WHOLE, CPU), weights, strict=True):
+            assert probs[Shape.of(pod)] == pytest.approx(weight / total)
     assert learner.cpu_per_gpu() == pytest.approx((4_000 + 8_000) / (500 + 1000))
 
 

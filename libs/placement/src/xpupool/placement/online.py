@@ -5,10 +5,11 @@ cluster will see. The replay can hand it the trace's pod list; a live scheduler 
 module learns the distribution from the requests themselves:
 
 * :class:`ShapeLearner` keeps an exponentially decayed histogram of the shapes observed (each
-  weighted as the offline target weights them: ``1 + GPUs requested``; a shape carries its
-  allowed GPU models), plus decayed sums of CPU and GPU milli for the CPU-per-GPU ratio and of
-  the GPU milli requested under each model constraint, for the model pressure of
-  ``ours.FragmentationPolicy.model_pressure``. The decay is a *window* in requests (``half_life``):
+  weighted as the offline target weights them: ``1 + gpu_weight x GPUs requested``, by default
+  the count alone; a shape carries its allowed GPU models), plus decayed sums of CPU and GPU
+  milli for the CPU-per-GPU ratio and of the GPU milli requested under each model constraint,
+  for the model pressure of ``ours.FragmentationPolicy.model_pressure``. The decay is a *window*
+  in requests (``half_life``):
   a drifting workload is followed, a stationary one converges to its true distribution. Shapes
   whose weight decays below a negligible share are dropped, so the histogram stays bounded.
 * :class:`OnlineFragmentationPolicy` places with ``ours.FragmentationPolicy`` built on the learned
@@ -29,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 
 from xpupool.placement.frag import Shape, ShapeDistribution
-from xpupool.placement.ours import DEFAULT_GAMMA, FragmentationPolicy
+from xpupool.placement.ours import DEFAULT_GAMMA, DEFAULT_GPU_WEIGHT, FragmentationPolicy
 from xpupool.placement.state import MILLI, ClusterState, NodeChoice, PodDemand
 
 __all__ = [
@@ -66,14 +67,20 @@ class ShapeLearner:
     """An exponentially decayed histogram of request shapes (see the module docstring)."""
 
     def __init__(
-        self, half_life: float = DEFAULT_HALF_LIFE, coverage: float = TARGET_COVERAGE
+        self,
+        half_life: float = DEFAULT_HALF_LIFE,
+        coverage: float = TARGET_COVERAGE,
+        gpu_weight: float = DEFAULT_GPU_WEIGHT,
     ) -> None:
         if half_life <= 0:
             raise ValueError("half_life must be positive")
         if not 0 < coverage <= 1:
             raise ValueError("coverage must be in (0, 1]")
+        if gpu_weight < 0:
+            raise ValueError("gpu_weight must not be negative")
         self.half_life = half_life
         self.coverage = coverage
+        self.gpu_weight = gpu_weight
         # Decay by making each new observation weigh more (2^(1/half_life) per request) instead
         # of shrinking every old weight: O(1) per observation, renormalised rarely.
         self._growth = 2.0 ** (1.0 / half_life)
@@ -100,7 +107,7 @@ class ShapeLearner:
             if len(self._seen) > _SEEN_LIMIT:
                 self._seen.popitem(last=False)
         shape = Shape.of(pod)
-        weight = self._scale * (1.0 + pod.gpu_request_milli / MILLI)
+        weight = self._scale * (1.0 + self.gpu_weight * pod.gpu_request_milli / MILLI)
         new = shape not in self._weights
         self._weights[shape] = self._weights.get(shape, 0.0) + weight
         self._total += weight
@@ -185,8 +192,9 @@ class OnlineFragmentationPolicy:
         learn_on_choose: bool = True,
         coverage: float = TARGET_COVERAGE,
         gamma: float = DEFAULT_GAMMA,
+        gpu_weight: float = DEFAULT_GPU_WEIGHT,
     ) -> None:
-        self.learner = ShapeLearner(half_life, coverage)
+        self.learner = ShapeLearner(half_life, coverage, gpu_weight)
         self.gamma = gamma
         self.rebuild_every = max(1, rebuild_every)
         self.learn_on_choose = learn_on_choose

@@ -9,11 +9,15 @@ does not depend on how nodes are named:
 ``cost = dF + beta x dS + alpha x leftover``, lowest wins, where
 
 * ``dF`` is the exact (not integer-truncated) change of ``F_n`` measured against the *whole*
-  observed shape distribution, each pod weighted by ``1 + GPUs requested`` so that rare but large
-  multi-GPU shapes (which the 95 %-by-count "typical" set drops) still count, and each shape
-  further weighted by ``N / H_m`` (nodes in the cluster / nodes of the empty cluster able to
-  host it), renormalised: a node that is one of the few able to host a shape is worth keeping
-  free for it (on the trace only the 39 128-CPU nodes host the 120-CPU 8-GPU pods);
+  observed shape distribution, so that rare but large multi-GPU shapes (which the 95 %-by-count
+  "typical" set drops) still count. Each shape weighs what FGD's definition of ``F_n`` says:
+  the chance that the next pod has it (its count; ``gpu_weight`` adds ``gpu_weight x GPUs
+  requested`` per pod, 0 by default: weighting by size counted a large pod's GPUs twice, once in
+  its weight and once in the fragment it measures, and lost 0.1 point on multi-GPU-heavy
+  workloads against FGD's count). Each shape is further weighted by ``N / H_m`` (nodes in the
+  cluster / nodes of the empty cluster able to host it), renormalised: a node that is one of the
+  few able to host a shape is worth keeping free for it (on the trace only the 39 128-CPU nodes
+  host the 120-CPU 8-GPU pods);
 * ``dS`` is the change of GPU milli stranded by CPU on the node: ``S = max(0, G - C / c)`` with
   ``G``/``C`` the node's free GPU/CPU milli and ``c`` the workload's CPU milli per GPU milli
   (taken from the workload, not tuned). On the trace, CPU rather than GPU runs out first on the
@@ -59,8 +63,9 @@ from xpupool.placement.state import MILLI, ClusterState, FloatArray, NodeChoice,
 DEFAULT_ALPHA = 100.0
 #: Weight of one milli-GPU stranded by lack of CPU, relative to one milli-GPU of fragment.
 DEFAULT_BETA = 1.0
-#: Weight of a shape's GPU request (in GPUs) when building the target distribution.
-DEFAULT_GPU_WEIGHT = 1.0
+#: Weight of a pod's GPU request (in GPUs) added to its count of 1 in the target distribution
+#: (0: the count alone, the next pod's probability, as FGD weighs shapes; see the docstring).
+DEFAULT_GPU_WEIGHT = 0.0
 #: Weight of one milli-GPU taken from a model that constrained demand will claim, relative to one
 #: milli-GPU of fragment (1: the milli is as lost as a fragment; see ``model_pressure``).
 DEFAULT_GAMMA = 1.0
