@@ -144,6 +144,9 @@ async def test_a_grant_its_writer_did_not_get_stored_is_published_by_the_sweep(
         ack.set_exception(TimeoutError("no acknowledgement"))
         return [ack]
 
+    async def refused(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
+        raise ConnectionError("the connection is closed")
+
     stop = asyncio.Event()
     direct = DirectOutbox(ledger)
     confirming = asyncio.create_task(direct.run(lost, stop))
@@ -151,6 +154,15 @@ async def test_a_grant_its_writer_did_not_get_stored_is_published_by_the_sweep(
     await direct.publish(result.entry, [granted_event(lease)])
     await asyncio.sleep(0.3)
     assert await _direct_entries(ledger) == [result.entry]  # unconfirmed: kept
+    stop_refusing = asyncio.Event()
+    failing = DirectOutbox(ledger)
+    refusing = asyncio.create_task(failing.run(refused, stop_refusing))
+    await asyncio.sleep(0)
+    # A send that fails outright is no error of the (committed) admission: the entry stays.
+    await failing.publish(result.entry, [granted_event(lease)])
+    stop_refusing.set()
+    await asyncio.wait_for(refusing, 5)
+    assert await _direct_entries(ledger) == [result.entry]
 
     relayed: list[msgspec.Struct] = []
 

@@ -242,8 +242,12 @@ class DirectOutbox:
         if self._send is None:
             return  # no bus now: the relay's sweep publishes them
         acks: list[Awaitable[Any]] = []
-        for event in events:
-            acks += await self._send(event)
+        try:
+            for event in events:
+                acks += await self._send(event)
+        except Exception as error:  # noqa: BLE001  (committed already: the sweep publishes it)
+            self._log.warning("direct_publish_failed", entry=entry_id, error=repr(error))
+            return
         self._sent.append((entry_id, acks))
         self._wake.set()
 
