@@ -919,7 +919,7 @@ class Ledger:
                     pipe.hgetall(self.key("dev", device_id))
             device_rows = iter(await pipe.execute())
         return [
-            _member_node(node_id, known, row, [next(device_rows) for _ in ids])
+            _member_node(node_id, known, row, [_device(node_id, next(device_rows)) for _ in ids])
             for node_id, row, ids, known in zip(
                 node_ids, node_rows, device_ids, member, strict=True
             )
@@ -1046,30 +1046,25 @@ def _changed_node(
     hash or nil, ...}}``), an unchanged device (nil) taken from ``known``, the node as read
     before; ``_INCOMPLETE`` when that lacks one."""
     member, node_hash, device_ids, rows = row[1], row[2], row[3], row[4]
-    if not member:
-        return None
     kept = {d.spec.device_id: d for d in known.devices} if known is not None else {}
-    devices: list[DeviceRecord] = []
+    devices: list[DeviceRecord | None] = []
     for device_id, device_row in zip(device_ids, rows, strict=True):
-        if device_row is None:
-            device = kept.get(_str(device_id))
-            if device is None:
-                return _INCOMPLETE
-        else:
-            device = _device(node_id, _pairs(device_row))
-        if device is not None:
+        if device_row is not None:
+            devices.append(_device(node_id, _pairs(device_row)))
+        elif (device := kept.get(_str(device_id))) is not None:
             devices.append(device)
-    return _node(node_id, _pairs(node_hash), devices)
+        else:
+            return _INCOMPLETE
+    return _member_node(node_id, bool(member), _pairs(node_hash), devices)
 
 
 def _member_node(
-    node_id: str, member: bool, row: dict[Any, Any], device_rows: Sequence[dict[Any, Any]]
+    node_id: str, member: bool, row: dict[Any, Any], devices: Sequence[DeviceRecord | None]
 ) -> NodeRecord | None:
-    """A node from its hash and its devices' hashes (in device id order); None when it is not
-    a registered node."""
+    """A node from its hash and its devices (in device id order; None: a device whose hash is
+    gone); None when it is not a registered node."""
     if not member:
         return None
-    devices = [_device(node_id, r) for r in device_rows]
     return _node(node_id, row, [d for d in devices if d is not None])
 
 
