@@ -13,6 +13,7 @@ generated variant (``--traces``, sampled with ``--variant-seed``), with FGD besi
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
 import os
 import statistics
@@ -39,7 +40,11 @@ Run = tuple[str, int, str, float, float, float]
 """(trace, seed, policy: "fgd" or "online", half_life, rebuild_every, gpu_weight)"""
 
 
-def _workload(trace: str, variant_seed: int) -> tuple[list[NodeSpec], list[PodDemand]]:
+@functools.cache
+def _workload(
+    trace: str, variant_seed: int
+) -> tuple[list[NodeSpec], list[PodDemand], ShapeDistribution]:
+    """A trace's nodes, pods and typical shapes, read and sampled once per worker process."""
     found = find_trace_dir(Path(__file__).resolve())
     if found is None:
         raise SystemExit("trace not found: expected ../shared/traces/alibaba-gpu-v2023")
@@ -47,13 +52,13 @@ def _workload(trace: str, variant_seed: int) -> tuple[list[NodeSpec], list[PodDe
     pods = load_pods(found / "openb_pod_list_default.csv")
     if trace != "default":
         pods = make_variant(trace, pods, variant_seed, nodes)
-    return nodes, [p.demand for p in pods]
+    demands = [p.demand for p in pods]
+    return nodes, demands, ShapeDistribution.typical(demands)
 
 
 def _alloc(run: Run, variant_seed: int) -> float:
     trace, seed, policy, half_life, rebuild_every, gpu_weight = run
-    nodes, pods = _workload(trace, variant_seed)
-    typical = ShapeDistribution.typical(pods)
+    nodes, pods, typical = _workload(trace, variant_seed)
     capacity = sum(n.num_gpu for n in nodes) * 1000
     chosen = (
         FGDPolicy(typical)
