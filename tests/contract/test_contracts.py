@@ -380,6 +380,8 @@ def test_operator_copies_never_carry_the_lease_secret() -> None:
     assert set(routed) == {"xpupool.alloc.v1.granted", "xpupool.tenant.v1.t.events.granted"}
     assert routed["xpupool.tenant.v1.t.events.granted"].lease_secret == "secret"  # type: ignore[attr-defined]
     assert routed["xpupool.alloc.v1.granted"].lease_secret is None  # type: ignore[attr-defined]
+    # The owner's copy goes first: it is the one a job waits on.
+    assert list(routed) == ["xpupool.tenant.v1.t.events.granted", "xpupool.alloc.v1.granted"]
 
 
 def test_every_reason_and_error_code_is_an_enum_in_the_schema() -> None:
