@@ -15,6 +15,7 @@ from tests.integration.ledger_builders import device_spec, reservation
 from xpupool.contracts import JobCancelled
 from xpupool.devstack.servers import RedisServer
 from xpupool.lease_manager.handlers import build_events
+from xpupool.lease_manager.metrics import OUTBOXES, outbox_lag
 from xpupool.ledger import (
     Admission,
     DirectOutbox,
@@ -154,6 +155,8 @@ async def test_a_grant_its_writer_did_not_get_stored_is_published_by_the_sweep(
     await direct.publish(result.entry, [granted_event(lease)])
     await asyncio.sleep(0.3)
     assert await _direct_entries(ledger) == [result.entry]  # unconfirmed: kept
+    entries, _ = await outbox_lag(ledger, "direct")  # what operators see of it
+    assert entries == 1 and "direct" in OUTBOXES
     stop_refusing = asyncio.Event()
     failing = DirectOutbox(ledger)
     refusing = asyncio.create_task(failing.run(refused, stop_refusing))
