@@ -5,12 +5,14 @@ wait or refuse it still holds."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
 
 from tests.integration.ledger_builders import device_spec, reservation
 from xpupool.ledger import (
+    VIEW_CHANGED,
     Admission,
     AdmissionLimits,
     Ledger,
@@ -87,6 +89,39 @@ async def test_a_refused_placement_leaves_the_job_waiting(ledger: Ledger) -> Non
     assert result.ok and result.outcome == "pending" and result.reason == "insufficient_capacity"
     assert [job.job_id for _, job in await ledger.pending_jobs()] == ["b"]
     assert await ledger.get_lease("lease-b") is None
+    assert await audit(ledger) == []
+
+
+async def test_a_placement_on_a_kept_view_is_taken_only_while_the_ledger_shows_it(
+    ledger: Ledger,
+) -> None:
+    """A placement decided on a kept copy carries the view it was decided on: granted while the
+    ledger still shows that view; after any change since (even one that leaves its devices
+    free), or on another redis-server process, the job waits instead (``view_changed``)."""
+    await _two_gpus(ledger)
+    view = (await ledger.changes_since(None)).cursor
+    fits = _placed("a", SliceClaim("n1/nvidia0", whole=True))
+    [result] = await ledger.admit_many([_admission("a", fits, placement_view=view)])
+    assert result.ok and result.outcome == "granted"
+
+    # The grant itself changed the ledger: the same view no longer holds.
+    still_free = _placed("b", SliceClaim("n1/nvidia1", whole=True))
+    [stale] = await ledger.admit_many([_admission("b", still_free, placement_view=view)])
+    assert stale.ok and stale.outcome == "pending" and stale.reason == VIEW_CHANGED
+    assert [job.job_id for _, job in await ledger.pending_jobs()] == ["b"]
+    assert await ledger.get_lease("lease-b") is None
+
+    current = (await ledger.changes_since(view)).cursor
+    other_server = dataclasses.replace(current, server="another-process")
+    fits_c = _placed("c", SliceClaim("n1/nvidia1", 1024, 10))
+    assert (await ledger.cancel_job("b", "t")).ok
+    [moved] = await ledger.admit_many([_admission("c", fits_c, placement_view=other_server)])
+    assert moved.outcome == "pending" and moved.reason == VIEW_CHANGED
+    assert (await ledger.cancel_job("c", "t")).ok
+    fits_d = _placed("d", SliceClaim("n1/nvidia1", 1024, 10))
+    now = (await ledger.changes_since(current)).cursor
+    [taken] = await ledger.admit_many([_admission("d", fits_d, placement_view=now)])
+    assert taken.outcome == "granted"
     assert await audit(ledger) == []
 
 

@@ -20,6 +20,7 @@ from xpupool.placement.node_policies import NodeView
 from xpupool.scheduler.domain import (
     PoolSnapshot,
     Reserve,
+    SchedulerConfig,
     WorkingPool,
     decide_batch,
     default_config,
@@ -500,3 +501,91 @@ async def test_only_a_full_read_calls_its_hook(ledger: Ledger) -> None:
     cache.invalidate()
     await cache.read(ledger)
     assert calls == [True, True]
+
+
+async def _follow(cache: SnapshotCache, ledger: Ledger, stop: asyncio.Event) -> asyncio.Task[None]:
+    """The change feed into ``cache``, live once the first read after subscribing is kept."""
+    task = asyncio.create_task(ledger.follow_changes(cache.note_change, stop, retry_s=0.05))
+    for _ in range(200):
+        if cache._feed_live:  # noqa: SLF001  (the subscription's confirmation has arrived)
+            return task
+        await asyncio.sleep(0.01)
+    raise AssertionError("the change feed never came up")
+
+
+async def _announced(cache: SnapshotCache, config: SchedulerConfig) -> bool:
+    """Whether the feed has told ``cache`` that its copy is no longer current (within 2 s)."""
+    for _ in range(200):
+        if await cache.kept_pool(config) is None:
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+@pytest.mark.parametrize("seed", [41, 42])
+async def test_the_change_feed_announces_every_change_and_the_kept_pool_is_exact(
+    ledger: Ledger, seed: int
+) -> None:
+    """Every transition that moves the change sequence is announced on the feed, so the kept
+    pool is never offered after one; while nothing moved it (a heartbeat, a load sample that
+    changes no utilisation) the kept pool is offered, and equals a pool of a fresh read."""
+    work, cache, config = Workload(ledger, seed), SnapshotCache(full_every=1_000), default_config()
+    stop = asyncio.Event()
+    follower = await _follow(cache, ledger, stop)
+    try:
+        await work.register()
+        offered = 0
+        for k in range(80):
+            # An announcement still on its way when a read starts withdraws that read's pool
+            # too (the read may not have seen its change): read again until one is offered.
+            kept = None
+            for _ in range(20):
+                await cache.read_pool(ledger, config)
+                kept = await cache.kept_pool(config)
+                if kept is not None:
+                    break
+                await asyncio.sleep(0.01)
+            assert kept is not None, f"{k}: nothing is announced, yet no kept pool is offered"
+            snapshot, _, pool, cursor = kept
+            assert cursor.seq == await _seq(ledger), k
+            full = await _full(ledger)
+            assert _pool_state(pool) == _pool_state(WorkingPool(full, config)), k
+            assert snapshot.nodes == full.nodes and snapshot.leases == full.leases, k
+            offered += 1
+            before = await _seq(ledger)
+            step = await work.step()
+            if await _seq(ledger) != before:
+                assert await _announced(cache, config), f"{k}: {step} was not announced"
+        assert offered == 80
+    finally:
+        stop.set()
+        await follower
+
+
+async def test_a_lost_change_feed_offers_no_kept_pool_until_it_is_back(
+    redis_server: RedisServer, ledger: Ledger
+) -> None:
+    """redis-server restarted: changes made while the feed was down went unannounced, so no
+    kept pool is offered until the feed is back and a read has brought the copy up to date."""
+    work, cache, config = Workload(ledger, 51), SnapshotCache(), default_config()
+    stop = asyncio.Event()
+    for _ in range(5):
+        await work.register()
+    follower = await _follow(cache, ledger, stop)
+    try:
+        await cache.read_pool(ledger, config)
+        assert await cache.kept_pool(config) is not None
+        redis_server.restart()
+        await _answering(ledger.redis)
+        assert await _announced(cache, config)
+        for _ in range(200):  # subscribed again
+            if cache._feed_live:  # noqa: SLF001
+                break
+            await asyncio.sleep(0.01)
+        await cache.read_pool(ledger, config)
+        kept = await cache.kept_pool(config)
+        assert kept is not None and kept[3].seq == await _seq(ledger)
+    finally:
+        stop.set()
+        await follower
+    assert await cache.kept_pool(config) is None  # stopped following: nothing is known

@@ -113,6 +113,9 @@ _RELAY_COMMANDS: Final = ("xgroup|create", "xreadgroup", "xautoclaim", "xack", "
 DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
     access.SCHEDULER: (
         *_RELAY_COMMANDS,
+        # the ledger's change feed (Ledger.follow_changes), on its channel only
+        "subscribe",
+        "unsubscribe",
         # nodes/get_nodes/leases/live_leases/pending/pending_jobs/get_job/pending_count
         "hgetall",
         "hget",
@@ -194,6 +197,9 @@ _COLLECTOR_WRITES: Final[tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = 
     (("set",), ("changes-epoch", "changes-floor")),
     (("xadd",), ("outbox:lease-manager",)),
 )
+# The one channel: every script that changes a record announces it there (``touched`` in
+# _prelude.lua, so every role publishes), and the scheduler follows it.
+CHANGE_FEED: Final = "changes-feed"
 _LUA_CALL: Final = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'")
 _GLOB_SPECIAL: Final = re.compile(r"([*?\[\]\\])")
 
@@ -222,6 +228,7 @@ def redis_acl_rules(role: str, namespace: str) -> str:
     prefix = _key_prefix(namespace)
     if role == access.OPERATOR:
         return "~* &* +@all"
+    feed = f"&{prefix}{CHANGE_FEED}"
     if role == access.TELEMETRY_COLLECTOR:
         root = [f"%R~{prefix}*", "resetchannels", "-@all"]
         root += [f"+{c}" for c in (*_CLIENT_COMMANDS[1:], "time", *_COLLECTOR_READS)]
@@ -234,12 +241,15 @@ def redis_acl_rules(role: str, namespace: str) -> str:
             + ")"
             for commands, keys in _COLLECTOR_WRITES
         ]
+        selectors.append(f"(resetchannels {feed} -@all +publish)")
         return " ".join(root + selectors)
     if role not in LEDGER_SCRIPTS:
         raise ValueError(f"no Redis user for role {role!r}")
     commands = set(_CLIENT_COMMANDS) | set(DIRECT_COMMANDS[role])
     commands |= script_commands(LEDGER_SCRIPTS[role])
-    return " ".join([f"~{prefix}*", "resetchannels", "-@all", *(f"+{c}" for c in sorted(commands))])
+    return " ".join(
+        [f"~{prefix}*", "resetchannels", feed, "-@all", *(f"+{c}" for c in sorted(commands))]
+    )
 
 
 def redis_acl(namespace: str, passwords: Mapping[str, str]) -> str:

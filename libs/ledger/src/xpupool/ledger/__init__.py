@@ -2,6 +2,7 @@
 
 from xpupool.ledger.audit import audit
 from xpupool.ledger.ledger import (
+    VIEW_CHANGED,
     Admission,
     AdmissionLimits,
     ChangeCursor,
@@ -27,6 +28,7 @@ from xpupool.ledger.ledger import (
 from xpupool.ledger.outbox import DirectOutbox, OutboxRelay, each_entry
 
 __all__ = [
+    "VIEW_CHANGED",
     "audit",
     "new_lease_secret",
     "open_ledger",

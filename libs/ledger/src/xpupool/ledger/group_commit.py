@@ -30,6 +30,11 @@ class GroupCommit(Generic[Item, Result]):
     _waiting: list[tuple[Item, asyncio.Future[Result]]] = field(default_factory=list)
     _runner: asyncio.Task[None] | None = None
 
+    @property
+    def busy(self) -> bool:
+        """Whether a batch is being committed or waits to be."""
+        return bool(self._waiting) or (self._runner is not None and not self._runner.done())
+
     async def submit(self, item: Item) -> Result:
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._waiting.append((item, future))

@@ -8,9 +8,11 @@ always comes from Redis ``TIME`` inside the scripts.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from importlib import resources
@@ -36,6 +38,9 @@ DIRECT_OUTBOX: Final = "direct"
 """The outbox (``outbox:direct``) of events their writer publishes itself, right after its script
 returns, and deletes once stored (``confirm_direct``); ``OutboxRelay``'s sweep publishes what a
 writer left there (it died, or NATS did not answer)."""
+VIEW_CHANGED: Final = "view_changed"
+"""Why an admission did not take its placement: it was decided on a kept copy of the ledger
+(``Admission.placement_view``) and the ledger changed since."""
 SCHEDULER_STATE: Final = "scheduler"
 """``{ns}:<this>``: a hash of what the scheduler publishes for operators (field ``fair-share``:
 ``FairShareView``), written by the scheduler's metrics loop, read by ``xpupool status``."""
@@ -202,6 +207,10 @@ class Admission:
     limits: AdmissionLimits = field(default_factory=AdmissionLimits)
     trace: Mapping[str, str] = field(default_factory=dict)
     placement: Reservation | None = None
+    placement_view: ChangeCursor | None = None
+    """The ledger view the placement was decided on, when the scheduler decided on its kept copy
+    without reading the change log first: if anything changed since, the placement is not taken
+    and the job waits (reason ``view_changed``)."""
 
     def script_args(self) -> list[ScriptArg]:
         return [
@@ -218,6 +227,7 @@ class Admission:
             self.trace.get("traceparent", ""),
             self.trace.get("tracestate", ""),
             b"" if self.placement is None else msgspec.json.encode(self.placement),
+            "" if self.placement_view is None else self.placement_view.view,
         ]
 
 
@@ -320,6 +330,11 @@ class ChangeCursor:
     seq: int
     epoch: str
     server: str
+
+    @property
+    def view(self) -> str:
+        """The ledger view this cursor read, as ``pend.lua`` compares it (``Admission``)."""
+        return f"{self.epoch}|{self.seq}|{self.server}"
 
 
 @dataclass(frozen=True)
@@ -845,6 +860,42 @@ class Ledger:
             now_ms=now_ms,
             records=records,
         )
+
+    async def follow_changes(
+        self,
+        on_change: Callable[[bool], None],
+        stop: asyncio.Event,
+        retry_s: float = 0.5,
+    ) -> None:
+        """Follow the ledger's change feed until ``stop``: every script that changes a record
+        publishes its change sequence there (``touched`` in ``_prelude.lua``).
+
+        ``on_change(True)`` is called for each change and once the feed is (re)subscribed;
+        ``on_change(False)`` when the feed is lost, since changes made meanwhile go unannounced
+        (a reader then trusts nothing it kept until it read again). The messages carry no
+        records: they tell a reader that keeps a copy (the scheduler's ``SnapshotCache``) to
+        read the change log."""
+        channel = self.key("changes-feed")
+        while not stop.is_set():
+            pubsub = self._redis.pubsub()
+            try:
+                await pubsub.subscribe(channel)
+                while not stop.is_set():
+                    message = await pubsub.get_message(timeout=1.0)
+                    # A subscribe confirmation too: the feed is live from here on (again).
+                    if message is not None and message["type"] in ("message", "subscribe"):
+                        on_change(True)
+            except asyncio.CancelledError:
+                on_change(False)
+                raise
+            except Exception:  # noqa: BLE001  (Redis away: lost until subscribed again)
+                on_change(False)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=retry_s)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+        on_change(False)
 
     async def now_ms(self) -> int:
         """The ledger's clock."""

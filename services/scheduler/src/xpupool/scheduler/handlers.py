@@ -55,8 +55,10 @@ from xpupool.contracts import (
     decoder_for,
 )
 from xpupool.ledger import (
+    VIEW_CHANGED,
     Admission,
     AdmissionLimits,
+    ChangeCursor,
     DirectOutbox,
     HostClaim,
     JobRecord,
@@ -264,7 +266,7 @@ async def admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> li
 
 
 async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> list[ScriptResult]:
-    placements = await place_on_arrival(arrivals, deps)
+    placements, view = await place_on_arrival(arrivals, deps)
     results = await deps.ledger.admit_many(
         [
             Admission(
@@ -279,6 +281,7 @@ async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> l
                 placement=placements[a.request.job_id][1]
                 if a.request.job_id in placements
                 else None,
+                placement_view=view if a.request.job_id in placements else None,
             )
             for a in arrivals
         ]
@@ -292,6 +295,8 @@ async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> l
             decision = placed[0]
             if granted:
                 deps.metrics.granted(decision.queue, 0.0)
+            if view is not None:
+                deps.metrics.admission_view("changed" if result.reason == VIEW_CHANGED else "kept")
             # A placement the ledger did not take is a refused commit: the job waits instead.
             committed = result if granted else ScriptResult(ok=False, reason=result.reason)
             attributes = decision_attributes(
@@ -322,26 +327,41 @@ async def publish_grants(
 
 async def place_on_arrival(
     arrivals: Sequence[Arrival], deps: SchedulerDeps
-) -> dict[str, tuple[Reserve, Reservation]]:
+) -> tuple[dict[str, tuple[Reserve, Reservation]], ChangeCursor | None]:
     """Where each new request would go now, by job id, for those that fit: decided together
     on the cycles' snapshot by the same ``decide_batch`` a cycle runs, as if they were all that
     waits. Nothing is decided while jobs wait (the ledger would queue these behind them anyway)
     or when placement on admission is off; a failure here only leaves the requests to a cycle.
+
+    A lone arrival is decided on the kept copy without reading the ledger first when the change
+    feed announced nothing since the last read (``SnapshotCache.kept_pool``); the view it was
+    decided on is returned with the placements, and the ledger takes them only if nothing
+    changed since, so the placement is the one a read would have given. (A batch of several is
+    read for: each admission of the batch changes the view the next one would be checked on.)
     """
     settings = deps.settings
     if not (settings.place_on_admission and settings.grant_at_reserve) or deps.last_pending:
-        return {}
+        return {}, None
+    view = None
     try:
         config = deps.config.current()
-        _, now_ms, pool = await deps.snapshots.read_pool(deps.ledger, config)
         unique = {a.request.job_id: a.request for a in arrivals}
+        kept = (
+            await deps.snapshots.kept_pool(config)
+            if len(unique) == 1 and settings.decide_on_kept_copy
+            else None
+        )
+        if kept is not None:
+            _, now_ms, pool, view = kept
+        else:
+            _, now_ms, pool = await deps.snapshots.read_pool(deps.ledger, config)
         pending = [PendingRequest(request, now_ms / 1000) for request in unique.values()]
         decisions = _decide(deps, pending, pool, config, growable=deps.growable[1])
         memory_total = device_memory(pool, (d for _, d in decisions))
     except Exception as error:  # noqa: BLE001  (the cycle decides them instead)
         get_logger().warning("placement_on_admission_failed", error=repr(error))
-        return {}
-    return {
+        return {}, None
+    placements = {
         job_id: (
             decision,
             reservation_of(
@@ -356,6 +376,7 @@ async def place_on_arrival(
         for job_id, decision in decisions
         if isinstance(decision, Reserve)
     }
+    return placements, view
 
 
 _CANCEL_ERRORS: Final = {e.value: e for e in CancelError}

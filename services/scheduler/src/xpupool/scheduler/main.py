@@ -6,6 +6,7 @@ import asyncio
 import functools
 import time
 import uuid
+from collections.abc import Coroutine
 from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,37 @@ async def pool_metrics_loop(deps: handlers.SchedulerDeps, stop: asyncio.Event) -
             await asyncio.wait_for(stop.wait(), timeout=deps.settings.scheduler_metrics_refresh_s)
 
 
+async def keep_warm(deps: handlers.SchedulerDeps, stop: asyncio.Event) -> None:
+    """Bring the kept copy of the ledger up to date as soon as the change feed announces a
+    change while this replica has nothing else to do, so that a lone arrival is placed on it
+    without a read of its own (``SnapshotCache.kept_pool``). Under load it stays out of the
+    way: an admission batch or a cycle reads for itself."""
+    cache = deps.snapshots
+    while not stop.is_set():
+        with suppress(TimeoutError):
+            await asyncio.wait_for(cache.changed.wait(), timeout=1.0)
+        if not cache.changed.is_set():
+            continue
+        cache.changed.clear()
+        if deps.admissions.busy or deps.last_pending:
+            continue
+        try:
+            await cache.read_pool(deps.ledger, deps.config.current())
+        except Exception as error:  # noqa: BLE001  (Redis away: the next arrival reads itself)
+            get_logger().warning("snapshot_warm_read_failed", error=repr(error))
+            await asyncio.sleep(0.2)
+
+
+def warm_copy_loops(
+    deps: handlers.SchedulerDeps, stop: asyncio.Event
+) -> list[Coroutine[Any, Any, None]]:
+    """The ledger's change feed into the snapshot cache, and ``keep_warm`` on it (none when
+    placement on the kept copy is off)."""
+    if not deps.settings.decide_on_kept_copy:
+        return []
+    return [deps.ledger.follow_changes(deps.snapshots.note_change, stop), keep_warm(deps, stop)]
+
+
 def trace_policies(settings: SchedulerSettings) -> list[PlacementPolicy]:
     """The trace policies, told to expect the configured workload file (if any)."""
     workload = (
@@ -284,6 +316,7 @@ async def run(settings: SchedulerSettings) -> None:
                     deps.direct.run(bus.publisher.send, run_stop),
                     cycle_loop(deps, bus.publisher, run_stop),
                     pool_metrics_loop(deps, run_stop),
+                    *warm_copy_loops(deps, run_stop),
                 )
 
         await supervise(run_once, stop)

@@ -16,6 +16,9 @@ outbox and usage series, so no series is exported by two services.
 - ``xpupool_scheduler_grants_total{queue}``, ``xpupool_scheduler_rejections_total{reason}``
   (what a cycle rejected; requests refused at admission are answered at once and not counted
   here), ``xpupool_scheduler_preemptions_total{queue}`` (victim leases asked to end);
+- ``xpupool_scheduler_admission_views_total{view}``: lone arrivals placed on the copy of the
+  ledger kept from the last read (``kept``), and those of them the ledger did not take because
+  it had changed since (``changed``; they wait for a cycle);
 - ``xpupool_scheduler_submit_to_grant_seconds``: histogram from a request's admission to its
   committed reservation; ``xpupool_scheduler_cycle_duration_seconds``: one cycle.
 
@@ -180,6 +183,13 @@ class SchedulerMetrics:
             ("queue",),
             registry=r,
         )
+        self.admission_views = Counter(
+            "xpupool_scheduler_admission_views",
+            "Lone arrivals placed on the kept copy of the ledger, and those the ledger refused "
+            "because it had changed since",
+            ("view",),
+            registry=r,
+        )
         self.grant_latency = Histogram(
             "xpupool_scheduler_submit_to_grant_seconds",
             "From a request's admission to its committed reservation",
@@ -195,6 +205,8 @@ class SchedulerMetrics:
         # Every reason exists from the start, so a rate over it is 0 rather than no data.
         for reason in JobReason:
             self.rejections.labels(reason.value)
+        for view in ("kept", "changed"):
+            self.admission_views.labels(view)
         self._queues: set[str] = set()
 
     def observe_pool(self, snapshot: PoolSnapshot) -> None:
@@ -217,6 +229,11 @@ class SchedulerMetrics:
         """Set each queue's decayed usage from the fair-share history after a cycle."""
         for queue, units in usage_units.items():
             self.fair_share_usage.labels(queue).set(units)
+
+    def admission_view(self, view: str) -> None:
+        """Count one placement on admission decided on the kept copy (``kept``, or
+        ``changed`` when the ledger refused it for that)."""
+        self.admission_views.labels(view).inc()
 
     def granted(self, queue: str, waited_s: float) -> None:
         """Count one committed reservation and how long its request waited for it. A queue

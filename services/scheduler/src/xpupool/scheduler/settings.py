@@ -31,6 +31,10 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     # admission script (one ledger step, no cycle), else admitted to the pending queue. Needs
     # grant_at_reserve. Off: every request waits for a scheduling cycle.
     place_on_admission: bool = True
+    # A lone arrival is placed on the copy of the ledger kept from the last read, without
+    # reading first, while the ledger's change feed announced nothing since; the ledger checks
+    # that it still shows that view when it grants. Off: every admission reads the change log.
+    decide_on_kept_copy: bool = True
     # How long a reservation waits for the lease-manager before the ledger takes it back.
     reservation_hold_s: float = 60.0
     # Pending requests are retried on every capacity event and at least this often.

@@ -12,6 +12,11 @@ than every ``full_interval_s`` (a read per arriving batch must not mean a full r
 pool every second). It only reads: a
 read costs one round trip, the change log, the ledger clock and the changed records together
 (``read_changes.lua``), unless more records changed than ``max_records``.
+
+Between reads it can follow the ledger's change feed (``note_change``, fed by
+``Ledger.follow_changes``): while nothing was announced since a read, ``kept_pool`` gives the
+working pool of that read without asking the ledger again, together with the view it shows, and
+the one who commits on it has the ledger check that view (``Admission.placement_view``).
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class SnapshotCache:
         self._full_at = 0.0  # monotonic time of the last full read
         self.last: ReadStats | None = None
         self._cursor: ChangeCursor | None = None
+        self._version = 0
         self._since_full = 0
         self._nodes: dict[str, NodeState] = {}
         # The records they were made from: a changed node's unchanged devices come from here.
@@ -94,10 +100,58 @@ class SnapshotCache:
         self._pending_leases: dict[str, LeaseState | None] = {}
         self.pool_builds = 0
         """How many working pools were built from scratch (the rest were refreshed)."""
+        # The change feed (``note_change``): changes announced so far, how many of them the
+        # last read had seen when it started, whether the feed is live, and when the last read
+        # was (the ledger's clock, ms, and this process's monotonic seconds).
+        self._announced = 0
+        self._read_announced = -1
+        self._feed_live = False
+        self._read_at: tuple[int, float] = (0, 0.0)
+        self.changed = asyncio.Event()
+        """Set on every announced change (``keep_warm`` reads then, when nothing else is)."""
 
     def invalidate(self) -> None:
         """Make the next read a full one."""
         self._cursor = None
+
+    def note_change(self, live: bool = True) -> None:
+        """The change feed announced a change (``live``), or was lost (not ``live``: changes
+        may go unannounced until it is back). Either way the copy is no longer known current."""
+        self._announced += 1
+        self._feed_live = live
+        self.changed.set()
+
+    async def kept_pool(
+        self, config: SchedulerConfig
+    ) -> tuple[PoolSnapshot, int, WorkingPool, ChangeCursor] | None:
+        """``read_pool`` without reading, when the change feed announced nothing since the last
+        read brought the working pool up to date: the pool, with the ledger's clock moved on by
+        the time since (ms, also the pool's ``now_s``), and the view it shows. None when that
+        is not known (no live feed, a change announced, the pool out of step or for another
+        config): the caller reads. An in-flight read is waited for first."""
+        async with self._lock:
+            pool, cursor = self._pool, self._cursor
+            if (
+                not self._feed_live
+                or self._announced != self._read_announced
+                or pool is None
+                or cursor is None
+                or pool.config is not config
+                or self._pending_nodes is None
+                or self._pending_nodes
+                or self._pending_leases
+            ):
+                return None
+            read_ms, read_mono = self._read_at
+            now_ms = read_ms + int((time.monotonic() - read_mono) * 1000)
+            pool.now_s = now_ms / 1000
+            snapshot = PoolSnapshot(
+                nodes=self._node_tuple,
+                leases=self._lease_tuple,
+                now_s=pool.now_s,
+                version=self._version,
+            )
+            return snapshot, now_ms, pool, cursor
 
     async def read(self, ledger: Ledger) -> tuple[PoolSnapshot, int]:
         """The pool as the ledger holds it now, and the ledger's clock (ms) it was read at."""
@@ -106,6 +160,7 @@ class SnapshotCache:
 
     async def _read(self, ledger: Ledger) -> tuple[PoolSnapshot, int]:
         started = time.perf_counter()
+        announced = self._announced  # what this read sees at the least
         due = (
             self._since_full >= self.full_every and started - self._full_at >= self.full_interval_s
         )
@@ -160,6 +215,9 @@ class SnapshotCache:
             if self.after_full_read is not None:
                 self.after_full_read()
         self._cursor = changes.cursor
+        self._version = changes.version
+        self._read_announced = announced
+        self._read_at = (now_ms, time.monotonic())
         snapshot = PoolSnapshot(
             nodes=self._node_tuple,
             leases=self._lease_tuple,

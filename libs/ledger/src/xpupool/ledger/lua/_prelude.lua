@@ -23,11 +23,15 @@ local RETAIN_S = 7 * 24 * 3600
 -- one entry per record and is trimmed oldest-first past CHANGE_LOG_MAX; changes-floor says up to
 -- which sequence entries may be gone (a reader older than that reads everything again), and
 -- changes-epoch, stamped when the log starts, tells a reader that the log started over.
+-- A script that changes anything also publishes its sequence once on the changes-feed channel,
+-- so a reader can keep its copy warm instead of asking the log first (a subscriber sees the
+-- message only after the whole script ran, and, with AOF, after it was made durable).
 local CHANGE_LOG_MAX, CHANGE_LOG_TRIM = 50000, 5000
 local change_seq = nil
 local function touched(kind, id)
   if not change_seq then
     change_seq = redis.call('INCR', k('changes-seq'))
+    redis.call('PUBLISH', k('changes-feed'), change_seq)
     local t = redis.call('TIME')
     redis.call('SET', k('changes-epoch'), t[1] .. '.' .. t[2], 'NX')
     local size = redis.call('ZCARD', k('changes'))

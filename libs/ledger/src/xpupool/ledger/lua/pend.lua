@@ -7,12 +7,23 @@
 -- scheduler found room for on arrival. Such a grant is announced through the direct outbox: the
 -- scheduler publishes it at once from what this script answers (the lease's record and the
 -- entry's id) and then deletes the entry; the lease-manager's relay publishes only what a
--- scheduler left there (outbox.py).
+-- scheduler left there (outbox.py);
+-- view ('' = none): the ledger view the placement was decided on (change_view), when the
+-- scheduler decided on its kept copy without reading the log first: any change since and the
+-- placement is not taken (view_changed), since it might not be the one a fresh read would give.
 -- The score orders by priority, then arrival in seconds (both exact in a double).
 -- A new request of a tenant over its rate (a token bucket kept as its theoretical arrival time,
 -- GCRA) or at its maximum of pending requests is refused before anything is written. A
 -- resubmission of a job that has ended (or of another tenant's job id) is refused with
 -- duplicate_job, saying how the earlier job ended.
+-- The ledger's view as a change-log reader names it (Ledger.changes_since's cursor): epoch,
+-- sequence and the redis-server process, '|'-separated. Equal to a reader's: nothing it has
+-- not read changed since.
+local function change_view()
+  local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
+  return (redis.call('GET', k('changes-epoch')) or '') .. '|'
+    .. (redis.call('GET', k('changes-seq')) or '0') .. '|' .. run_id
+end
 local jk = k('job', ARGV[1])
 local state, owner = unpack(redis.call('HMGET', jk, 'state', 'tenant'))
 if state and owner and owner ~= ARGV[7] then
@@ -74,6 +85,8 @@ local not_placed = ''
 if placement then
   if redis.call('ZCARD', k('pending')) > 0 then
     not_placed = 'jobs_waiting'
+  elseif (ARGV[14] or '') ~= '' and ARGV[14] ~= change_view() then
+    not_placed = 'view_changed'
   else
     local taken, refusal = take_reservation(placement, 'direct')
     if taken then
