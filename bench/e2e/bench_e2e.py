@@ -10,7 +10,8 @@ as the load generator. Each scenario measures, in the same run on the same serve
 - closed loop: workers submit a job, wait for its outcome, release the lease (whole devices,
   shares and 2-device gangs mixed); sustained grants/s;
 - open loop: a constant-rate generator at 25/50/80 % of the closed-loop rate; submit -> grant
-  latency percentiles;
+  latency percentiles; before it, one job at a time, and how many of those the scheduler
+  placed on its kept copy of the ledger (its ``xpupool_scheduler_admission_views_total``);
 - CPU seconds per 1,000 grants and resident memory per service, per server and for the load
   generator itself (/proc), Redis commands per
   grant (INFO commandstats delta), NATS messages per grant (/varz delta).
@@ -103,6 +104,18 @@ class MonitoredNats(NatsServer):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.monitor_port}/varz", timeout=5) as r:
             data: dict[str, Any] = json.load(r)
             return data
+
+
+def admission_views(port: int) -> dict[str, float]:
+    """The scheduler's lone arrivals placed on its kept copy, by view (``kept``/``changed``)."""
+    prefix = "xpupool_scheduler_admission_views_total{view="
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        line[len(prefix) + 1 : line.index('"}')]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -369,6 +382,8 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
         stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
+    # One scheduler's metrics (where the open loop runs): replicas would share the port.
+    metrics_port = free_port() if sc.replicas == 1 else 0
     stack = Stack(
         nodes=[],
         nats_url=nats.url,
@@ -378,6 +393,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
         extra_env={
             "XPUPOOL_LOG_LEVEL": "warning",
             "XPUPOOL_NODE_GRACE_S": "600",
+            "XPUPOOL_SCHEDULER_METRICS_PORT": str(metrics_port),
         },
     )
     stack.workdir.mkdir(parents=True, exist_ok=True)
@@ -457,13 +473,18 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
             if sc.open_loop:
                 opened: dict[str, Any] = {}
                 load.latencies = []
+                views0 = await asyncio.to_thread(admission_views, metrics_port)
                 serial = [await load.one() for _ in range(args.serial_count)]
                 lat = load.latencies
+                views1 = await asyncio.to_thread(admission_views, metrics_port)
                 opened["serial"] = {
                     "granted": sum(serial),
                     "p50_ms": 1000 * percentile(lat, 0.5),
                     "p99_ms": 1000 * percentile(lat, 0.99),
                     "p50_ratio_to_floor": 1000 * percentile(lat, 0.5) / fl["serial_p50_ms"],
+                    # Placed on the kept copy without a read, and of those refused for a change.
+                    "decided_on_kept_copy": views1["kept"] - views0["kept"],
+                    "view_changed": views1["changed"] - views0["changed"],
                 }
                 for pct in (25, 50, 80):
                     lat = await load.open(rate * pct / 100, args.open_s)
@@ -513,6 +534,12 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"  open {k:<8} p50 {v['p50_ms']:.1f} ms  p99 {v['p99_ms']:.1f} ms"
                 + (f"  p99.9 {v['p999_ms']:.1f} ms" if "p999_ms" in v else "")
                 + f"  (floor serial p50 {r['floor']['serial_p50_ms']:.2f} ms)"
+                + (
+                    f"  kept copy {v['decided_on_kept_copy']:.0f}/{v['granted']}"
+                    f" ({v['view_changed']:.0f} changed)"
+                    if "decided_on_kept_copy" in v
+                    else ""
+                )
             )
         for p in r["problems"]:
             lines.append(f"  PROBLEM: {p}")

@@ -32,6 +32,8 @@ def test_bench_quick_runs_clean_with_every_figure(tmp_path: Path) -> None:
     assert closed["redis_commands_per_grant_by_name"]
     assert {"scheduler-1", "lease-manager-0"} <= set(closed["cpu_s_per_1000_grants"])
     assert set(result["open"]) == {"serial", "25%", "50%", "80%"}
+    serial = result["open"]["serial"]
+    assert 0 <= serial["view_changed"] <= serial["decided_on_kept_copy"] <= serial["granted"]
 
 
 def test_anatomy_times_the_steps_of_a_job() -> None:
