@@ -39,8 +39,8 @@ DIRECT_OUTBOX: Final = "direct"
 returns, and deletes once stored (``confirm_direct``); ``OutboxRelay``'s sweep publishes what a
 writer left there (it died, or NATS did not answer)."""
 VIEW_CHANGED: Final = "view_changed"
-"""Why an admission did not take its placement: it was decided on a kept copy of the ledger
-(``Admission.placement_view``) and the ledger changed since."""
+"""Why an admission was refused with nothing written: its placement was decided on a kept copy
+of the ledger (``Admission.placement_view``) and the ledger changed since."""
 SCHEDULER_STATE: Final = "scheduler"
 """``{ns}:<this>``: a hash of what the scheduler publishes for operators (field ``fair-share``:
 ``FairShareView``), written by the scheduler's metrics loop, read by ``xpupool status``."""
@@ -209,8 +209,8 @@ class Admission:
     placement: Reservation | None = None
     placement_view: ChangeCursor | None = None
     """The ledger view the placement was decided on, when the scheduler decided on its kept copy
-    without reading the change log first: if anything changed since, the placement is not taken
-    and the job waits (reason ``view_changed``)."""
+    without reading the change log first: if anything changed since, the admission is refused
+    before anything is written (``VIEW_CHANGED``), for the scheduler to decide again."""
 
     def script_args(self) -> list[ScriptArg]:
         return [

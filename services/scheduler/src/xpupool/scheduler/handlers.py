@@ -265,27 +265,39 @@ async def admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> li
         return await _admit_arrivals(arrivals, deps)
 
 
+def _admissions(
+    arrivals: Sequence[Arrival],
+    placements: Mapping[str, tuple[Reserve, Reservation]],
+    view: ChangeCursor | None,
+) -> list[Admission]:
+    return [
+        Admission(
+            a.request.job_id,
+            a.priority,
+            msgspec.json.encode(a.request),
+            None if a.request.max_wait_s is None else int(a.request.max_wait_s * 1000),
+            ADMITTED,
+            tenant=a.request.tenant or "",
+            limits=a.limits,
+            trace=a.trace,
+            placement=placements[a.request.job_id][1] if a.request.job_id in placements else None,
+            placement_view=view if a.request.job_id in placements else None,
+        )
+        for a in arrivals
+    ]
+
+
 async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> list[ScriptResult]:
     placements, view = await place_on_arrival(arrivals, deps)
-    results = await deps.ledger.admit_many(
-        [
-            Admission(
-                a.request.job_id,
-                a.priority,
-                msgspec.json.encode(a.request),
-                None if a.request.max_wait_s is None else int(a.request.max_wait_s * 1000),
-                ADMITTED,
-                tenant=a.request.tenant or "",
-                limits=a.limits,
-                trace=a.trace,
-                placement=placements[a.request.job_id][1]
-                if a.request.job_id in placements
-                else None,
-                placement_view=view if a.request.job_id in placements else None,
-            )
-            for a in arrivals
-        ]
-    )
+    results = await deps.ledger.admit_many(_admissions(arrivals, placements, view))
+    if view is not None:
+        changed = any(r.reason == VIEW_CHANGED for r in results)
+        deps.metrics.admission_view("changed" if changed else "kept")
+        if changed:
+            # Decided on a copy the ledger has moved past; nothing was written (not even the
+            # admission): decided again, on a read, as any batch is.
+            placements, _ = await place_on_arrival(arrivals, deps, kept=False)
+            results = await deps.ledger.admit_many(_admissions(arrivals, placements, None))
     await publish_grants(arrivals, results, deps)
     waiting = False
     for arrival, result in zip(arrivals, results, strict=True):
@@ -295,8 +307,6 @@ async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> l
             decision = placed[0]
             if granted:
                 deps.metrics.granted(decision.queue, 0.0)
-            if view is not None:
-                deps.metrics.admission_view("changed" if result.reason == VIEW_CHANGED else "kept")
             # A placement the ledger did not take is a refused commit: the job waits instead.
             committed = result if granted else ScriptResult(ok=False, reason=result.reason)
             attributes = decision_attributes(
@@ -326,7 +336,7 @@ async def publish_grants(
 
 
 async def place_on_arrival(
-    arrivals: Sequence[Arrival], deps: SchedulerDeps
+    arrivals: Sequence[Arrival], deps: SchedulerDeps, *, kept: bool = True
 ) -> tuple[dict[str, tuple[Reserve, Reservation]], ChangeCursor | None]:
     """Where each new request would go now, by job id, for those that fit: decided together
     on the cycles' snapshot by the same ``decide_batch`` a cycle runs, as if they were all that
@@ -334,10 +344,11 @@ async def place_on_arrival(
     or when placement on admission is off; a failure here only leaves the requests to a cycle.
 
     A lone arrival is decided on the kept copy without reading the ledger first when the change
-    feed announced nothing since the last read (``SnapshotCache.kept_pool``); the view it was
-    decided on is returned with the placements, and the ledger takes them only if nothing
-    changed since, so the placement is the one a read would have given. (A batch of several is
-    read for: each admission of the batch changes the view the next one would be checked on.)
+    feed announced nothing since the last read (``SnapshotCache.kept_pool``; not with
+    ``kept=False``); the view it was decided on is returned with the placements, and the ledger
+    refuses the admission, writing nothing, if anything changed since (``VIEW_CHANGED``), so a
+    placement taken is the one a read would have given. (A batch of several is read for: each
+    admission of the batch changes the view the next one would be checked on.)
     """
     settings = deps.settings
     if not (settings.place_on_admission and settings.grant_at_reserve) or deps.last_pending:
@@ -346,13 +357,13 @@ async def place_on_arrival(
     try:
         config = deps.config.current()
         unique = {a.request.job_id: a.request for a in arrivals}
-        kept = (
+        copy = (
             await deps.snapshots.kept_pool(config)
-            if len(unique) == 1 and settings.decide_on_kept_copy
+            if kept and len(unique) == 1 and settings.decide_on_kept_copy
             else None
         )
-        if kept is not None:
-            _, now_ms, pool, view = kept
+        if copy is not None:
+            _, now_ms, pool, view = copy
         else:
             _, now_ms, pool = await deps.snapshots.read_pool(deps.ledger, config)
         pending = [PendingRequest(request, now_ms / 1000) for request in unique.values()]

@@ -17,8 +17,8 @@ outbox and usage series, so no series is exported by two services.
   (what a cycle rejected; requests refused at admission are answered at once and not counted
   here), ``xpupool_scheduler_preemptions_total{queue}`` (victim leases asked to end);
 - ``xpupool_scheduler_admission_views_total{view}``: lone arrivals placed on the copy of the
-  ledger kept from the last read (``kept``), and those of them the ledger did not take because
-  it had changed since (``changed``; they wait for a cycle);
+  ledger kept from the last read and admitted so (``kept``), and those the ledger refused
+  because it had changed since (``changed``; decided again on a read);
 - ``xpupool_scheduler_submit_to_grant_seconds``: histogram from a request's admission to its
   committed reservation; ``xpupool_scheduler_cycle_duration_seconds``: one cycle.
 
@@ -185,8 +185,8 @@ class SchedulerMetrics:
         )
         self.admission_views = Counter(
             "xpupool_scheduler_admission_views",
-            "Lone arrivals placed on the kept copy of the ledger, and those the ledger refused "
-            "because it had changed since",
+            "Lone arrivals placed on the kept copy of the ledger and admitted so (kept), or "
+            "refused because the ledger had changed since (changed)",
             ("view",),
             registry=r,
         )
@@ -231,8 +231,8 @@ class SchedulerMetrics:
             self.fair_share_usage.labels(queue).set(units)
 
     def admission_view(self, view: str) -> None:
-        """Count one placement on admission decided on the kept copy (``kept``, or
-        ``changed`` when the ledger refused it for that)."""
+        """Count one admission decided on the kept copy: ``kept`` when the ledger took it,
+        ``changed`` when it refused it for a change since."""
         self.admission_views.labels(view).inc()
 
     def granted(self, queue: str, waited_s: float) -> None:

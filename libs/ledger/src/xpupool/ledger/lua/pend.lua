@@ -9,8 +9,9 @@
 -- entry's id) and then deletes the entry; the lease-manager's relay publishes only what a
 -- scheduler left there (outbox.py);
 -- view ('' = none): the ledger view the placement was decided on (change_view), when the
--- scheduler decided on its kept copy without reading the log first: any change since and the
--- placement is not taken (view_changed), since it might not be the one a fresh read would give.
+-- scheduler decided on its kept copy without reading the log first: after any change since, the
+-- placement might not be the one a fresh read would give, so the request is refused before
+-- anything is written (view_changed) and the scheduler decides it again on a read.
 -- The score orders by priority, then arrival in seconds (both exact in a double).
 -- A new request of a tenant over its rate (a token bucket kept as its theoretical arrival time,
 -- GCRA) or at its maximum of pending requests is refused before anything is written. A
@@ -49,6 +50,9 @@ if (ARGV[13] or '') ~= '' then
   if placement.job_id ~= ARGV[1] or placement.tenant ~= tenant then
     return fail('placement_mismatch', 'the placement is for another job or tenant')
   end
+  if (ARGV[14] or '') ~= '' and ARGV[14] ~= change_view() then
+    return fail('view_changed', 'the ledger changed since the view the placement was decided on')
+  end
 end
 local waiting = tonumber(redis.call('HGET', k('pending-count'), tenant) or '0')
 if max_pending >= 0 and waiting >= max_pending then
@@ -85,8 +89,6 @@ local not_placed = ''
 if placement then
   if redis.call('ZCARD', k('pending')) > 0 then
     not_placed = 'jobs_waiting'
-  elseif (ARGV[14] or '') ~= '' and ARGV[14] ~= change_view() then
-    not_placed = 'view_changed'
   else
     local taken, refusal = take_reservation(placement, 'direct')
     if taken then
