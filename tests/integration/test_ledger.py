@@ -276,6 +276,39 @@ async def test_silent_node_is_declared_lost_with_its_leases(ledger: Ledger) -> N
     assert all(d.health is Health.LOST for d in (await ledger.nodes())[0].devices)
 
 
+async def test_reaping_looks_at_overdue_nodes_only_and_indexes_an_older_ledger(
+    ledger: Ledger,
+) -> None:
+    """The check reads the heartbeat index: a node that heartbeats stays up, a silent one is
+    lost once (and leaves the candidates), one registered again is watched again; a ledger
+    written before the index (no ``node-seen``) is indexed from its node records and reaped
+    the same way."""
+    for node in ("a", "b", "c"):
+        assert (await ledger.register_node(node, [device_spec(node, 0)], 1000, 1000)).ok
+    seen = ledger.key("node-seen")
+    await asyncio.sleep(0.2)
+    assert (await ledger.heartbeat("a")).ok
+    assert sorted((await ledger.reap_nodes(100)).lost) == ["b", "c"]
+    assert await ledger.redis.zrangebyscore(seen, "-inf", "+inf") == [b"a", b"b", b"c"]
+    assert await ledger.redis.zscore(seen, "b") == float("inf")  # lost: no longer a candidate
+    assert (await ledger.reap_nodes(100)).lost == []
+    assert (await ledger.register_node("b", [device_spec("b", 0)], 1000, 1000)).ok
+    await asyncio.sleep(0.2)
+    assert (await ledger.heartbeat("a")).ok
+    assert (await ledger.reap_nodes(100)).lost == ["b"]
+
+    await ledger.redis.delete(seen)  # as a ledger from before the index
+    assert (await ledger.register_node("c", [device_spec("c", 0)], 1000, 1000)).ok
+    await ledger.redis.zrem(seen, "c")
+    await asyncio.sleep(0.2)
+    assert (await ledger.heartbeat("a")).ok
+    await ledger.redis.zrem(seen, "a")
+    assert (await ledger.reap_nodes(100)).lost == ["c"]
+    assert await ledger.redis.zcard(seen) == 3
+    assert [n.status for n in await ledger.nodes()] == ["up", "lost", "lost"]
+    assert await audit(ledger) == []
+
+
 async def test_preemption_request_is_marked_and_queued_once(ledger: Ledger) -> None:
     """Marking a victim and queueing its EndLease happen together, once per (lease, job)."""
     await _two_gpus(ledger)

@@ -185,6 +185,8 @@ _COLLECTOR_WRITES: Final[tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = 
     (("hset", "hincrby"), ("node:*", "dev:*", "lease:*", "job:*")),
     (("hincrbyfloat",), ("usage:*",)),
     (("sadd", "srem"), ("devices", "nodes", "node-devices:*")),
+    # the heartbeat index (register_node, heartbeat; reap_nodes reads it)
+    (("zadd",), ("node-seen",)),
     (("srem",), ("dev-leases:*", "node-leases:*", "leases")),
     (("del",), ("dev:*", "dev-leases:*")),
     (("expire",), ("lease:*",)),

@@ -5,5 +5,8 @@ local nk = k('node', ARGV[1])
 local status = redis.call('HGET', nk, 'status')
 if not status then return fail('unknown_node', ARGV[1]) end
 if status ~= 'up' then return fail('node_' .. status, ARGV[1]) end
-redis.call('HSET', nk, 'last_seen_ms', now_ms())
+local now = now_ms()
+redis.call('HSET', nk, 'last_seen_ms', now)
+-- The heartbeat index reap_nodes.lua reads: it looks at the overdue nodes only.
+redis.call('ZADD', k('node-seen'), now, ARGV[1])
 return cjson.encode({ok = true})

@@ -54,6 +54,7 @@ redis.call('HSET', nk, 'cpu_total', r.cpu_milli, 'cpu_free', r.cpu_milli - used_
   'mem_total', r.memory_mib, 'mem_free', r.memory_mib - used_mem, 'labels', r.labels_json,
   'status', 'up', 'last_seen_ms', now)
 redis.call('SADD', k('nodes'), r.node_id)
+redis.call('ZADD', k('node-seen'), now, r.node_id)
 bump()
 touched('node', r.node_id)
 return cjson.encode({ok = true, added = added, removed = removed, lost = lost})
