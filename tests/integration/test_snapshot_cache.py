@@ -11,10 +11,18 @@ import shutil
 import pytest
 from redis.asyncio import Redis
 
-from tests.integration.ledger_builders import device_spec
+from tests.integration.ledger_builders import device_spec, reservation
 from xpupool.contracts import DeviceSample, DeviceSpec, Health, JobRequested
 from xpupool.devstack.servers import RedisServer
-from xpupool.ledger import Holder, HostClaim, Ledger, Reservation, SliceClaim, UsageClaim
+from xpupool.ledger import (
+    Admission,
+    Holder,
+    HostClaim,
+    Ledger,
+    Reservation,
+    SliceClaim,
+    UsageClaim,
+)
 from xpupool.ledger.ledger import SCRIPTS, script_source
 from xpupool.placement.node_policies import NodeView
 from xpupool.scheduler.domain import (
@@ -589,3 +597,41 @@ async def test_a_lost_change_feed_offers_no_kept_pool_until_it_is_back(
         stop.set()
         await follower
     assert await cache.kept_pool(config) is None  # stopped following: nothing is known
+
+
+async def test_an_own_change_alone_wants_no_read_of_its_own(ledger: Ledger) -> None:
+    """A grant this replica made (its admission answered the change sequence) is announced
+    like any change, so the kept pool is no longer offered; but it alone does not call for a
+    warm read, whether its announcement comes before its answer or after. The next change by
+    anyone else does, and the read that follows brings both in."""
+    work, cache, config = Workload(ledger, 71), SnapshotCache(), default_config()
+    await work.register()
+    stop = asyncio.Event()
+    follower = await _follow(cache, ledger, stop)
+    try:
+        for job in ("own-1", "own-2"):
+            await cache.read_pool(ledger, config)
+            assert not cache.wants_read()
+            device = (await ledger.nodes())[0].devices[0].spec.device_id
+            placement = reservation(job, SliceClaim(device, 1024, 10), secret="s" * 48)
+            if job == "own-1":  # told before its announcement can come
+                cache.own_change(await _seq(ledger) + 1)
+            [granted] = await ledger.admit_many(
+                [Admission(job, 500, b"{}", None, "queued", tenant="t", placement=placement)]
+            )
+            assert granted.outcome == "granted" and granted.change_seq == await _seq(ledger)
+            assert await _announced(cache, config)  # its announcement has come
+            cache.own_change(granted.change_seq)  # (again, for own-1: no harm)
+            assert not cache.wants_read(), job
+        await work.reserve()
+        for _ in range(200):
+            if cache.wants_read():
+                break
+            await asyncio.sleep(0.01)
+        assert cache.wants_read()
+        await cache.read_pool(ledger, config)
+        kept = await cache.kept_pool(config)
+        assert kept is not None and kept[3].seq == await _seq(ledger)
+    finally:
+        stop.set()
+        await follower

@@ -89,6 +89,8 @@ class ScriptResult(msgspec.Struct, frozen=True):
     """A grant announced through the direct outbox: its entry, for ``confirm_direct``."""
     lease: list[str] = msgspec.field(default_factory=list)
     """A grant on admission: the lease's hash as HGETALL answers it (``granted_lease``)."""
+    change_seq: int = 0
+    """A grant on admission: the change sequence it was logged (and announced) under."""
 
 
 _LIST_FIELDS = ("added", "removed", "lost", "ended", "lease")
@@ -863,18 +865,18 @@ class Ledger:
 
     async def follow_changes(
         self,
-        on_change: Callable[[bool], None],
+        on_change: Callable[[bool, int], None],
         stop: asyncio.Event,
         retry_s: float = 0.5,
     ) -> None:
         """Follow the ledger's change feed until ``stop``: every script that changes a record
         publishes its change sequence there (``touched`` in ``_prelude.lua``).
 
-        ``on_change(True)`` is called for each change and once the feed is (re)subscribed;
-        ``on_change(False)`` when the feed is lost, since changes made meanwhile go unannounced
-        (a reader then trusts nothing it kept until it read again). The messages carry no
-        records: they tell a reader that keeps a copy (the scheduler's ``SnapshotCache``) to
-        read the change log."""
+        ``on_change(True, seq)`` is called for each change (its sequence), ``on_change(True,
+        0)`` once the feed is (re)subscribed and ``on_change(False, 0)`` when the feed is lost,
+        since changes made meanwhile go unannounced (a reader then trusts nothing it kept until
+        it read again). The messages carry no records: they tell a reader that keeps a copy
+        (the scheduler's ``SnapshotCache``) to read the change log."""
         channel = self.key("changes-feed")
         while not stop.is_set():
             pubsub = self._redis.pubsub()
@@ -882,20 +884,23 @@ class Ledger:
                 await pubsub.subscribe(channel)
                 while not stop.is_set():
                     message = await pubsub.get_message(timeout=1.0)
-                    # A subscribe confirmation too: the feed is live from here on (again).
-                    if message is not None and message["type"] in ("message", "subscribe"):
-                        on_change(True)
+                    if message is None:
+                        continue
+                    if message["type"] == "message":
+                        on_change(True, _int(message["data"]))
+                    elif message["type"] == "subscribe":
+                        on_change(True, 0)  # live from here on (again)
             except asyncio.CancelledError:
-                on_change(False)
+                on_change(False, 0)
                 raise
             except Exception:  # noqa: BLE001  (Redis away: lost until subscribed again)
-                on_change(False)
+                on_change(False, 0)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=retry_s)
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
-        on_change(False)
+        on_change(False, 0)
 
     async def now_ms(self) -> int:
         """The ledger's clock."""

@@ -298,6 +298,9 @@ async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> l
             # admission): decided again, on a read, as any batch is.
             placements, _ = await place_on_arrival(arrivals, deps, kept=False)
             results = await deps.ledger.admit_many(_admissions(arrivals, placements, None))
+    for result in results:
+        if result.change_seq:
+            deps.snapshots.own_change(result.change_seq)
     await publish_grants(arrivals, results, deps)
     waiting = False
     for arrival, result in zip(arrivals, results, strict=True):

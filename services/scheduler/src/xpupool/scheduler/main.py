@@ -165,7 +165,7 @@ async def keep_warm(deps: handlers.SchedulerDeps, stop: asyncio.Event) -> None:
     """Bring the kept copy of the ledger up to date as soon as the change feed announces a
     change while this replica has nothing else to do, so that a lone arrival is placed on it
     without a read of its own (``SnapshotCache.kept_pool``). Under load it stays out of the
-    way: an admission batch or a cycle reads for itself."""
+    way: an admission batch or a cycle reads for itself. Its own grants alone wake no read."""
     cache = deps.snapshots
     while not stop.is_set():
         with suppress(TimeoutError):
@@ -173,7 +173,7 @@ async def keep_warm(deps: handlers.SchedulerDeps, stop: asyncio.Event) -> None:
         if not cache.changed.is_set():
             continue
         cache.changed.clear()
-        if deps.admissions.busy or deps.last_pending:
+        if deps.admissions.busy or deps.last_pending or not cache.wants_read():
             continue
         try:
             await cache.read_pool(deps.ledger, deps.config.current())

@@ -107,6 +107,10 @@ class SnapshotCache:
         self._read_announced = -1
         self._feed_live = False
         self._read_at: tuple[int, float] = (0, 0.0)
+        # The sequences announced since the last read began (0: the feed itself came or went),
+        # and those of this replica's own changes not read back yet.
+        self._unread: set[int] = set()
+        self._own: set[int] = set()
         self.changed = asyncio.Event()
         """Set on every announced change (``keep_warm`` reads then, when nothing else is)."""
 
@@ -114,12 +118,25 @@ class SnapshotCache:
         """Make the next read a full one."""
         self._cursor = None
 
-    def note_change(self, live: bool = True) -> None:
-        """The change feed announced a change (``live``), or was lost (not ``live``: changes
-        may go unannounced until it is back). Either way the copy is no longer known current."""
+    def note_change(self, live: bool = True, seq: int = 0) -> None:
+        """The change feed announced a change (``live``; ``seq``, its sequence, 0 for the feed
+        coming up), or was lost (not ``live``: changes may go unannounced until it is back).
+        Either way the copy is no longer known current, and ``changed`` is set."""
         self._announced += 1
         self._feed_live = live
+        self._unread.add(seq)
         self.changed.set()
+
+    def own_change(self, seq: int) -> None:
+        """A change this replica made itself (its ledger script answered ``seq``), whichever
+        comes first, its announcement or this."""
+        self._own.add(seq)
+
+    def wants_read(self) -> bool:
+        """Whether anything but this replica's own changes was announced since the last read
+        began. Its own ones alone are not worth a read of their own: the next change anyone
+        else makes (a release) brings them in with it."""
+        return bool(self._unread - self._own)
 
     async def kept_pool(
         self, config: SchedulerConfig
@@ -161,6 +178,7 @@ class SnapshotCache:
     async def _read(self, ledger: Ledger) -> tuple[PoolSnapshot, int]:
         started = time.perf_counter()
         announced = self._announced  # what this read sees at the least
+        self._unread = set()
         due = (
             self._since_full >= self.full_every and started - self._full_at >= self.full_interval_s
         )
@@ -215,6 +233,7 @@ class SnapshotCache:
             if self.after_full_read is not None:
                 self.after_full_read()
         self._cursor = changes.cursor
+        self._own = {seq for seq in self._own if seq > changes.cursor.seq}
         self._version = changes.version
         self._read_announced = announced
         self._read_at = (now_ms, time.monotonic())

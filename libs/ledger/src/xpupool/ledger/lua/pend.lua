@@ -94,7 +94,7 @@ if placement then
     if taken then
       return cjson.encode({ok = true, outcome = 'granted', lease_id = placement.lease_id,
         token = taken.token, since_ms = since, now_ms = now, entry = taken.entry,
-        lease = redis.call('HGETALL', k('lease', placement.lease_id))})
+        lease = redis.call('HGETALL', k('lease', placement.lease_id)), change_seq = change_seq})
     end
     not_placed = cjson.decode(refusal).reason
   end
