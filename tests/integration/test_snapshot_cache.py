@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import shutil
+from collections.abc import Callable
 
 import pytest
 from redis.asyncio import Redis
@@ -511,14 +512,33 @@ async def test_only_a_full_read_calls_its_hook(ledger: Ledger) -> None:
     assert calls == [True, True]
 
 
-async def _follow(cache: SnapshotCache, ledger: Ledger, stop: asyncio.Event) -> asyncio.Task[None]:
-    """The change feed into ``cache``, live once the first read after subscribing is kept."""
-    task = asyncio.create_task(ledger.follow_changes(cache.note_change, stop, retry_s=0.05))
+async def _until(condition: Callable[[], bool]) -> bool:
+    """Whether ``condition`` holds within 2 s."""
     for _ in range(200):
-        if cache._feed_live:  # noqa: SLF001  (the subscription's confirmation has arrived)
-            return task
+        if condition():
+            return True
         await asyncio.sleep(0.01)
-    raise AssertionError("the change feed never came up")
+    return False
+
+
+def _feed_live(cache: SnapshotCache) -> bool:
+    return cache._feed_live  # noqa: SLF001  (the subscription's confirmation has arrived)
+
+
+async def _follow(cache: SnapshotCache, ledger: Ledger, stop: asyncio.Event) -> asyncio.Task[None]:
+    """The change feed into ``cache``, once it is live."""
+    task = asyncio.create_task(ledger.follow_changes(cache.note_change, stop, retry_s=0.05))
+    assert await _until(lambda: _feed_live(cache)), "the change feed never came up"
+    return task
+
+
+async def _read_is_kept_and_current(
+    cache: SnapshotCache, ledger: Ledger, config: SchedulerConfig
+) -> bool:
+    """After a read, the kept pool is offered and shows the ledger's current view."""
+    await cache.read_pool(ledger, config)
+    kept = await cache.kept_pool(config)
+    return kept is not None and kept[3].seq == await _seq(ledger)
 
 
 async def _announced(cache: SnapshotCache, config: SchedulerConfig) -> bool:
@@ -586,13 +606,8 @@ async def test_a_lost_change_feed_offers_no_kept_pool_until_it_is_back(
         redis_server.restart()
         await _answering(ledger.redis)
         assert await _announced(cache, config)
-        for _ in range(200):  # subscribed again
-            if cache._feed_live:  # noqa: SLF001
-                break
-            await asyncio.sleep(0.01)
-        await cache.read_pool(ledger, config)
-        kept = await cache.kept_pool(config)
-        assert kept is not None and kept[3].seq == await _seq(ledger)
+        assert await _until(lambda: _feed_live(cache))  # subscribed again
+        assert await _read_is_kept_and_current(cache, ledger, config)
     finally:
         stop.set()
         await follower
@@ -624,14 +639,8 @@ async def test_an_own_change_alone_wants_no_read_of_its_own(ledger: Ledger) -> N
             cache.own_change(granted.change_seq)  # (again, for own-1: no harm)
             assert not cache.wants_read(), job
         await work.reserve()
-        for _ in range(200):
-            if cache.wants_read():
-                break
-            await asyncio.sleep(0.01)
-        assert cache.wants_read()
-        await cache.read_pool(ledger, config)
-        kept = await cache.kept_pool(config)
-        assert kept is not None and kept[3].seq == await _seq(ledger)
+        assert await _until(cache.wants_read)
+        assert await _read_is_kept_and_current(cache, ledger, config)
     finally:
         stop.set()
         await follower
