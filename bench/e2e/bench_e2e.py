@@ -16,6 +16,10 @@ as the load generator. Each scenario measures, in the same run on the same serve
   generator itself (/proc), Redis commands per
   grant (INFO commandstats delta), NATS messages per grant (/varz delta).
 
+``--serial-costs`` also logs every Redis command during the serial run (SLOWLOG at 0 µs) and
+reports Redis's own time per job by command and ledger script; each process's CPU per serial job
+is always reported.
+
 ``--profile DIR`` attaches py-spy to every service during the closed loop and writes one
 profile per service (a flame graph SVG by default, ``--profile-format raw`` for collapsed
 stacks), plus ``top.txt``: each service's hottest functions by inclusive and own samples.
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import subprocess
@@ -56,6 +61,7 @@ from xpupool.devstack.servers import NatsServer, RedisServer, free_port
 from xpupool.devstack.stack import ServiceProcess, Stack
 from xpupool.ledger import Ledger
 from xpupool.ledger.audit import audit
+from xpupool.ledger.ledger import SCRIPTS, script_source
 from xpupool.telemetry_collector.fleet import FleetNode, format_fleet
 
 TENANT = "bench"
@@ -104,6 +110,42 @@ class MonitoredNats(NatsServer):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.monitor_port}/varz", timeout=5) as r:
             data: dict[str, Any] = json.load(r)
             return data
+
+
+async def start_slowlog(redis: Redis) -> None:
+    """Log every command with its run time (``--serial-costs``; it costs Redis a little)."""
+    await redis.config_set("slowlog-log-slower-than", 0)
+    await redis.config_set("slowlog-max-len", 100_000)
+    await redis.slowlog_reset()
+
+
+async def redis_time_per_job(redis: Redis, jobs: int) -> dict[str, dict[str, float]]:
+    """Redis's own time per job by command since ``start_slowlog``, a ledger script by its name
+    (a script's time includes the commands it calls, which the log lists too): calls and
+    microseconds per job, the costliest first."""
+    names = {
+        hashlib.sha1(script_source(name).encode()).hexdigest(): f"script {name}" for name in SCRIPTS
+    }
+    entries = await redis.slowlog_get(100_000)
+    await redis.config_set("slowlog-log-slower-than", 10_000)
+    totals: dict[str, list[float]] = {}
+    for entry in entries:
+        command = [_text(part) for part in entry["command"].split()[:2]]
+        name = command[0].lower()
+        if name == "evalsha" and len(command) > 1:
+            name = names.get(command[1], f"script {command[1][:8]}")
+        calls_us = totals.setdefault(name, [0, 0])
+        calls_us[0] += 1
+        calls_us[1] += entry["duration"]
+    ranked = sorted(totals.items(), key=lambda item: -item[1][1])
+    return {
+        name: {"calls": calls / jobs, "us": us / jobs, "us_per_call": us / max(1, calls)}
+        for name, (calls, us) in ranked[:12]
+    }
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def admission_views(port: int) -> dict[str, float]:
@@ -474,7 +516,11 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 opened: dict[str, Any] = {}
                 load.latencies = []
                 views0 = await asyncio.to_thread(admission_views, metrics_port)
+                if args.serial_costs:
+                    await start_slowlog(redis)
+                cpu_before = {k: proc_usage(pid)[0] for k, pid in pids.items()}
                 serial = [await load.one() for _ in range(args.serial_count)]
+                cpu_after = {k: proc_usage(pid)[0] for k, pid in pids.items()}
                 lat = load.latencies
                 views1 = await asyncio.to_thread(admission_views, metrics_port)
                 opened["serial"] = {
@@ -485,7 +531,17 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     # Placed on the kept copy without a read, and of those refused for a change.
                     "decided_on_kept_copy": views1["kept"] - views0["kept"],
                     "view_changed": views1["changed"] - views0["changed"],
+                    # Each process's CPU per job (its release included): on two cores the
+                    # serial loop is CPU-bound, so this is where its time goes.
+                    "cpu_ms_per_job": {
+                        k: 1000 * (cpu_after[k] - cpu_before[k]) / max(1, args.serial_count)
+                        for k in pids
+                    },
                 }
+                if args.serial_costs:
+                    opened["serial"]["redis_us_per_job"] = await redis_time_per_job(
+                        redis, args.serial_count
+                    )
                 for pct in (25, 50, 80):
                     lat = await load.open(rate * pct / 100, args.open_s)
                     opened[f"{pct}%"] = {
@@ -541,6 +597,14 @@ def table(results: list[dict[str, Any]]) -> str:
                     else ""
                 )
             )
+            if "cpu_ms_per_job" in v:
+                per_job = ", ".join(f"{n}={ms:.2f}" for n, ms in v["cpu_ms_per_job"].items())
+                lines.append(f"    serial CPU ms per job: {per_job}")
+            for name, cost in v.get("redis_us_per_job", {}).items():
+                lines.append(
+                    f"    redis {name:<28} {cost['calls']:6.2f} calls/job"
+                    f" {cost['us_per_call']:8.1f} us/call {cost['us']:8.1f} us/job"
+                )
         for p in r["problems"]:
             lines.append(f"  PROBLEM: {p}")
     return "\n".join(lines)
@@ -560,6 +624,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--floor-count", type=int, default=5000)
     parser.add_argument("--heartbeat-s", type=float, default=10.0)
     parser.add_argument("--profile", type=Path, default=None, help="py-spy profiles to DIR")
+    parser.add_argument(
+        "--serial-costs",
+        action="store_true",
+        help="Redis's time per serial job, by command and ledger script (SLOWLOG)",
+    )
     parser.add_argument(
         "--profile-format", default="flamegraph", choices=("flamegraph", "speedscope", "raw")
     )

@@ -22,6 +22,7 @@ def test_bench_quick_runs_clean_with_every_figure(tmp_path: Path) -> None:
     command = [
         sys.executable, str(BENCH / "bench_e2e.py"), "--quick", "--out", str(out),
         "--duration-s", "2", "--open-s", "1", "--serial-count", "3", "--floor-count", "200",
+        "--serial-costs",
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=280, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -34,6 +35,8 @@ def test_bench_quick_runs_clean_with_every_figure(tmp_path: Path) -> None:
     assert set(result["open"]) == {"serial", "25%", "50%", "80%"}
     serial = result["open"]["serial"]
     assert 0 <= serial["view_changed"] <= serial["decided_on_kept_copy"] <= serial["granted"]
+    assert serial["cpu_ms_per_job"]["scheduler-1"] > 0
+    assert serial["redis_us_per_job"]["script pend"]["calls"] >= 1
 
 
 def test_anatomy_times_the_steps_of_a_job() -> None:
