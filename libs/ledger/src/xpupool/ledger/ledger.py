@@ -882,14 +882,17 @@ class Ledger:
             pubsub = self._redis.pubsub()
             try:
                 await pubsub.subscribe(channel)
-                while not stop.is_set():
-                    message = await pubsub.get_message(timeout=1.0)
-                    if message is None:
-                        continue
-                    if message["type"] == "message":
-                        on_change(True, _int(message["data"]))
-                    elif message["type"] == "subscribe":
-                        on_change(True, 0)  # live from here on (again)
+                # Messages are read without a timeout each (under load they come several per
+                # grant); ``stop`` is watched beside them.
+                listening = asyncio.ensure_future(_announce(pubsub, on_change))
+                stopping = asyncio.ensure_future(stop.wait())
+                try:
+                    await asyncio.wait({listening, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stopping.cancel()
+                    listening.cancel()
+                if listening.done() and not listening.cancelled():
+                    listening.result()  # the connection's error, if it failed
             except asyncio.CancelledError:
                 on_change(False, 0)
                 raise
@@ -1081,6 +1084,15 @@ async def open_ledger(
     redis = Redis.from_url(url, ssl_ca_certs=tls_ca) if tls_ca else Redis.from_url(url)
     stack.push_async_callback(redis.aclose)
     return Ledger(redis, namespace)
+
+
+async def _announce(pubsub: Any, on_change: Callable[[bool, int], None]) -> None:
+    """``Ledger.follow_changes``'s messages, as they come."""
+    async for message in pubsub.listen():
+        if message["type"] == "message":
+            on_change(True, _int(message["data"]))
+        elif message["type"] == "subscribe":
+            on_change(True, 0)  # live from here on (again)
 
 
 def _pairs(flat: Sequence[Any]) -> dict[Any, Any]:

@@ -168,10 +168,9 @@ async def keep_warm(deps: handlers.SchedulerDeps, stop: asyncio.Event) -> None:
     way: an admission batch or a cycle reads for itself. Its own grants alone wake no read."""
     cache = deps.snapshots
     while not stop.is_set():
-        with suppress(TimeoutError):
-            await asyncio.wait_for(cache.changed.wait(), timeout=1.0)
-        if not cache.changed.is_set():
-            continue
+        # No timeout per wait (it wakes several times per grant under load): the service's
+        # loops are cancelled when it stops.
+        await cache.changed.wait()
         cache.changed.clear()
         if deps.admissions.busy or deps.last_pending or not cache.wants_read():
             continue
