@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from xpupool.bus.connection import connect_client, ensure_streams
@@ -150,13 +151,13 @@ def _text(value: object) -> str:
 
 def admission_views(port: int) -> dict[str, float]:
     """The scheduler's lone arrivals placed on its kept copy, by view (``kept``/``changed``)."""
-    prefix = "xpupool_scheduler_admission_views_total{view="
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     return {
-        line[len(prefix) + 1 : line.index('"}')]: float(line.split()[-1])
-        for line in text.splitlines()
-        if line.startswith(prefix)
+        sample.labels["view"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "xpupool_scheduler_admission_views_total"
     }
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import eventually
 from tests.e2e.conftest import EventLog, Ready
@@ -305,13 +306,16 @@ async def test_waiting_job_is_granted_when_capacity_frees(
         assert isinstance(outcome, AllocationGranted)
 
 
-def _metric(port: int, name: str, labels: str) -> float:
+def _admission_views(port: int) -> dict[str, float]:
+    """The scheduler's ``xpupool_scheduler_admission_views_total`` by its ``view`` label."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
-    for line in text.splitlines():
-        if line.startswith(f"{name}{{{labels}}} "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{name}{{{labels}}} not exported")
+    return {
+        s.labels["view"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "xpupool_scheduler_admission_views_total"
+    }
 
 
 async def test_lone_arrivals_are_placed_on_the_kept_copy_of_the_ledger(
@@ -340,8 +344,8 @@ async def test_lone_arrivals_are_placed_on_the_kept_copy_of_the_ledger(
             reply = await client.release(outcome.lease_id, outcome.fencing_token)
             assert reply.ok, reply
             await asyncio.sleep(0.05)  # the release's announcement reaches the scheduler
-    kept = _metric(port, "xpupool_scheduler_admission_views_total", 'view="kept"')
-    changed = _metric(port, "xpupool_scheduler_admission_views_total", 'view="changed"')
+    views = _admission_views(port)
+    kept, changed = views["kept"], views["changed"]
     assert kept - changed >= jobs // 2, (kept, changed)
     assert await audit(ledger) == []
 
