@@ -1,4 +1,5 @@
 -- include: _reservation
+-- include: _view
 -- Park a request that cannot be placed now in the persistent pending queue (idempotent).
 -- ARGV: job_id, priority (higher goes first), request JSON, max_wait_ms ('' = none), reason,
 -- detail, tenant, rate_per_s (<= 0: unlimited), burst, max_pending (< 0: unlimited),
@@ -17,14 +18,6 @@
 -- GCRA) or at its maximum of pending requests is refused before anything is written. A
 -- resubmission of a job that has ended (or of another tenant's job id) is refused with
 -- duplicate_job, saying how the earlier job ended.
--- The ledger's view as a change-log reader names it (Ledger.changes_since's cursor): epoch,
--- sequence and the redis-server process, '|'-separated. Equal to a reader's: nothing it has
--- not read changed since.
-local function change_view()
-  local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
-  return (redis.call('GET', k('changes-epoch')) or '') .. '|'
-    .. (redis.call('GET', k('changes-seq')) or '0') .. '|' .. run_id
-end
 local jk = k('job', ARGV[1])
 local state, owner = unpack(redis.call('HMGET', jk, 'state', 'tenant'))
 if state and owner and owner ~= ARGV[7] then

@@ -1,3 +1,4 @@
+-- include: _view
 -- The change log since a reader's cursor and the records it names, read in one atomic step (the
 -- scheduler's snapshot cache; before, three round trips). Writes nothing.
 -- ARGV[1]: the cursor's change sequence ('' for none: the header only);
@@ -13,7 +14,7 @@
 --   leases  = {lease_id, live (0/1), lease hash (flat)} for every lease the log names
 --   (nodes and leases are false when there were more records than ARGV[2])
 local t = redis.call('TIME')
-local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
+local run_id = server_run_id()
 local header = {
   redis.call('GET', k('changes-epoch')) or '',
   redis.call('GET', k('changes-seq')) or '0',
