@@ -233,7 +233,11 @@ class SnapshotCache:
             if self.after_full_read is not None:
                 self.after_full_read()
         self._cursor = changes.cursor
-        self._own = {seq for seq in self._own if seq > changes.cursor.seq}
+        # What this read brought in is no longer owed; after a full read (the log started over,
+        # or was rewound) the sequences held may mean other changes now, so none is kept.
+        self._own = (
+            {seq for seq in self._own if seq > changes.cursor.seq} if changes.complete else set()
+        )
         self._version = changes.version
         self._read_announced = announced
         self._read_at = (now_ms, time.monotonic())
