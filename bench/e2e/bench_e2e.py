@@ -150,15 +150,19 @@ def _text(value: object) -> str:
 
 
 def admission_views(port: int) -> dict[str, float]:
-    """The scheduler's lone arrivals placed on its kept copy, by view (``kept``/``changed``)."""
+    """The scheduler's lone arrivals placed on its kept copy, by view (``kept``/``changed``),
+    and how many scheduling cycles it has run (``cycles``: under load, a job that had to wait
+    turns placement on admission off until a cycle runs)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
-    return {
-        sample.labels["view"]: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "xpupool_scheduler_admission_views_total"
-    }
+    counts = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "xpupool_scheduler_admission_views_total":
+                counts[sample.labels["view"]] = sample.value
+            elif sample.name == "xpupool_scheduler_cycle_duration_seconds_count":
+                counts["cycles"] = sample.value
+    return counts
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -486,7 +490,9 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 if args.profile
                 else []
             )
+            counts0 = await asyncio.to_thread(admission_views, metrics_port) if metrics_port else {}
             rate = await load.closed(args.concurrency, args.duration_s)
+            counts1 = await asyncio.to_thread(admission_views, metrics_port) if metrics_port else {}
             for p in profilers:
                 await asyncio.to_thread(p.wait)
             if args.profile:
@@ -512,6 +518,9 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     k: 1000 * (usage[k][0] - cpu0[k]) / max(1, grants) for k in pids
                 },
                 "rss_mib": {k: usage[k][1] / 2**20 for k in pids},
+                # Scheduling cycles the closed loop caused (one replica's; none while every
+                # request is placed on admission).
+                "cycles": counts1.get("cycles", 0.0) - counts0.get("cycles", 0.0),
             }
             if sc.open_loop:
                 opened: dict[str, Any] = {}
@@ -586,6 +595,8 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{c['p99_ms']:>8.1f}{c['redis_commands_per_grant']:>8.1f}"
             f"{c['nats_in_msgs_per_grant'] + c['nats_out_msgs_per_grant']:>8.1f}  {cpu}"
         )
+        if r["replicas"] == 1:
+            lines.append(f"  closed loop: {c['cycles']:.0f} scheduling cycles")
         for k, v in r.get("open", {}).items():
             lines.append(
                 f"  open {k:<8} p50 {v['p50_ms']:.1f} ms  p99 {v['p99_ms']:.1f} ms"
