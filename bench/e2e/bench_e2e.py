@@ -22,7 +22,8 @@ is always reported.
 
 ``--profile DIR`` attaches py-spy to every service during the closed loop and writes one
 profile per service (a flame graph SVG by default, ``--profile-format raw`` for collapsed
-stacks), plus ``top.txt``: each service's hottest functions by inclusive and own samples.
+stacks), plus ``top.txt``: each service's hottest functions by inclusive and own samples. The
+serial run is profiled the same way, into ``DIR/<scenario>/serial``.
 
 Correctness first: every submitted job must get exactly one outcome and the ledger audit must be
 clean after every scenario, or the run fails (exit status 1).
@@ -35,6 +36,7 @@ import asyncio
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -528,9 +530,27 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 views0 = await asyncio.to_thread(admission_views, metrics_port)
                 if args.serial_costs:
                     await start_slowlog(redis)
+                serial_profilers = (
+                    start_profilers(
+                        {k: v for k, v in services.items() if k not in SERVERS},
+                        args.profile / sc.name / "serial",
+                        3600,
+                        args.profile_format,
+                    )
+                    if args.profile
+                    else []
+                )
                 cpu_before = {k: proc_usage(pid)[0] for k, pid in pids.items()}
                 serial = [await load.one() for _ in range(args.serial_count)]
                 cpu_after = {k: proc_usage(pid)[0] for k, pid in pids.items()}
+                # Stopped, not timed: py-spy writes its profile on SIGINT.
+                for p in serial_profilers:
+                    p.send_signal(signal.SIGINT)
+                for p in serial_profilers:
+                    await asyncio.to_thread(p.wait)
+                if args.profile:
+                    top = profile_top(args.profile / sc.name / "serial")
+                    (args.profile / sc.name / "serial" / "top.txt").write_text(top + "\n")
                 lat = load.latencies
                 views1 = await asyncio.to_thread(admission_views, metrics_port)
                 opened["serial"] = {
