@@ -44,7 +44,7 @@ from xpupool.bus.semconv import consumer_attributes
 from xpupool.contracts import decoder_for, describe_error, encode
 from xpupool.contracts.codec import DETAIL_LIMIT, clip
 from xpupool.contracts.subjects import Channel, Durable
-from xpupool.obs import bind_message_context, get_logger
+from xpupool.obs import bind_message_context, get_logger, start_current_span
 
 INVALID_REQUEST: Final = "invalid_request"
 PAYLOAD_TOO_LARGE: Final = "payload_too_large"
@@ -175,11 +175,12 @@ class _Dispatcher:
         """A CONSUMER span whose parent is the sender's trace (one trace per job)."""
         headers = msg.headers or {}
         parent = propagate.extract(headers)
-        return self.tracer.start_as_current_span(
+        return start_current_span(
+            self.tracer,
             f"process {self.channel.address}",
             context=parent,
             kind=SpanKind.CONSUMER,
-            attributes=consumer_attributes(
+            attributes=lambda: consumer_attributes(
                 self.channel.address, msg.subject, read_envelope(headers), len(msg.data)
             ),
         )

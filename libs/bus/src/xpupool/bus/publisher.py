@@ -22,7 +22,7 @@ from xpupool.bus.envelope import ce_headers
 from xpupool.bus.semconv import producer_attributes
 from xpupool.contracts import encode
 from xpupool.contracts.subjects import Channel, dedup_id, deliveries
-from xpupool.obs import get_logger
+from xpupool.obs import get_logger, start_current_span
 
 PUBLISH_TIMEOUT_S = 5.0
 
@@ -141,10 +141,11 @@ class Publisher:
         """Send ``event`` on ``subject`` of ``channel``; the pending JetStream acknowledgement,
         or None for core NATS."""
         headers = ce_headers(type(event), self._source, event_id or dedup_id(event))
-        with self._tracer.start_as_current_span(
+        with start_current_span(
+            self._tracer,
             f"send {channel.address}",
             kind=SpanKind.PRODUCER,
-            attributes=producer_attributes(channel.address, subject, headers),
+            attributes=lambda: producer_attributes(channel.address, subject, headers),
         ) as span:
             propagate.inject(headers)
             data = encode(event)

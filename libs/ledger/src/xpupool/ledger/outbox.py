@@ -33,11 +33,10 @@ from typing import Any
 import msgspec
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import SpanKind
 from redis.exceptions import ResponseError
 
 from xpupool.ledger.ledger import DIRECT_OUTBOX, Ledger
-from xpupool.obs import get_logger, spans_exported
+from xpupool.obs import get_logger, spans_exported, start_current_span
 
 # The events for each entry of a batch (a builder may read what they need in one round trip).
 BuildEvents = Callable[[Sequence[dict[str, str]]], Awaitable[Sequence[Sequence[msgspec.Struct]]]]
@@ -158,12 +157,14 @@ class OutboxRelay:
         """Send one entry's events under the trace of the job the entry is about; returns their
         pending acknowledgements."""
         kind = fields.get("kind", "")
-        attributes = {f"xpupool.{name}": fields[name] for name in _IDS if fields.get(name)}
-        with self._tracer.start_as_current_span(
+        with start_current_span(
+            self._tracer,
             f"relay {kind}",
             context=await self._trace_context(fields),
-            kind=SpanKind.INTERNAL,
-            attributes={"xpupool.outbox": self._service, "xpupool.outbox.kind": kind} | attributes,
+            attributes=lambda: (
+                {"xpupool.outbox": self._service, "xpupool.outbox.kind": kind}
+                | {f"xpupool.{name}": fields[name] for name in _IDS if fields.get(name)}
+            ),
         ):
             acks: list[Awaitable[Any]] = []
             for event in events:

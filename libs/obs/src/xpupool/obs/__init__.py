@@ -8,6 +8,8 @@ from xpupool.obs.tracing import (
     current_trace_id,
     links_to,
     spans_exported,
+    spans_recorded,
+    start_current_span,
     trace_carrier,
 )
 
@@ -21,5 +23,7 @@ __all__ = [
     "links_to",
     "load_settings",
     "spans_exported",
+    "spans_recorded",
+    "start_current_span",
     "trace_carrier",
 ]

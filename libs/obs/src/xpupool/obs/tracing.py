@@ -7,15 +7,21 @@ Span names follow the messaging semantic conventions: ``send <subject-template>`
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from types import TracebackType
 
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import Link, Span
+from opentelemetry.trace import Link, Span, SpanKind, Tracer
 from opentelemetry.util.types import AttributeValue
+
+#: Span attributes, or what makes them when the span records (they cost a dict per message).
+Attributes = Mapping[str, AttributeValue] | Callable[[], Mapping[str, AttributeValue]] | None
 
 
 def spans_exported() -> bool:
@@ -58,6 +64,60 @@ def _instrument_redis(provider: TracerProvider) -> None:
         instrumentor.instrument(tracer_provider=provider)
 
 
+def spans_recorded() -> bool:
+    """Whether a tracer provider is installed (``configure_tracing`` installs one only when
+    spans are exported, a test may install its own). Without one every span is the API's
+    no-op, which only makes its parent's span current."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+class _Current(AbstractContextManager[Span]):
+    """``span`` made the current span, and nothing else: what the API's no-op tracer does."""
+
+    __slots__ = ("_span", "_token")
+
+    def __init__(self, span: Span) -> None:
+        self._span = span
+        self._token: object | None = None
+
+    def __enter__(self) -> Span:
+        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        return self._span
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._token is not None:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+
+
+def start_current_span(
+    tracer: Tracer,
+    name: str,
+    *,
+    context: Context | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+    links: Callable[[], Sequence[Link]] | None = None,
+    attributes: Attributes = None,
+) -> AbstractContextManager[Span]:
+    """``tracer.start_as_current_span``, with the links and attributes made only when the
+    span is recorded. Without a tracer provider it only makes ``context``'s span current (the
+    no-op tracer's whole effect), so a job's trace context still travels and an untraced
+    service pays for no span it would throw away (several per message)."""
+    if not spans_recorded():
+        return _Current(trace.get_current_span(context))
+    return tracer.start_as_current_span(
+        name,
+        context=context,
+        kind=kind,
+        links=links() if links is not None else None,
+        attributes=attributes() if callable(attributes) else attributes,
+    )
+
+
 def current_trace_id() -> str | None:
     """The current trace id as 32 hex digits, or None outside a span."""
     context = trace.get_current_span().get_span_context()
@@ -84,11 +144,13 @@ def continue_trace(
     scheduling cycle serving many jobs) is a child of the job's trace and links the caller's
     span, so the job reads as one trace and the caller's stays reachable.
     """
+    parent = propagate.extract(carrier) if carrier.get("traceparent") else None
+    if not spans_recorded():
+        return _Current(trace.get_current_span(parent))
     tracer = trace.get_tracer("xpupool.obs")
-    caller = trace.get_current_span().get_span_context()
-    if not carrier.get("traceparent"):
+    if parent is None:
         return tracer.start_as_current_span(name, attributes=attributes)
-    parent = propagate.extract(carrier)
+    caller = trace.get_current_span().get_span_context()
     job = trace.get_current_span(parent).get_span_context()
     links = [Link(caller)] if caller.is_valid and caller.trace_id != job.trace_id else []
     return tracer.start_as_current_span(name, context=parent, links=links, attributes=attributes)

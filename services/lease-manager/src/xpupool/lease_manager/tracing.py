@@ -12,6 +12,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.util.types import AttributeValue
 
 from xpupool.ledger import LeaseRecord
+from xpupool.obs import spans_recorded
 
 LIFETIME_SPAN = "lease lifetime"
 
@@ -37,7 +38,7 @@ def record_lifetime(lease: LeaseRecord) -> None:
     granted, to its end) in its job's trace (the current one if the lease keeps none)."""
     start_ms = lease.granted_ms or lease.created_ms
     end_ms = lease.ended_ms
-    if not start_ms or not end_ms:
+    if not start_ms or not end_ms or not spans_recorded():
         return
     span = trace.get_tracer("xpupool.lease_manager").start_span(
         LIFETIME_SPAN,

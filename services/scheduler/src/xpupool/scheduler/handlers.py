@@ -72,7 +72,7 @@ from xpupool.ledger import (
 )
 from xpupool.ledger.events import granted_event
 from xpupool.ledger.group_commit import GroupCommit
-from xpupool.obs import continue_trace, get_logger, links_to, trace_carrier
+from xpupool.obs import continue_trace, get_logger, links_to, start_current_span, trace_carrier
 from xpupool.placement.default import DefaultPolicy
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.domain import (
@@ -258,8 +258,11 @@ async def admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> li
     if len(arrivals) == 1:
         span = continue_trace(ADMISSION_SPAN, arrivals[0].trace, attributes)
     else:
-        span = trace.get_tracer("xpupool.scheduler").start_as_current_span(
-            ADMISSION_SPAN, links=links_to([a.trace for a in arrivals]), attributes=attributes
+        span = start_current_span(
+            trace.get_tracer("xpupool.scheduler"),
+            ADMISSION_SPAN,
+            links=lambda: links_to([a.trace for a in arrivals]),
+            attributes=attributes,
         )
     with span:
         return await _admit_arrivals(arrivals, deps)
@@ -646,9 +649,10 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
         return []
     # One cycle serves many jobs: its span links each job's trace rather than joining one, and
     # each job's decision span is a child of that job's trace.
-    with trace.get_tracer("xpupool.scheduler").start_as_current_span(
+    with start_current_span(
+        trace.get_tracer("xpupool.scheduler"),
         CYCLE_SPAN,
-        links=links_to([job.trace for _, job in jobs]),
+        links=lambda: links_to([job.trace for _, job in jobs]),
         attributes={"xpupool.pending": len(jobs)},
     ):
         return await _decide_and_commit(deps, jobs, started)
