@@ -72,7 +72,14 @@ from xpupool.ledger import (
 )
 from xpupool.ledger.events import granted_event
 from xpupool.ledger.group_commit import GroupCommit
-from xpupool.obs import continue_trace, get_logger, links_to, start_current_span, trace_carrier
+from xpupool.obs import (
+    continue_trace,
+    get_logger,
+    links_to,
+    spans_recorded,
+    start_current_span,
+    trace_carrier,
+)
 from xpupool.placement.default import DefaultPolicy
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.domain import (
@@ -313,14 +320,15 @@ async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> l
             decision = placed[0]
             if granted:
                 deps.metrics.granted(decision.queue, 0.0)
-            # A placement the ledger did not take is a refused commit: the job waits instead.
-            committed = result if granted else ScriptResult(ok=False, reason=result.reason)
-            attributes = decision_attributes(
-                arrival.request, arrival.request.tenant or "", decision, committed
-            )
-            attributes["xpupool.decided_in"] = "admission"
-            with continue_trace(DECISION_SPAN, arrival.trace, attributes):
-                pass  # decided and committed above: the span records the outcome
+            if spans_recorded():
+                # A placement the ledger did not take is a refused commit: the job waits.
+                committed = result if granted else ScriptResult(ok=False, reason=result.reason)
+                attributes = decision_attributes(
+                    arrival.request, arrival.request.tenant or "", decision, committed
+                )
+                attributes["xpupool.decided_in"] = "admission"
+                with continue_trace(DECISION_SPAN, arrival.trace, attributes):
+                    pass  # decided and committed above: the span records the outcome
         waiting = waiting or (result.ok and not granted)
     if waiting:
         deps.last_pending = max(deps.last_pending, 1)
@@ -736,7 +744,7 @@ async def _decide_and_commit(
             log.info("commit_refused", job_id=job_id, reason=result.reason, detail=result.detail)
             deps.wake.set()  # decide again on fresh state
     committed = {job_id: result for (job_id, _), result in zip(reserves, results, strict=True)}
-    for job_id, decision in decisions:
+    for job_id, decision in decisions if spans_recorded() else ():
         job, request = records[job_id]
         attributes = decision_attributes(
             request, request.tenant or "", decision, committed.get(job_id)
