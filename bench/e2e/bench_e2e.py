@@ -6,7 +6,11 @@ simulated fleet in one fleet process (``xpupool.telemetry_collector.fleet``), an
 as the load generator. Each scenario measures, in the same run on the same servers:
 
 - the floor: NATS request/reply through a responder process that runs one Redis Lua
-  reservation per message, serial and at the closed loop's concurrency;
+  reservation per message, serial and at the closed loop's concurrency. It takes turns with
+  what it is compared with (``--rounds`` slices each: floor, closed loop, floor, ...; serial
+  floor, serial jobs, ...), so that both see the same machine: on a shared one the speed drifts
+  by tens of percent within minutes, and a floor measured once before the loop made the ratio
+  move with that drift. The ratios are of the slices' means; each round's are in the JSON;
 - closed loop: workers submit a job, wait for its outcome, release the lease (whole devices,
   shares and 2-device gangs mixed); sustained grants/s;
 - open loop: a constant-rate generator at 25/50/80 % of the closed-loop rate; submit -> grant
@@ -47,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nats.aio.client import Client
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
@@ -231,6 +236,16 @@ def start_profilers(
     return procs
 
 
+async def stop_profilers(procs: list[subprocess.Popen[bytes]], directory: Path | None) -> None:
+    """Stop the profilers (py-spy writes its profile on SIGINT) and write ``top.txt``."""
+    for p in procs:
+        p.send_signal(signal.SIGINT)
+    for p in procs:
+        await asyncio.to_thread(p.wait)
+    if directory:
+        (directory / "top.txt").write_text(profile_top(directory) + "\n")
+
+
 def profile_top(directory: Path, n: int = 25) -> str:
     """Each service's hottest functions from its collapsed stacks: inclusive and own share."""
     out = []
@@ -361,32 +376,59 @@ class Load:
         return self.latencies
 
 
-async def floor(nats_url: str, concurrency: int, count: int) -> dict[str, float]:
-    nc = await connect_client(nats_url, name="bench-floor")
-    try:
-        serial = []
-        for i in range(max(50, count // 10)):
-            t0 = time.perf_counter()
-            await nc.request(FLOOR_SUBJECT, str(i).encode(), timeout=5)
-            serial.append(time.perf_counter() - t0)
-        done = 0
-
-        async def worker() -> None:
-            nonlocal done
-            while done < count:
-                done += 1
-                await nc.request(FLOOR_SUBJECT, b"x", timeout=5)
-
+async def floor_serial(nc: Client, count: int) -> list[float]:
+    """The floor one request at a time: each round trip's seconds."""
+    serial = []
+    for i in range(count):
         t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        rate = done / (time.perf_counter() - t0)
-    finally:
-        await nc.close()
-    return {
-        "serial_p50_ms": 1000 * percentile(serial, 0.5),
-        "serial_p99_ms": 1000 * percentile(serial, 0.99),
-        "rate_per_s": rate,
-    }
+        await nc.request(FLOOR_SUBJECT, str(i).encode(), timeout=5)
+        serial.append(time.perf_counter() - t0)
+    return serial
+
+
+async def floor_rate(nc: Client, concurrency: int, count: int) -> float:
+    """The floor's rate with ``concurrency`` requests in flight (requests per second)."""
+    done = 0
+
+    async def worker() -> None:
+        nonlocal done
+        while done < count:
+            done += 1
+            await nc.request(FLOOR_SUBJECT, b"x", timeout=5)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done / (time.perf_counter() - t0)
+
+
+def floor_serial_count(floor_count: int) -> int:
+    return max(50, floor_count // 10)
+
+
+class Usage:
+    """What the services and servers spent (CPU, Redis commands, NATS messages) over the
+    slices of a run it was started and stopped around, the floor's slices between left out."""
+
+    def __init__(self, pids: dict[str, int], redis: Redis, nats: MonitoredNats) -> None:
+        self.pids, self.redis, self.nats = pids, redis, nats
+        self.cpu_s: dict[str, float] = dict.fromkeys(pids, 0.0)
+        self.commands: Counter[str] = Counter()
+        self.nats_in = self.nats_out = 0
+        self._cpu0: dict[str, float] = {}
+        self._cmd0: Counter[str] = Counter()
+        self._varz0: dict[str, Any] = {}
+
+    async def start(self) -> None:
+        self._cpu0 = {k: proc_usage(pid)[0] for k, pid in self.pids.items()}
+        self._cmd0, self._varz0 = await redis_commands(self.redis), self.nats.varz()
+
+    async def stop(self) -> None:
+        for k, pid in self.pids.items():
+            self.cpu_s[k] += proc_usage(pid)[0] - self._cpu0[k]
+        varz = self.nats.varz()
+        self.commands += await redis_commands(self.redis) - self._cmd0
+        self.nats_in += varz["in_msgs"] - self._varz0["in_msgs"]
+        self.nats_out += varz["out_msgs"] - self._varz0["out_msgs"]
 
 
 def spawn_fleet(stack: Stack, nodes: list[FleetNode], heartbeat_s: float) -> ServiceProcess:
@@ -448,6 +490,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
     stack.workdir.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"scenario": sc.name, "devices": sc.devices, "replicas": sc.replicas}
     redis = Redis.from_url(redis_server.url)
+    floor_nc: Client | None = None
     try:
         assert responder.stdout is not None
         if responder.stdout.readline().strip() != b"ready":
@@ -465,7 +508,8 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
             await asyncio.sleep(0.5)
         result["devices_registered"] = sum(len(n.devices) for n in await ledger.nodes())
         await stack.wait_until_pulling(timeout_s=60)
-        result["floor"] = fl = await floor(nats.url, args.concurrency, args.floor_count)
+        floor_nc = await connect_client(nats.url, name="bench-floor")
+        rounds = max(1, args.rounds)
         async with connected(nats.url) as client:
             await ensure_streams(client.js, s.STREAMS)
             load = Load(client, f"{sc.name}-{os.getpid()}")
@@ -478,55 +522,67 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
             services = dict(pids)
             # And this process: the client's own share of the same cores.
             pids["load-generator"] = os.getpid()
-            cpu0 = {k: proc_usage(pid)[0] for k, pid in pids.items()}
-            cmd0, varz0 = await redis_commands(redis), nats.varz()
             g0 = load.tally.kinds["AllocationGranted"]
             load.latencies = []
             profilers = (
                 start_profilers(
                     {k: v for k, v in services.items() if k not in SERVERS},
                     args.profile / sc.name,
-                    args.duration_s,
+                    3600,
                     args.profile_format,
                 )
                 if args.profile
                 else []
             )
             counts0 = await asyncio.to_thread(admission_views, metrics_port) if metrics_port else {}
-            rate = await load.closed(args.concurrency, args.duration_s)
+            # The floor and the closed loop take turns, in equal slices, so that both see the
+            # same machine: on a shared one its speed drifts by tens of percent within minutes.
+            usage = Usage(pids, redis, nats)
+            floor_rates, closed_rates = [], []
+            for _ in range(rounds):
+                floor_rates.append(
+                    await floor_rate(floor_nc, args.concurrency, args.floor_count // rounds)
+                )
+                await usage.start()
+                closed_rates.append(await load.closed(args.concurrency, args.duration_s / rounds))
+                await usage.stop()
             counts1 = await asyncio.to_thread(admission_views, metrics_port) if metrics_port else {}
-            for p in profilers:
-                await asyncio.to_thread(p.wait)
-            if args.profile:
-                top = profile_top(args.profile / sc.name)
-                (args.profile / sc.name / "top.txt").write_text(top + "\n")
+            await stop_profilers(profilers, args.profile and args.profile / sc.name)
             grants = load.tally.kinds["AllocationGranted"] - g0
-            cmd1, varz1 = await redis_commands(redis), nats.varz()
-            usage = {k: proc_usage(pid) for k, pid in pids.items()}
+            rss = {k: proc_usage(pid)[1] for k, pid in pids.items()}
             closed_lat = load.latencies
+            rate = sum(closed_rates) / rounds
+            result["floor"] = fl = {
+                "rate_per_s": sum(floor_rates) / rounds,
+                "rate_per_s_by_round": floor_rates,
+                "serial_p50_ms": 0.0,
+                "serial_p99_ms": 0.0,
+            }
             result["closed"] = {
                 "grants_per_s": rate,
+                "grants_per_s_by_round": closed_rates,
                 "ratio_to_floor": rate / fl["rate_per_s"],
+                "ratio_to_floor_by_round": [
+                    c / f for c, f in zip(closed_rates, floor_rates, strict=True)
+                ],
                 "grants": grants,
                 "p50_ms": 1000 * percentile(closed_lat, 0.5),
                 "p99_ms": 1000 * percentile(closed_lat, 0.99),
-                "redis_commands_per_grant": (cmd1 - cmd0).total() / max(1, grants),
+                "redis_commands_per_grant": usage.commands.total() / max(1, grants),
                 "redis_commands_per_grant_by_name": {
-                    k: v / max(1, grants) for k, v in (cmd1 - cmd0).most_common(20)
+                    k: v / max(1, grants) for k, v in usage.commands.most_common(20)
                 },
-                "nats_in_msgs_per_grant": (varz1["in_msgs"] - varz0["in_msgs"]) / max(1, grants),
-                "nats_out_msgs_per_grant": (varz1["out_msgs"] - varz0["out_msgs"]) / max(1, grants),
-                "cpu_s_per_1000_grants": {
-                    k: 1000 * (usage[k][0] - cpu0[k]) / max(1, grants) for k in pids
-                },
-                "rss_mib": {k: usage[k][1] / 2**20 for k in pids},
+                "nats_in_msgs_per_grant": usage.nats_in / max(1, grants),
+                "nats_out_msgs_per_grant": usage.nats_out / max(1, grants),
+                "cpu_s_per_1000_grants": {k: 1000 * usage.cpu_s[k] / max(1, grants) for k in pids},
+                "rss_mib": {k: rss[k] / 2**20 for k in pids},
                 # Scheduling cycles the closed loop caused (one replica's; none while every
                 # request is placed on admission).
                 "cycles": counts1.get("cycles", 0.0) - counts0.get("cycles", 0.0),
             }
+            floor_serial_lat: list[float] = []
             if sc.open_loop:
                 opened: dict[str, Any] = {}
-                load.latencies = []
                 views0 = await asyncio.to_thread(admission_views, metrics_port)
                 if args.serial_costs:
                     await start_slowlog(redis)
@@ -540,19 +596,26 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     if args.profile
                     else []
                 )
-                cpu_before = {k: proc_usage(pid)[0] for k, pid in pids.items()}
-                serial = [await load.one() for _ in range(args.serial_count)]
-                cpu_after = {k: proc_usage(pid)[0] for k, pid in pids.items()}
-                # Stopped, not timed: py-spy writes its profile on SIGINT.
-                for p in serial_profilers:
-                    p.send_signal(signal.SIGINT)
-                for p in serial_profilers:
-                    await asyncio.to_thread(p.wait)
-                if args.profile:
-                    top = profile_top(args.profile / sc.name / "serial")
-                    (args.profile / sc.name / "serial" / "top.txt").write_text(top + "\n")
-                lat = load.latencies
+                # Taking turns with the floor, as the closed loop does.
+                usage = Usage(pids, redis, nats)
+                serial: list[bool] = []
+                lat: list[float] = []
+                for r in range(rounds):
+                    floor_serial_lat += await floor_serial(
+                        floor_nc, floor_serial_count(args.floor_count) // rounds
+                    )
+                    jobs = args.serial_count // rounds + (r < args.serial_count % rounds)
+                    load.latencies = []
+                    await usage.start()
+                    serial += [await load.one() for _ in range(jobs)]
+                    await usage.stop()
+                    lat += load.latencies
+                await stop_profilers(
+                    serial_profilers, args.profile and args.profile / sc.name / "serial"
+                )
                 views1 = await asyncio.to_thread(admission_views, metrics_port)
+                fl["serial_p50_ms"] = 1000 * percentile(floor_serial_lat, 0.5)
+                fl["serial_p99_ms"] = 1000 * percentile(floor_serial_lat, 0.99)
                 opened["serial"] = {
                     "granted": sum(serial),
                     "p50_ms": 1000 * percentile(lat, 0.5),
@@ -564,8 +627,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     # Each process's CPU per job (its release included): on two cores the
                     # serial loop is CPU-bound, so this is where its time goes.
                     "cpu_ms_per_job": {
-                        k: 1000 * (cpu_after[k] - cpu_before[k]) / max(1, args.serial_count)
-                        for k in pids
+                        k: 1000 * usage.cpu_s[k] / max(1, len(serial)) for k in pids
                     },
                 }
                 if args.serial_costs:
@@ -582,6 +644,12 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                         "p999_ms": 1000 * percentile(lat, 0.999),
                     }
                 result["open"] = opened
+            else:
+                floor_serial_lat = await floor_serial(
+                    floor_nc, floor_serial_count(args.floor_count)
+                )
+                fl["serial_p50_ms"] = 1000 * percentile(floor_serial_lat, 0.5)
+                fl["serial_p99_ms"] = 1000 * percentile(floor_serial_lat, 0.99)
             await asyncio.sleep(1.0)  # late duplicates would arrive here
             problems = load.tally.problems()
             problems += await audit(ledger)
@@ -592,6 +660,8 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
             if dead:
                 problems.append(f"services died: {dead}")
     finally:
+        if floor_nc is not None:
+            await floor_nc.close()
         await redis.aclose()
         stack.stop()
         responder.kill()
@@ -654,6 +724,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--open-s", type=float, default=10.0)
     parser.add_argument("--serial-count", type=int, default=50)
     parser.add_argument("--floor-count", type=int, default=5000)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="turns the floor and the measured loops take (closed loop and serial run)",
+    )
     parser.add_argument("--heartbeat-s", type=float, default=10.0)
     parser.add_argument("--profile", type=Path, default=None, help="py-spy profiles to DIR")
     parser.add_argument(
