@@ -30,6 +30,9 @@ def test_bench_quick_runs_clean_with_every_figure(tmp_path: Path) -> None:
     assert result["problems"] == []
     closed = result["closed"]
     assert closed["grants"] > 0 and closed["ratio_to_floor"] > 0
+    # The floor took turns with the closed loop, one slice each per round.
+    assert len(result["floor"]["rate_per_s_by_round"]) == len(closed["grants_per_s_by_round"]) == 4
+    assert result["floor"]["serial_p50_ms"] > 0
     assert closed["redis_commands_per_grant_by_name"]
     assert closed["cycles"] >= 0  # read from the scheduler's metrics
     assert {"scheduler-1", "lease-manager-0"} <= set(closed["cpu_s_per_1000_grants"])
