@@ -346,8 +346,11 @@ class Load:
         return True
 
     async def closed(self, concurrency: int, duration_s: float) -> float:
-        """Grants per second with ``concurrency`` jobs in flight."""
-        stop = time.perf_counter() + duration_s
+        """Grants per second with ``concurrency`` jobs in flight: those granted within the
+        window, over its length (the jobs still in flight at its end finish, uncounted: a
+        short slice must not count its drain as time at full concurrency)."""
+        t0 = time.perf_counter()
+        stop = t0 + duration_s
         grants = 0
 
         async def worker() -> None:
@@ -356,11 +359,11 @@ class Load:
                 # Await first: ``grants += await ...`` would read grants before the await and
                 # lose the other workers' increments.
                 granted = await self.one()
-                grants += granted
+                if time.perf_counter() <= stop:
+                    grants += granted
 
-        t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return grants / (time.perf_counter() - t0)
+        return grants / duration_s
 
     async def open(self, rate: float, duration_s: float) -> list[float]:
         """Submit at a constant ``rate`` (not slowed by the system); grant latencies."""
@@ -386,23 +389,22 @@ async def floor_serial(nc: Client, count: int) -> list[float]:
     return serial
 
 
-async def floor_rate(nc: Client, concurrency: int, count: int) -> float:
-    """The floor's rate with ``concurrency`` requests in flight (requests per second)."""
+async def floor_rate(nc: Client, concurrency: int, duration_s: float) -> float:
+    """The floor's rate with ``concurrency`` requests in flight, counted as the closed loop's
+    is: the round trips done within the window, over its length."""
+    t0 = time.perf_counter()
+    stop = t0 + duration_s
     done = 0
 
     async def worker() -> None:
         nonlocal done
-        while done < count:
-            done += 1
+        while time.perf_counter() < stop:
             await nc.request(FLOOR_SUBJECT, b"x", timeout=5)
+            if time.perf_counter() <= stop:
+                done += 1
 
-    t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return done / (time.perf_counter() - t0)
-
-
-def floor_serial_count(floor_count: int) -> int:
-    return max(50, floor_count // 10)
+    return done / duration_s
 
 
 class Usage:
@@ -541,7 +543,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
             floor_rates, closed_rates = [], []
             for _ in range(rounds):
                 floor_rates.append(
-                    await floor_rate(floor_nc, args.concurrency, args.floor_count // rounds)
+                    await floor_rate(floor_nc, args.concurrency, args.floor_s / rounds)
                 )
                 await usage.start()
                 closed_rates.append(await load.closed(args.concurrency, args.duration_s / rounds))
@@ -602,7 +604,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 lat: list[float] = []
                 for r in range(rounds):
                     floor_serial_lat += await floor_serial(
-                        floor_nc, floor_serial_count(args.floor_count) // rounds
+                        floor_nc, max(1, args.floor_serial_count // rounds)
                     )
                     jobs = args.serial_count // rounds + (r < args.serial_count % rounds)
                     load.latencies = []
@@ -645,9 +647,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     }
                 result["open"] = opened
             else:
-                floor_serial_lat = await floor_serial(
-                    floor_nc, floor_serial_count(args.floor_count)
-                )
+                floor_serial_lat = await floor_serial(floor_nc, args.floor_serial_count)
                 fl["serial_p50_ms"] = 1000 * percentile(floor_serial_lat, 0.5)
                 fl["serial_p99_ms"] = 1000 * percentile(floor_serial_lat, 0.99)
             await asyncio.sleep(1.0)  # late duplicates would arrive here
@@ -723,7 +723,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=20.0)
     parser.add_argument("--open-s", type=float, default=10.0)
     parser.add_argument("--serial-count", type=int, default=50)
-    parser.add_argument("--floor-count", type=int, default=5000)
+    parser.add_argument(
+        "--floor-serial-count", type=int, default=500, help="the serial floor's round trips"
+    )
+    parser.add_argument(
+        "--floor-s", type=float, default=4.0, help="seconds of the floor at full concurrency"
+    )
     parser.add_argument(
         "--rounds",
         type=int,
@@ -746,7 +751,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         scenarios = [Scenario("quick", args.devices or 64, open_loop=True)]
         # The smoke run's lengths, unless given on the command line.
-        quick = {"duration_s": 4.0, "open_s": 3.0, "serial_count": 10, "floor_count": 1000}
+        quick = {
+            "duration_s": 4.0,
+            "open_s": 3.0,
+            "serial_count": 10,
+            "floor_serial_count": 100,
+            "floor_s": 1.0,
+        }
         for name, value in quick.items():
             if getattr(args, name) == parser.get_default(name):
                 setattr(args, name, value)
