@@ -47,6 +47,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -346,24 +347,8 @@ class Load:
         return True
 
     async def closed(self, concurrency: int, duration_s: float) -> float:
-        """Grants per second with ``concurrency`` jobs in flight: those granted within the
-        window, over its length (the jobs still in flight at its end finish, uncounted: a
-        short slice must not count its drain as time at full concurrency)."""
-        t0 = time.perf_counter()
-        stop = t0 + duration_s
-        grants = 0
-
-        async def worker() -> None:
-            nonlocal grants
-            while time.perf_counter() < stop:
-                # Await first: ``grants += await ...`` would read grants before the await and
-                # lose the other workers' increments.
-                granted = await self.one()
-                if time.perf_counter() <= stop:
-                    grants += granted
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return grants / duration_s
+        """Grants per second with ``concurrency`` jobs in flight (``rate_in_window``)."""
+        return await rate_in_window(self.one, concurrency, duration_s)
 
     async def open(self, rate: float, duration_s: float) -> list[float]:
         """Submit at a constant ``rate`` (not slowed by the system); grant latencies."""
@@ -379,6 +364,29 @@ class Load:
         return self.latencies
 
 
+async def rate_in_window(
+    step: Callable[[], Awaitable[bool]], concurrency: int, duration_s: float
+) -> float:
+    """``concurrency`` workers each running ``step`` after ``step`` for ``duration_s``: the
+    successful steps completed within the window, over its length. Those still in flight at
+    its end finish uncounted: a short slice must not count its drain as time at full
+    concurrency."""
+    stop = time.perf_counter() + duration_s
+    done = 0
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < stop:
+            # Await first: ``done += await ...`` would read done before the await and lose the
+            # other workers' increments.
+            ok = await step()
+            if ok and time.perf_counter() <= stop:
+                done += 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done / duration_s
+
+
 async def floor_serial(nc: Client, count: int) -> list[float]:
     """The floor one request at a time: each round trip's seconds."""
     serial = []
@@ -391,20 +399,13 @@ async def floor_serial(nc: Client, count: int) -> list[float]:
 
 async def floor_rate(nc: Client, concurrency: int, duration_s: float) -> float:
     """The floor's rate with ``concurrency`` requests in flight, counted as the closed loop's
-    is: the round trips done within the window, over its length."""
-    t0 = time.perf_counter()
-    stop = t0 + duration_s
-    done = 0
+    is (``rate_in_window``)."""
 
-    async def worker() -> None:
-        nonlocal done
-        while time.perf_counter() < stop:
-            await nc.request(FLOOR_SUBJECT, b"x", timeout=5)
-            if time.perf_counter() <= stop:
-                done += 1
+    async def round_trip() -> bool:
+        await nc.request(FLOOR_SUBJECT, b"x", timeout=5)
+        return True
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return done / duration_s
+    return await rate_in_window(round_trip, concurrency, duration_s)
 
 
 class Usage:
