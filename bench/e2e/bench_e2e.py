@@ -20,6 +20,10 @@ as the load generator. Each scenario measures, in the same run on the same serve
   generator itself (/proc), Redis commands per
   grant (INFO commandstats delta), NATS messages per grant (/varz delta).
 
+``--fleet-busy-share F`` makes that share of each simulated node's devices report a moving
+utilisation every heartbeat (``XPUPOOL_FLEET_BUSY_SHARE``), as devices running long jobs do:
+each change enters the ledger's change log, which the scheduler's kept copy follows.
+
 ``--serial-costs`` also logs every Redis command during the serial run (SLOWLOG at 0 µs) and
 reports Redis's own time per job by command and ledger script; each process's CPU per serial job
 is always reported.
@@ -434,11 +438,17 @@ class Usage:
         self.nats_out += varz["out_msgs"] - self._varz0["out_msgs"]
 
 
-def spawn_fleet(stack: Stack, nodes: list[FleetNode], heartbeat_s: float) -> ServiceProcess:
+def spawn_fleet(
+    stack: Stack, nodes: list[FleetNode], heartbeat_s: float, busy_share: float = 0.0
+) -> ServiceProcess:
     path = stack.workdir / "fleet.csv"
     path.write_text(format_fleet(nodes), encoding="utf-8")
     env = stack.base_env()
-    env.update(XPUPOOL_SIMULATED_NODES=str(path), XPUPOOL_SAMPLE_INTERVAL_S=str(heartbeat_s))
+    env.update(
+        XPUPOOL_SIMULATED_NODES=str(path),
+        XPUPOOL_SAMPLE_INTERVAL_S=str(heartbeat_s),
+        XPUPOOL_FLEET_BUSY_SHARE=str(busy_share),
+    )
     # It stops when the bench is gone, killed included, as the stack's own services do.
     env[PARENT_PID_ENV] = str(os.getpid())
     log_path = stack.workdir / "telemetry-fleet.log"
@@ -502,7 +512,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
         for _ in range(sc.replicas - 1):
             stack.spawn("lease-manager")
         nodes = fleet(sc.devices)
-        spawn_fleet(stack, nodes, args.heartbeat_s)
+        spawn_fleet(stack, nodes, args.heartbeat_s, args.fleet_busy_share)
         ledger = Ledger(redis, stack.namespace)
         deadline = time.monotonic() + 180
         while len(await ledger.nodes()) < len(nodes):
@@ -737,6 +747,12 @@ def main(argv: list[str] | None = None) -> int:
         help="turns the floor and the measured loops take (closed loop and serial run)",
     )
     parser.add_argument("--heartbeat-s", type=float, default=10.0)
+    parser.add_argument(
+        "--fleet-busy-share",
+        type=float,
+        default=0.0,
+        help="share of each node's devices reporting a moving utilisation every heartbeat",
+    )
     parser.add_argument("--profile", type=Path, default=None, help="py-spy profiles to DIR")
     parser.add_argument(
         "--serial-costs",

@@ -7,9 +7,14 @@ machine. This runner reads a node list (``XPUPOOL_SIMULATED_NODES``: a CSV file 
 each, then heartbeats all of them every ``XPUPOOL_SAMPLE_INTERVAL_S``. A node whose heartbeat is
 refused (the lease-manager declared it lost) registers again.
 
-It does not sample device load, take faults or serve metrics: a fleet is for placement at scale,
-where only capacity matters. The other ``XPUPOOL_*`` variables mean what they mean for one
-collector (``XPUPOOL_NODE_ID``/``XPUPOOL_NODE_PROFILE`` are ignored).
+It does not sample its simulated devices, take faults or serve metrics: a fleet is for placement
+at scale. With ``XPUPOOL_FLEET_BUSY_SHARE`` above 0 it does report load as a fleet running long
+jobs would: that share of each node's devices reports a utilisation that moves every interval
+(each sample drawn anew between 40 and 100 %), in one ``record_load`` per node and interval, as
+one collector per node writes it. Every such change enters the ledger's change log, as live
+utilisation does, so what follows that log (the scheduler's kept copy) sees production's rate of
+changes. The other ``XPUPOOL_*`` variables mean what they mean for one collector
+(``XPUPOOL_NODE_ID``/``XPUPOOL_NODE_PROFILE`` are ignored).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import random
 from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +39,7 @@ from xpupool.bus.lifecycle import (
     supervise,
     watch_bus,
 )
-from xpupool.contracts import access
+from xpupool.contracts import DeviceSample, access
 from xpupool.devices import Catalog, SimulatedBackend, load_catalog
 from xpupool.ledger import Ledger, open_ledger
 from xpupool.obs import configure_logging, get_logger, load_settings
@@ -51,6 +57,8 @@ class FleetSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     # CSV file: node_id,profile,cpu_milli,memory_mib (one simulated node per row).
     simulated_nodes: str = ""
+    # Share of each node's devices that report a moving utilisation every interval (0: none).
+    fleet_busy_share: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,15 +128,44 @@ def node_deps(
     )
 
 
+def busy_samples(
+    deps: handlers.CollectorDeps, busy_share: float, rng: random.Random
+) -> list[DeviceSample]:
+    """One interval's load of a node's busy devices (the first ``busy_share`` of them): a
+    utilisation drawn anew each time, as a device running a real job reports it."""
+    assert isinstance(deps.backend, SimulatedBackend)  # every fleet node's (node_deps)
+    units = deps.backend.unit_ids
+    busy = units[: round(busy_share * len(units))]
+    return [DeviceSample(device_id=unit, util_pct=float(rng.randint(40, 100))) for unit in busy]
+
+
 async def heartbeat_loop(
-    fleet: list[handlers.CollectorDeps], publisher: Publisher, stop: asyncio.Event
+    fleet: list[handlers.CollectorDeps],
+    publisher: Publisher,
+    stop: asyncio.Event,
+    busy_share: float = 0.0,
 ) -> None:
-    """Heartbeat every node each interval; re-register a node whose heartbeat is refused."""
+    """Heartbeat every node each interval (after its busy devices' load, if any), spread over
+    the interval as independent collectors' would be; re-register a node whose heartbeat is
+    refused."""
     log = get_logger()
     interval = fleet[0].settings.sample_interval_s if fleet else 1.0
+    rng = random.Random(fleet[0].settings.seed if fleet else 0)
+    loop = asyncio.get_running_loop()
     while not stop.is_set():
-        for deps in fleet:
+        started = loop.time()
+        for n, deps in enumerate(fleet):
+            # Each node at its own point of the interval: a thousand collectors do not all
+            # sample at the same instant.
+            delay = started + interval * n / len(fleet) - loop.time()
+            if delay > 0 and busy_share > 0:
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                if stop.is_set():
+                    return
             try:
+                if busy_share > 0:
+                    await deps.ledger.record_load(busy_samples(deps, busy_share, rng))
                 beat = await deps.ledger.heartbeat(deps.settings.node_id)
                 if not beat.ok:
                     await publisher.publish_all(await handlers.register_node(deps))
@@ -137,11 +174,12 @@ async def heartbeat_loop(
                     "fleet_heartbeat_failed", node_id=deps.settings.node_id, error=repr(error)
                 )
         with suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=interval)
+            await asyncio.wait_for(stop.wait(), timeout=max(0.0, started + interval - loop.time()))
 
 
-async def run(base: CollectorSettings, nodes: list[FleetNode]) -> None:
-    """Register every node of the fleet, then heartbeat them until SIGINT/SIGTERM."""
+async def run(base: CollectorSettings, nodes: list[FleetNode], busy_share: float = 0.0) -> None:
+    """Register every node of the fleet, then heartbeat them (and report the load of their
+    busy devices, ``busy_share`` of each node's) until SIGINT/SIGTERM."""
     configure_logging(SERVICE, base.log_level)
     stop = stop_on_signals()
     catalog = load_catalog(Path(base.catalog) if base.catalog else None)
@@ -163,7 +201,7 @@ async def run(base: CollectorSettings, nodes: list[FleetNode]) -> None:
                 await run_until_stopped(
                     run_stop,
                     watch_bus(bus.nc, run_stop),
-                    heartbeat_loop(fleet, bus.publisher, run_stop),
+                    heartbeat_loop(fleet, bus.publisher, run_stop, busy_share),
                 )
 
         await supervise(run_once, stop)
@@ -175,7 +213,9 @@ def main() -> None:
     if not settings.simulated_nodes:
         raise SystemExit("XPUPOOL_SIMULATED_NODES must name a fleet CSV file")
     nodes = parse_fleet(Path(settings.simulated_nodes).read_text(encoding="utf-8"))
-    run_service(run(load_settings(CollectorSettings), nodes))
+    if not 0.0 <= settings.fleet_busy_share <= 1.0:
+        raise SystemExit("XPUPOOL_FLEET_BUSY_SHARE must be between 0 and 1")
+    run_service(run(load_settings(CollectorSettings), nodes, settings.fleet_busy_share))
 
 
 if __name__ == "__main__":
