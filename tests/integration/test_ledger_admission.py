@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.integration.ledger_builders import device_spec, reservation
+from xpupool.contracts import DeviceSample
 from xpupool.ledger import (
     VIEW_CHANGED,
     Admission,
@@ -123,6 +124,33 @@ async def test_a_placement_on_a_kept_view_is_taken_only_while_the_ledger_shows_i
     fits_d = _placed("d", SliceClaim("n1/nvidia1", 1024, 10))
     now = (await ledger.changes_since(current)).cursor
     [taken] = await ledger.admit_many([_admission("d", fits_d, placement_view=now)])
+    assert taken.outcome == "granted"
+    assert await audit(ledger) == []
+
+
+async def test_live_load_alone_leaves_a_kept_view_standing(ledger: Ledger) -> None:
+    """A change of live load (a device's utilisation) is logged and moves the change sequence,
+    but a placement on a view read before it is still taken: nothing but telemetry changed. A
+    capacity change after it withdraws that view as before; so does another epoch of the log."""
+    await _two_gpus(ledger)
+    view = (await ledger.changes_since(None)).cursor
+    await ledger.record_load([DeviceSample(device_id="n1/nvidia1", util_pct=87.0)])
+    moved = (await ledger.changes_since(view)).cursor
+    assert moved.seq > view.seq  # logged, for readers that score by it
+    fits = _placed("a", SliceClaim("n1/nvidia0", whole=True))
+    [granted] = await ledger.admit_many([_admission("a", fits, placement_view=view)])
+    assert granted.ok and granted.outcome == "granted"
+
+    # The grant is a capacity change: a view from before it is stale, load or not.
+    await ledger.record_load([DeviceSample(device_id="n1/nvidia1", util_pct=12.0)])
+    late = _placed("b", SliceClaim("n1/nvidia1", 1024, 10))
+    [stale] = await ledger.admit_many([_admission("b", late, placement_view=moved)])
+    assert not stale.ok and stale.reason == VIEW_CHANGED
+    other_log = dataclasses.replace((await ledger.changes_since(moved)).cursor, epoch="0.0")
+    [rewound] = await ledger.admit_many([_admission("b", late, placement_view=other_log)])
+    assert not rewound.ok and rewound.reason == VIEW_CHANGED
+    current = (await ledger.changes_since(moved)).cursor
+    [taken] = await ledger.admit_many([_admission("b", late, placement_view=current)])
     assert taken.outcome == "granted"
     assert await audit(ledger) == []
 

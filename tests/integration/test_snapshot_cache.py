@@ -555,14 +555,16 @@ async def test_the_change_feed_announces_every_change_and_the_kept_pool_is_exact
     ledger: Ledger, seed: int
 ) -> None:
     """Every transition that moves the change sequence is announced on the feed, so the kept
-    pool is never offered after one; while nothing moved it (a heartbeat, a load sample that
-    changes no utilisation) the kept pool is offered, and equals a pool of a fresh read."""
+    pool is never offered after one, unless it changed live load alone (a utilisation): that is
+    announced as such, wants a warm read, and leaves the kept pool offered. While nothing moved
+    it (a heartbeat, a load sample that changes no utilisation) the kept pool is offered, and
+    after a read it equals a pool of a fresh read."""
     work, cache, config = Workload(ledger, seed), SnapshotCache(full_every=1_000), default_config()
     stop = asyncio.Event()
     follower = await _follow(cache, ledger, stop)
     try:
         await work.register()
-        offered = 0
+        offered = load_only = 0
         for k in range(80):
             # An announcement still on its way when a read starts withdraws that read's pool
             # too (the read may not have seen its change): read again until one is offered.
@@ -582,9 +584,16 @@ async def test_the_change_feed_announces_every_change_and_the_kept_pool_is_exact
             offered += 1
             before = await _seq(ledger)
             step = await work.step()
-            if await _seq(ledger) != before:
+            if await _seq(ledger) == before:
+                continue
+            if step.startswith("load"):
+                assert await _until(cache.wants_read), f"{k}: {step} was not announced"
+                assert await cache.kept_pool(config) is not None, f"{k}: {step} withdrew it"
+                load_only += 1
+            else:
                 assert await _announced(cache, config), f"{k}: {step} was not announced"
         assert offered == 80
+        assert load_only > 0  # the workload changed utilisation at least once
     finally:
         stop.set()
         await follower

@@ -865,18 +865,19 @@ class Ledger:
 
     async def follow_changes(
         self,
-        on_change: Callable[[bool, int], None],
+        on_change: Callable[[bool, int, bool], None],
         stop: asyncio.Event,
         retry_s: float = 0.5,
     ) -> None:
         """Follow the ledger's change feed until ``stop``: every script that changes a record
         publishes its change sequence there (``touched`` in ``_prelude.lua``).
 
-        ``on_change(True, seq)`` is called for each change (its sequence), ``on_change(True,
-        0)`` once the feed is (re)subscribed and ``on_change(False, 0)`` when the feed is lost,
-        since changes made meanwhile go unannounced (a reader then trusts nothing it kept until
-        it read again). The messages carry no records: they tell a reader that keeps a copy
-        (the scheduler's ``SnapshotCache``) to read the change log."""
+        ``on_change(True, seq, load_only)`` is called for each change (its sequence; whether it
+        was only live load, see ``_prelude.lua``), ``on_change(True, 0, False)`` once the feed is
+        (re)subscribed and ``on_change(False, 0, False)`` when the feed is lost, since changes
+        made meanwhile go unannounced (a reader then trusts nothing it kept until it read
+        again). The messages carry no records: they tell a reader that keeps a copy (the
+        scheduler's ``SnapshotCache``) to read the change log."""
         channel = self.key("changes-feed")
         while not stop.is_set():
             pubsub = self._redis.pubsub()
@@ -894,16 +895,16 @@ class Ledger:
                 if listening.done() and not listening.cancelled():
                     listening.result()  # the connection's error, if it failed
             except asyncio.CancelledError:
-                on_change(False, 0)
+                on_change(False, 0, False)
                 raise
             except Exception:  # noqa: BLE001  (Redis away: lost until subscribed again)
-                on_change(False, 0)
+                on_change(False, 0, False)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=retry_s)
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
-        on_change(False, 0)
+        on_change(False, 0, False)
 
     async def now_ms(self) -> int:
         """The ledger's clock."""
@@ -1086,13 +1087,15 @@ async def open_ledger(
     return Ledger(redis, namespace)
 
 
-async def _announce(pubsub: Any, on_change: Callable[[bool, int], None]) -> None:
-    """``Ledger.follow_changes``'s messages, as they come."""
+async def _announce(pubsub: Any, on_change: Callable[[bool, int, bool], None]) -> None:
+    """``Ledger.follow_changes``'s messages, as they come: ``<seq>``, or ``<seq>:load`` for a
+    change of live load alone."""
     async for message in pubsub.listen():
         if message["type"] == "message":
-            on_change(True, _int(message["data"]))
+            seq, _, kind = _str(message["data"]).partition(":")
+            on_change(True, _int(seq), kind == "load")
         elif message["type"] == "subscribe":
-            on_change(True, 0)  # live from here on (again)
+            on_change(True, 0, False)  # live from here on (again)
 
 
 def _pairs(flat: Sequence[Any]) -> dict[Any, Any]:

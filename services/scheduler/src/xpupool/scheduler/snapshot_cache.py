@@ -14,9 +14,13 @@ read costs one round trip, the change log, the ledger clock and the changed reco
 (``read_changes.lua``), unless more records changed than ``max_records``.
 
 Between reads it can follow the ledger's change feed (``note_change``, fed by
-``Ledger.follow_changes``): while nothing was announced since a read, ``kept_pool`` gives the
-working pool of that read without asking the ledger again, together with the view it shows, and
-the one who commits on it has the ledger check that view (``Admission.placement_view``).
+``Ledger.follow_changes``): while nothing but live load was announced since a read, ``kept_pool``
+gives the working pool of that read without asking the ledger again, together with the view it
+shows, and the one who commits on it has the ledger check that view
+(``Admission.placement_view``: nothing but live load changed since). Live load, a device's
+utilisation, moves every few seconds on every busy device; placement scores by it, but a sample
+a few milliseconds older is as good, so it alone does not withdraw the kept pool (it does call
+for a warm read, ``wants_read``).
 """
 
 from __future__ import annotations
@@ -118,11 +122,13 @@ class SnapshotCache:
         """Make the next read a full one."""
         self._cursor = None
 
-    def note_change(self, live: bool = True, seq: int = 0) -> None:
+    def note_change(self, live: bool = True, seq: int = 0, load_only: bool = False) -> None:
         """The change feed announced a change (``live``; ``seq``, its sequence, 0 for the feed
         coming up), or was lost (not ``live``: changes may go unannounced until it is back).
-        Either way the copy is no longer known current, and ``changed`` is set."""
-        self._announced += 1
+        Either way ``changed`` is set and a read is wanted; unless the change was only live
+        load (``load_only``), the copy is no longer known current."""
+        if not load_only:
+            self._announced += 1
         self._feed_live = live
         self._unread.add(seq)
         self.changed.set()
@@ -141,11 +147,11 @@ class SnapshotCache:
     async def kept_pool(
         self, config: SchedulerConfig
     ) -> tuple[PoolSnapshot, int, WorkingPool, ChangeCursor] | None:
-        """``read_pool`` without reading, when the change feed announced nothing since the last
-        read brought the working pool up to date: the pool, with the ledger's clock moved on by
-        the time since (ms, also the pool's ``now_s``), and the view it shows. None when that
-        is not known (no live feed, a change announced, the pool out of step or for another
-        config): the caller reads. An in-flight read is waited for first."""
+        """``read_pool`` without reading, when the change feed announced nothing but live load
+        since the last read brought the working pool up to date: the pool, with the ledger's
+        clock moved on by the time since (ms, also the pool's ``now_s``), and the view it
+        shows. None when that is not known (no live feed, a change announced, the pool out of
+        step or for another config): the caller reads. An in-flight read is waited for first."""
         async with self._lock:
             pool, cursor = self._pool, self._cursor
             if (

@@ -26,12 +26,16 @@ local RETAIN_S = 7 * 24 * 3600
 -- A script that changes anything also publishes its sequence once on the changes-feed channel,
 -- so a reader can keep its copy warm instead of asking the log first (a subscriber sees the
 -- message only after the whole script ran, and, with AOF, after it was made durable).
+-- Live load (a device's utilisation, record_load.lua) is telemetry, not capacity: it is logged
+-- like any change (placement scores by it), but it is announced as "<seq>:load" and leaves
+-- capacity-seq alone. capacity-seq is the sequence of the last change that was more than live
+-- load; pend.lua takes a placement decided on a kept copy as long as nothing but live load
+-- changed since that copy was read (a sample is seconds old when it is written anyway).
 local CHANGE_LOG_MAX, CHANGE_LOG_TRIM = 50000, 5000
-local change_seq = nil
-local function touched(kind, id)
+local change_seq, capacity_noted = nil, false
+local function log_change(kind, id, load_only)
   if not change_seq then
     change_seq = redis.call('INCR', k('changes-seq'))
-    redis.call('PUBLISH', k('changes-feed'), change_seq)
     local t = redis.call('TIME')
     redis.call('SET', k('changes-epoch'), t[1] .. '.' .. t[2], 'NX')
     local size = redis.call('ZCARD', k('changes'))
@@ -41,9 +45,17 @@ local function touched(kind, id)
       redis.call('ZREMRANGEBYRANK', k('changes'), 0, cut - 1)
       redis.call('SET', k('changes-floor'), last[2])
     end
+    if load_only then redis.call('PUBLISH', k('changes-feed'), change_seq .. ':load') end
+  end
+  if not load_only and not capacity_noted then
+    capacity_noted = true
+    redis.call('SET', k('capacity-seq'), change_seq)
+    redis.call('PUBLISH', k('changes-feed'), change_seq)
   end
   redis.call('ZADD', k('changes'), change_seq, kind .. ':' .. id)
 end
+local function touched(kind, id) log_change(kind, id, false) end
+local function touched_load(kind, id) log_change(kind, id, true) end
 
 -- The holder check every lease command from a tenant passes before it touches anything: the
 -- lease must exist, belong to the tenant whose subject sent the command, match the grant's

@@ -4,9 +4,16 @@
 local function server_run_id()
   return string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
 end
--- Epoch, sequence and server, '|'-separated (Ledger's ChangeCursor.view): equal to a reader's
--- cursor, nothing it has not read changed since.
-local function change_view()
-  return (redis.call('GET', k('changes-epoch')) or '') .. '|'
-    .. (redis.call('GET', k('changes-seq')) or '0') .. '|' .. server_run_id()
+-- Whether a reader that read the log up to the view "epoch|seq|server" (Ledger's
+-- ChangeCursor.view) has seen every change but live load: same log, same server, and no change
+-- beyond live load logged after its sequence (capacity-seq; a ledger written before that key
+-- existed counts every change).
+local function view_current(view)
+  local epoch, seq, server = string.match(view, '^(.*)|(%d+)|(.*)$')
+  if not seq or epoch ~= (redis.call('GET', k('changes-epoch')) or '')
+      or server ~= server_run_id() then
+    return false
+  end
+  local last = redis.call('GET', k('capacity-seq')) or redis.call('GET', k('changes-seq')) or '0'
+  return tonumber(last) <= tonumber(seq)
 end

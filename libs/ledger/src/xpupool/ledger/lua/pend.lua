@@ -9,10 +9,12 @@
 -- scheduler publishes it at once from what this script answers (the lease's record and the
 -- entry's id) and then deletes the entry; the lease-manager's relay publishes only what a
 -- scheduler left there (outbox.py);
--- view ('' = none): the ledger view the placement was decided on (change_view), when the
--- scheduler decided on its kept copy without reading the log first: after any change since, the
--- placement might not be the one a fresh read would give, so the request is refused before
--- anything is written (view_changed) and the scheduler decides it again on a read.
+-- view ('' = none): the ledger view the placement was decided on (view_current), when the
+-- scheduler decided on its kept copy without reading the log first: after any change since but
+-- live load, the placement might not be the one a fresh read would give, so the request is
+-- refused before anything is written (view_changed) and the scheduler decides it again on a
+-- read. (Live load moves every few seconds on every busy device; a decision is as good on a
+-- sample a few milliseconds older, and capacity is checked here anyway.)
 -- The score orders by priority, then arrival in seconds (both exact in a double).
 -- A new request of a tenant over its rate (a token bucket kept as its theoretical arrival time,
 -- GCRA) or at its maximum of pending requests is refused before anything is written. A
@@ -43,7 +45,7 @@ if (ARGV[13] or '') ~= '' then
   if placement.job_id ~= ARGV[1] or placement.tenant ~= tenant then
     return fail('placement_mismatch', 'the placement is for another job or tenant')
   end
-  if (ARGV[14] or '') ~= '' and ARGV[14] ~= change_view() then
+  if (ARGV[14] or '') ~= '' and not view_current(ARGV[14]) then
     return fail('view_changed', 'the ledger changed since the view the placement was decided on')
   end
 end

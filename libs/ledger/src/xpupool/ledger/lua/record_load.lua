@@ -11,7 +11,7 @@ for i = 1, #ARGV, 3 do
   redis.call('HSET', dk, 'util_int', util_int, 'mem_int', mem_int, 'load_ms', now)
   if ARGV[i + 1] ~= '' and redis.call('HGET', dk, 'util') ~= ARGV[i + 1] then
     redis.call('HSET', dk, 'util', ARGV[i + 1])
-    touched('dev', ARGV[i])
+    touched_load('dev', ARGV[i])
   end
   -- When it last did any work: what idle reclaim measures a lease's devices by.
   if ARGV[i + 1] ~= '' and tonumber(ARGV[i + 1]) > 0 then
