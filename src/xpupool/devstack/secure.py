@@ -196,7 +196,7 @@ _COLLECTOR_WRITES: Final[tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = 
     (("hset",), ("usage-rec",)),
     (("zadd",), ("usage-ended",)),
     (("incr",), ("changes-seq", "ver")),
-    (("set",), ("changes-epoch", "changes-floor")),
+    (("set",), ("changes-epoch", "changes-floor", "capacity-seq")),
     (("xadd",), ("outbox:lease-manager",)),
 )
 # The one channel: every script that changes a record announces it there (``touched`` in
