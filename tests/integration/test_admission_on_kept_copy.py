@@ -5,11 +5,15 @@ still granted at admission, never left to a cycle."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 import pytest
 
 from tests.integration.ledger_builders import device_spec, reservation
-from xpupool.contracts import DeviceDemand, JobRequested
+from xpupool.contracts import DeviceDemand, DeviceSample, JobRequested
 from xpupool.ledger import AdmissionLimits, Ledger, SliceClaim
+from xpupool.scheduler import main as scheduler_main
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.handlers import Arrival, SchedulerDeps, admit_arrivals
 from xpupool.scheduler.settings import SchedulerSettings
@@ -61,3 +65,59 @@ async def test_a_placement_on_a_stale_copy_is_decided_again_on_a_read(ledger: Le
     lease = await ledger.get_lease(result.lease_id)
     assert lease is not None and [s.device_id for s in lease.slices] == ["n1/nvidia1"]
     assert await ledger.pending_jobs() == [] and deps.last_pending == 0
+
+
+async def test_live_load_alone_leaves_the_kept_copy_in_use(ledger: Ledger) -> None:
+    """Utilisation samples land between the read and the arrival (announced as live load, as
+    the feed does): the arrival is still placed on the kept copy, and the ledger takes it."""
+    deps = await _deps_on_a_current_copy(ledger)
+    await ledger.record_load([DeviceSample(device_id="n1/nvidia0", util_pct=61.0)])
+    seq = await ledger.redis.get(ledger.key("changes-seq"))
+    assert seq is not None
+    deps.snapshots.note_change(True, int(seq), True)
+    assert deps.snapshots.wants_read()  # a warm read is wanted, at the telemetry's pace
+    reads = deps.snapshots.last
+    [result] = await admit_arrivals([_arrival("c")], deps)
+    assert result.ok and result.outcome == "granted", result
+    assert deps.snapshots.last is reads  # no read of its own
+    assert (_views(deps, "kept"), _views(deps, "changed")) == (1.0, 0.0)
+
+
+async def test_an_idle_replica_reads_live_load_in_at_its_own_pace(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Following the feed, an idle replica reads a capacity change in at once, but live load
+    alone at most every ``LOAD_CATCH_UP_S`` (a fleet reports it many times a second), and then
+    all of it in one read."""
+    monkeypatch.setattr(scheduler_main, "LOAD_CATCH_UP_S", 1.5)
+    specs = [device_spec("n1", i) for i in range(2)]
+    assert (await ledger.register_node("n1", specs, 64_000, 256_000)).ok
+    deps = SchedulerDeps(ledger=ledger, settings=SchedulerSettings(), config=ConfigSource(None))
+    cache, stop = deps.snapshots, asyncio.Event()
+    loops = [asyncio.create_task(c) for c in scheduler_main.warm_copy_loops(deps, stop)]
+    try:
+        assert await _eventually(lambda: cache._feed_live)  # noqa: SLF001
+        await cache.read_pool(ledger, deps.config.current())
+        reads = cache.reads
+        for k in range(20):
+            await ledger.record_load([DeviceSample(device_id="n1/nvidia0", util_pct=40.0 + k)])
+            await asyncio.sleep(0.02)
+        assert cache.wants_read() and cache.load_only_unread()
+        assert cache.reads == reads  # none yet: under LOAD_CATCH_UP_S since the last
+        assert await cache.kept_pool(deps.config.current()) is not None  # and the copy stands
+        assert await _eventually(lambda: cache.reads == reads + 1 and not cache.wants_read())
+        assert (await ledger.reserve(reservation("x", SliceClaim("n1/nvidia1", 1024, 10)))).ok
+        assert await _eventually(lambda: cache.reads == reads + 2, timeout_s=1.0)  # at once
+    finally:
+        stop.set()
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+
+
+async def _eventually(condition: Callable[[], bool], timeout_s: float = 3.0) -> bool:
+    for _ in range(int(timeout_s / 0.01)):
+        if condition():
+            return True
+        await asyncio.sleep(0.01)
+    return condition()

@@ -46,6 +46,10 @@ CYCLE_LOCK_MS = 10_000
 ADMISSION_CONCURRENCY = 256
 # How long a replica keeps the cycle lock, after a cycle that had work, waiting for more.
 CYCLE_LOCK_LINGER_S = 0.05
+# How often, at most, an idle replica reads in changes of live load alone (``keep_warm``): a
+# fraction of a telemetry interval (seconds), so the kept copy's utilisation is never much older
+# than the samples themselves.
+LOAD_CATCH_UP_S = 0.5
 
 
 class CycleLock:
@@ -165,8 +169,14 @@ async def keep_warm(deps: handlers.SchedulerDeps, stop: asyncio.Event) -> None:
     """Bring the kept copy of the ledger up to date as soon as the change feed announces a
     change while this replica has nothing else to do, so that a lone arrival is placed on it
     without a read of its own (``SnapshotCache.kept_pool``). Under load it stays out of the
-    way: an admission batch or a cycle reads for itself. Its own grants alone wake no read."""
+    way: an admission batch or a cycle reads for itself. Its own grants alone wake no read.
+
+    Live load alone (utilisation samples, which withdraw no kept pool) is read in at most every
+    ``LOAD_CATCH_UP_S``: a fleet's busy devices report it many times a second in all, and a
+    read per sample would keep an idle scheduler reading."""
     cache = deps.snapshots
+    loop = asyncio.get_running_loop()
+    catch_up: asyncio.TimerHandle | None = None
     while not stop.is_set():
         # No timeout per wait (it wakes several times per grant under load): the service's
         # loops are cancelled when it stops.
@@ -174,6 +184,12 @@ async def keep_warm(deps: handlers.SchedulerDeps, stop: asyncio.Event) -> None:
         cache.changed.clear()
         if deps.admissions.busy or deps.last_pending or not cache.wants_read():
             continue
+        if cache.load_only_unread():
+            wait = LOAD_CATCH_UP_S - cache.since_read_s()
+            if wait > 0:
+                if catch_up is None or catch_up.when() <= loop.time():
+                    catch_up = loop.call_later(wait, cache.changed.set)
+                continue
         try:
             await cache.read_pool(deps.ledger, deps.config.current())
         except Exception as error:  # noqa: BLE001  (Redis away: the next arrival reads itself)

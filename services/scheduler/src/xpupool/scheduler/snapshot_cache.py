@@ -114,7 +114,10 @@ class SnapshotCache:
         # The sequences announced since the last read began (0: the feed itself came or went),
         # and those of this replica's own changes not read back yet.
         self._unread: set[int] = set()
+        self._unread_load: set[int] = set()
         self._own: set[int] = set()
+        self.reads = 0
+        """How many reads there were (full or not)."""
         self.changed = asyncio.Event()
         """Set on every announced change (``keep_warm`` reads then, when nothing else is)."""
 
@@ -127,7 +130,9 @@ class SnapshotCache:
         coming up), or was lost (not ``live``: changes may go unannounced until it is back).
         Either way ``changed`` is set and a read is wanted; unless the change was only live
         load (``load_only``), the copy is no longer known current."""
-        if not load_only:
+        if load_only:
+            self._unread_load.add(seq)
+        else:
             self._announced += 1
         self._feed_live = live
         self._unread.add(seq)
@@ -143,6 +148,14 @@ class SnapshotCache:
         began. Its own ones alone are not worth a read of their own: the next change anyone
         else makes (a release) brings them in with it."""
         return bool(self._unread - self._own)
+
+    def load_only_unread(self) -> bool:
+        """Whether what is wanted to be read is live load alone (it withdraws no kept pool)."""
+        return bool(self._unread_load) and not (self._unread - self._own - self._unread_load)
+
+    def since_read_s(self) -> float:
+        """Seconds since the last read brought the copy up to date."""
+        return time.monotonic() - self._read_at[1]
 
     async def kept_pool(
         self, config: SchedulerConfig
@@ -184,7 +197,8 @@ class SnapshotCache:
     async def _read(self, ledger: Ledger) -> tuple[PoolSnapshot, int]:
         started = time.perf_counter()
         announced = self._announced  # what this read sees at the least
-        self._unread = set()
+        self._unread, self._unread_load = set(), set()
+        self.reads += 1
         due = (
             self._since_full >= self.full_every and started - self._full_at >= self.full_interval_s
         )
