@@ -176,7 +176,12 @@ async def keep_warm(deps: handlers.SchedulerDeps, stop: asyncio.Event) -> None:
     read per sample would keep an idle scheduler reading."""
     cache = deps.snapshots
     loop = asyncio.get_running_loop()
-    catch_up_at = 0.0  # when the timer set for live load wakes this loop (loop time)
+    armed = False  # a timer will wake this loop for live load when it is due
+
+    def due() -> None:
+        nonlocal armed
+        armed = False
+        cache.changed.set()
     while not stop.is_set():
         # No timeout per wait (it wakes several times per grant under load): the service's
         # loops are cancelled when it stops.
@@ -187,9 +192,10 @@ async def keep_warm(deps: handlers.SchedulerDeps, stop: asyncio.Event) -> None:
         if cache.load_only_unread():
             wait = LOAD_CATCH_UP_S - cache.since_read_s()
             if wait > 0:
-                if catch_up_at <= loop.time():
-                    loop.call_later(wait, cache.changed.set)
-                    catch_up_at = loop.time() + wait
+                # Armed again if it fires early (libuv's timers keep milliseconds).
+                if not armed:
+                    armed = True
+                    loop.call_later(wait, due)
                 continue
         try:
             await cache.read_pool(deps.ledger, deps.config.current())
