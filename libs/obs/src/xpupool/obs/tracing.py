@@ -9,9 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from types import TracebackType
 
-from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -71,29 +69,6 @@ def spans_recorded() -> bool:
     return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
-class _Current(AbstractContextManager[Span]):
-    """``span`` made the current span, and nothing else: what the API's no-op tracer does."""
-
-    __slots__ = ("_span", "_token")
-
-    def __init__(self, span: Span) -> None:
-        self._span = span
-        self._token: object | None = None
-
-    def __enter__(self) -> Span:
-        self._token = otel_context.attach(trace.set_span_in_context(self._span))
-        return self._span
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._token is not None:
-            otel_context.detach(self._token)  # type: ignore[arg-type]
-
-
 def start_current_span(
     tracer: Tracer,
     name: str,
@@ -108,7 +83,7 @@ def start_current_span(
     no-op tracer's whole effect), so a job's trace context still travels and an untraced
     service pays for no span it would throw away (several per message)."""
     if not spans_recorded():
-        return _Current(trace.get_current_span(context))
+        return trace.use_span(trace.get_current_span(context), end_on_exit=False)
     return tracer.start_as_current_span(
         name,
         context=context,
@@ -146,7 +121,7 @@ def continue_trace(
     """
     parent = propagate.extract(carrier) if carrier.get("traceparent") else None
     if not spans_recorded():
-        return _Current(trace.get_current_span(parent))
+        return trace.use_span(trace.get_current_span(parent), end_on_exit=False)
     tracer = trace.get_tracer("xpupool.obs")
     if parent is None:
         return tracer.start_as_current_span(name, attributes=attributes)
