@@ -76,7 +76,6 @@ from xpupool.obs import (
     continue_trace,
     get_logger,
     links_to,
-    spans_recorded,
     start_current_span,
     trace_carrier,
 )
@@ -106,9 +105,8 @@ from xpupool.scheduler.snapshot_cache import SnapshotCache
 from xpupool.scheduler.tracing import (
     ADMISSION_SPAN,
     CYCLE_SPAN,
-    DECISION_SPAN,
     GRANT_SPAN,
-    decision_attributes,
+    record_decision,
 )
 
 ADMITTED = JobReason.QUEUED.value
@@ -320,15 +318,9 @@ async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> l
             decision = placed[0]
             if granted:
                 deps.metrics.granted(decision.queue, 0.0)
-            if spans_recorded():
-                # A placement the ledger did not take is a refused commit: the job waits.
-                committed = result if granted else ScriptResult(ok=False, reason=result.reason)
-                attributes = decision_attributes(
-                    arrival.request, arrival.request.tenant or "", decision, committed
-                )
-                attributes["xpupool.decided_in"] = "admission"
-                with continue_trace(DECISION_SPAN, arrival.trace, attributes):
-                    pass  # decided and committed above: the span records the outcome
+            # A placement the ledger did not take is a refused commit: the job waits instead.
+            committed = result if granted else ScriptResult(ok=False, reason=result.reason)
+            record_decision(arrival.request, decision, committed, arrival.trace, "admission")
         waiting = waiting or (result.ok and not granted)
     if waiting:
         deps.last_pending = max(deps.last_pending, 1)
@@ -744,14 +736,9 @@ async def _decide_and_commit(
             log.info("commit_refused", job_id=job_id, reason=result.reason, detail=result.detail)
             deps.wake.set()  # decide again on fresh state
     committed = {job_id: result for (job_id, _), result in zip(reserves, results, strict=True)}
-    for job_id, decision in decisions if spans_recorded() else ():
+    for job_id, decision in decisions:
         job, request = records[job_id]
-        attributes = decision_attributes(
-            request, request.tenant or "", decision, committed.get(job_id)
-        )
-        attributes["xpupool.decided_in"] = "cycle"
-        with continue_trace(DECISION_SPAN, job.trace, attributes):
-            pass  # decided, and a reservation committed, above: the span records the outcome
+        record_decision(request, decision, committed.get(job_id), job.trace, "cycle")
     decisions.sort(key=lambda item: not isinstance(item[1], Reserve | Preempt))
     events: list[msgspec.Struct] = []
     for job_id, decision in decisions:

@@ -6,10 +6,13 @@ tenant's refused jobs filters on ``xpupool.tenant`` and ``xpupool.outcome``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from opentelemetry.util.types import AttributeValue
 
 from xpupool.contracts import JobRequested
 from xpupool.ledger import ScriptResult
+from xpupool.obs import continue_trace, spans_recorded
 from xpupool.scheduler.domain.decide import Preempt, Reject, Reserve, TimedOut, Wait
 
 DECISION_SPAN = "schedule decision"
@@ -52,10 +55,28 @@ def decision_attributes(
     return attributes
 
 
+def record_decision(
+    request: JobRequested,
+    decision: object,
+    committed: ScriptResult | None,
+    trace: Mapping[str, str],
+    decided_in: str,
+) -> None:
+    """The decision span of one job, in its ``trace``, recording a decision already made and
+    committed (``decided_in`` an admission or a cycle); nothing where spans are not recorded."""
+    if not spans_recorded():
+        return
+    attributes = decision_attributes(request, request.tenant or "", decision, committed)
+    attributes["xpupool.decided_in"] = decided_in
+    with continue_trace(DECISION_SPAN, trace, attributes):
+        pass
+
+
 __all__ = [
     "ADMISSION_SPAN",
     "CYCLE_SPAN",
     "DECISION_SPAN",
     "GRANT_SPAN",
     "decision_attributes",
+    "record_decision",
 ]
