@@ -6,12 +6,12 @@ still granted at admission, never left to a cycle."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 import uvloop
 from redis.asyncio import Redis
 
+from tests.conftest import eventually
 from tests.integration.ledger_builders import device_spec, reservation
 from xpupool.contracts import DeviceDemand, DeviceSample, JobRequested
 from xpupool.devstack.servers import RedisServer
@@ -106,7 +106,7 @@ async def _idle_replica_reads_live_load_in_at_its_own_pace(redis_url: str) -> No
     cache, stop = deps.snapshots, asyncio.Event()
     loops = [asyncio.create_task(c) for c in scheduler_main.warm_copy_loops(deps, stop)]
     try:
-        assert await _eventually(lambda: cache._feed_live)  # noqa: SLF001
+        await eventually(lambda: cache._feed_live, timeout_s=3.0, interval_s=0.01)  # noqa: SLF001
         await cache.read_pool(ledger, deps.config.current())
         # The feed's coming up wakes a warm read too: let it land before counting.
         await asyncio.sleep(0.2)
@@ -118,24 +118,20 @@ async def _idle_replica_reads_live_load_in_at_its_own_pace(redis_url: str) -> No
         assert cache.wants_read() and cache.load_only_unread()
         assert cache.reads == reads  # none yet: under LOAD_CATCH_UP_S since the last
         assert await cache.kept_pool(deps.config.current()) is not None  # and the copy stands
-        assert await _eventually(lambda: cache.reads == reads + 1 and not cache.wants_read())
+        await eventually(
+            lambda: cache.reads == reads + 1 and not cache.wants_read(), 3.0, interval_s=0.01
+        )
         # More load after the catch-up: it waits for the next one, and comes in with it.
         await ledger.record_load([DeviceSample(device_id="n1/nvidia0", util_pct=99.0)])
-        assert await _eventually(lambda: cache.reads == reads + 2 and not cache.wants_read())
+        await eventually(
+            lambda: cache.reads == reads + 2 and not cache.wants_read(), 3.0, interval_s=0.01
+        )
         assert all(not task.done() for task in loops)  # nothing in them failed
         assert (await ledger.reserve(reservation("x", SliceClaim("n1/nvidia1", 1024, 10)))).ok
-        assert await _eventually(lambda: cache.reads == reads + 3, timeout_s=1.0)  # at once
+        await eventually(lambda: cache.reads == reads + 3, 1.0, interval_s=0.01)  # at once
     finally:
         stop.set()
         for task in loops:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
         await redis.aclose()
-
-
-async def _eventually(condition: Callable[[], bool], timeout_s: float = 3.0) -> bool:
-    for _ in range(int(timeout_s / 0.01)):
-        if condition():
-            return True
-        await asyncio.sleep(0.01)
-    return condition()

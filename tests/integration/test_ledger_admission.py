@@ -155,6 +155,21 @@ async def test_live_load_alone_leaves_a_kept_view_standing(ledger: Ledger) -> No
     assert await audit(ledger) == []
 
 
+async def test_a_ledger_without_capacity_seq_counts_every_change(ledger: Ledger) -> None:
+    """A ledger written before ``capacity-seq`` existed (or that lost the key) cannot tell live
+    load from capacity: any change since the view withdraws it, as before the key."""
+    await _two_gpus(ledger)
+    view = (await ledger.changes_since(None)).cursor
+    await ledger.redis.delete(ledger.key("capacity-seq"))
+    await ledger.record_load([DeviceSample(device_id="n1/nvidia1", util_pct=87.0)])
+    fits = _placed("a", SliceClaim("n1/nvidia0", whole=True))
+    [stale] = await ledger.admit_many([_admission("a", fits, placement_view=view)])
+    assert not stale.ok and stale.reason == VIEW_CHANGED
+    current = (await ledger.changes_since(view)).cursor
+    [taken] = await ledger.admit_many([_admission("a", fits, placement_view=current)])
+    assert taken.outcome == "granted"
+
+
 async def test_no_job_overtakes_one_that_waits(ledger: Ledger) -> None:
     """With a job in the pending queue, a new placed job waits behind it even though its
     placement fits: the queue's order (priorities, fair share) is the cycle's to decide."""
