@@ -206,9 +206,10 @@ async def redis_commands(redis: Redis) -> Counter[str]:
 
 
 def start_profilers(
-    pids: dict[str, int], directory: Path, duration_s: float, fmt: str
+    pids: dict[str, int], directory: Path, fmt: str
 ) -> list[subprocess.Popen[bytes]]:
-    """py-spy attached to each service for the closed loop (raw stacks kept for ``top.txt``)."""
+    """py-spy attached to each service until ``stop_profilers`` (raw stacks kept for
+    ``top.txt``)."""
     directory.mkdir(parents=True, exist_ok=True)
     py_spy = Path(sys.executable).parent / "py-spy"
     procs = []
@@ -222,8 +223,6 @@ def start_profilers(
                         "record",
                         "--pid",
                         str(pid),
-                        "--duration",
-                        str(int(duration_s)),
                         "--rate",
                         "250",
                         "--nonblocking",
@@ -541,7 +540,6 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 start_profilers(
                     {k: v for k, v in services.items() if k not in SERVERS},
                     args.profile / sc.name,
-                    3600,
                     args.profile_format,
                 )
                 if args.profile
@@ -603,7 +601,6 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     start_profilers(
                         {k: v for k, v in services.items() if k not in SERVERS},
                         args.profile / sc.name / "serial",
-                        3600,
                         args.profile_format,
                     )
                     if args.profile
