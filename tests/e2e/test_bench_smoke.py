@@ -21,7 +21,7 @@ def test_bench_quick_runs_clean_with_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     command = [
         sys.executable, str(BENCH / "bench_e2e.py"), "--quick", "--out", str(out),
-        "--duration-s", "2", "--open-s", "1", "--serial-count", "3", "--floor-serial-count", "20",
+        "--duration-s", "2", "--open-s", "1", "--serial-count", "16", "--floor-serial-count", "20",
         "--floor-s", "0.5",
         "--serial-costs",
     ]  # fmt: skip
