@@ -23,7 +23,7 @@ from xpupool.placement.frag import (
     ShapeDistribution,
     group_rows,
 )
-from xpupool.placement.ours import FragmentationPolicy
+from xpupool.placement.ours import KEPT_SHAPES, FragmentationPolicy
 from xpupool.placement.policies import (
     MAX_SPEC_CPU,
     MAX_SPEC_GPU,
@@ -420,3 +420,35 @@ def test_same_decisions_on_the_reduced_trace(
     log = _compare_decisions(small_nodes, workload, pods, policy)
     digest = hashlib.sha256("\n".join(log).encode()).hexdigest()
     assert digest == PINNED[(variant, policy)]
+
+
+def test_kept_costs_follow_the_state_between_one_off_copies() -> None:
+    """The costs xpupool keeps per shape and row (``FragmentationPolicy.choose``) stay exact
+    while the state changes, while one-off copies (held nodes, id filters) are decided on in
+    between, and while more shapes than ``KEPT_SHAPES`` come and go."""
+    rng = np.random.default_rng(13)
+    pods = [_random_pod(rng) for _ in range(150)]
+    shapes = {(p.cpu_milli, p.num_gpu, p.gpu_milli) for p in pods}
+    assert len(shapes) > KEPT_SHAPES
+    state = ClusterState.from_nodes(_twin_cluster(20))
+    pol = make_policy("xpupool-static", PolicyContext(rng=np.random.default_rng(0), workload=pods))
+    assert isinstance(pol, FragmentationPolicy)
+    ev = ref_xpupool_evaluator(pol, state)
+    placed: list[NodeChoice] = []
+    for i in range(600):
+        pod = pods[int(rng.integers(len(pods)))]
+        if i % 5 == 4:
+            # A copy with some nodes and GPUs taken out, as NodeView.restricted makes one:
+            # rows change without their version moving.
+            copy = state.copy()
+            copy.cpu_free[rng.random(copy.num_nodes) < 0.3] = -1
+            copy.gpu_free[rng.random(copy.gpu_free.shape) < 0.3] = 0
+            assert pol.choose(copy, pod) == ref_xpupool(pol, ev, copy, pod), i
+            continue
+        got = pol.choose(state, pod)
+        assert got == ref_xpupool(pol, ev, state, pod), i
+        if got is not None:
+            state.allocate(got)
+            placed.append(got)
+        if placed and rng.random() < 0.4:
+            state.release(placed.pop(int(rng.integers(len(placed)))))

@@ -45,7 +45,9 @@ be refused is a milli lost, as a fragment is); ``bench/placement`` reports 0.5..
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -53,11 +55,20 @@ from xpupool.placement.frag import FragCache, FragEvaluator, Shape, ShapeDistrib
 from xpupool.placement.policies import (
     MAX_SPEC_CPU,
     MAX_SPEC_GPU,
+    Candidates,
     NodeGroups,
     PolicyContext,
     candidates,
 )
-from xpupool.placement.state import MILLI, ClusterState, FloatArray, NodeChoice, PodDemand
+from xpupool.placement.state import (
+    MILLI,
+    BoolArray,
+    ClusterState,
+    FloatArray,
+    IntArray,
+    NodeChoice,
+    PodDemand,
+)
 
 #: Packing pressure in milli-GPU of fragmentation per unit of normalised leftover.
 DEFAULT_ALPHA = 100.0
@@ -69,6 +80,10 @@ DEFAULT_GPU_WEIGHT = 0.0
 #: Weight of one milli-GPU taken from a model that constrained demand will claim, relative to one
 #: milli-GPU of fragment (1: the milli is as lost as a fragment; see ``model_pressure``).
 DEFAULT_GAMMA = 1.0
+
+#: Pod shapes (CPU, GPUs, milli-GPU per GPU) whose candidate costs are kept between decisions;
+#: the least recently decided one goes first.
+KEPT_SHAPES = 64
 
 #: GPU request of each model constraint (``None``: unconstrained) as a share of all GPU request.
 SetDemand = Mapping[frozenset[str] | None, float]
@@ -97,6 +112,19 @@ def cpu_per_gpu_milli(shapes: Sequence[Shape], probs: Sequence[float]) -> float:
     cpu = sum(p * s.cpu_milli for s, p in zip(shapes, probs, strict=True) if s.num_gpu)
     gpu = sum(p * s.num_gpu * s.gpu_milli for s, p in zip(shapes, probs, strict=True) if s.num_gpu)
     return cpu / gpu if gpu > 0 else 0.0
+
+
+@dataclass
+class _ShapeCosts:
+    """One pod shape's candidate costs on every row, each row as of its ``node_version``."""
+
+    version: IntArray
+    """The row's ``node_version`` its costs were computed at (-1: never)."""
+    cost: FloatArray
+    """``(rows, GPUs)`` (one column for a pod that is not a share): each candidate's cost but
+    the claim, at the GPU it takes; inf where there is none."""
+    rounded: FloatArray
+    """``cost`` rounded as a decision without a claim compares it."""
 
 
 class FragmentationPolicy:
@@ -134,6 +162,9 @@ class FragmentationPolicy:
         self._evaluator: FragEvaluator | None = None
         self._cache: FragCache | None = None
         self._groups = NodeGroups()
+        self._kept: OrderedDict[tuple[int, int, int], _ShapeCosts] = OrderedDict()
+        self._kept_token: object = None
+        self._last_token: object = None
 
     @classmethod
     def from_context(cls, ctx: PolicyContext) -> FragmentationPolicy:
@@ -212,26 +243,48 @@ class FragmentationPolicy:
         feasible = state.feasible(pod)
         if not feasible.any():
             return None
-        # One node per group of identical feasible nodes (see NodeGroups): same choice.
+        if not self._keeps(state):
+            return self._choose_afresh(state, pod, feasible)
+        # Every term but the claim is a function of the row's state and the pod's shape alone,
+        # so each shape's candidate costs are kept per row and recomputed only on rows whose
+        # version moved: a decision then costs what changed since the last one of its shape,
+        # plus a few vector operations over the feasible rows.
+        evaluator, cache = self._frag(state)
+        kept = self._kept_costs(state, pod)
+        stale = np.flatnonzero(feasible & (kept.version != state.node_version))
+        if len(stale):
+            cand = candidates(state, stale, pod)
+            cost = self._candidate_costs(state, cand, evaluator, cache.values(state))
+            kept.cost[stale] = np.inf
+            kept.cost[cand.node, np.maximum(cand.gpu, 0)] = cost
+            kept.rounded[stale] = np.round(kept.cost[stale], 6)
+            kept.version[stale] = state.node_version[stale]
+        rows = np.flatnonzero(feasible)
+        if self._claims(pod):
+            rho = self._claim_rho(state)
+            claim = self.gamma * pod.gpu_request_milli * rho[state.model_id[rows]]
+            costs = np.round(kept.cost[rows] + claim[:, None], 6)
+        else:
+            costs = kept.rounded[rows]
+        # Lowest cost, then first node by name, then lowest GPU (np.nonzero is row-major).
+        hit_rows, hit_gpus = np.nonzero(costs == costs.min())
+        k = int(np.argmin(state.name_rank[rows[hit_rows]]))
+        node = int(rows[hit_rows[k]])
+        if pod.is_sharing:
+            return NodeChoice.for_pod(node, (int(hit_gpus[k]),), pod)
+        return NodeChoice.for_pod(node, state.best_fit_gpus(node, pod), pod)
+
+    def _choose_afresh(
+        self, state: ClusterState, pod: PodDemand, feasible: BoolArray
+    ) -> NodeChoice | None:
+        """``choose`` on a state decided on once (a restricted copy): one node per group of
+        identical feasible nodes is scored (see NodeGroups), the same choice, nothing kept."""
         idx = self._groups.representatives(state, feasible)
         evaluator, cache = self._frag(state)
-        before = cache.values(state)
         cand = candidates(state, idx, pod)
-        after = evaluator.evaluate(cand.gpu_free, cand.cpu_free, state.model_id[cand.node])
-        g_after = cand.gpu_free.sum(1)
-        leftover = (
-            self.cpu_weight * cand.cpu_free / MAX_SPEC_CPU
-            + (1 - self.cpu_weight) * g_after / MAX_SPEC_GPU
-        )
-        cost = (after - before[cand.node]) + self.alpha * leftover
-        if self.beta > 0 and self.cpu_per_gpu > 0:
-            g_before = state.gpu_free[cand.node].sum(1)
-            c_before = state.cpu_free[cand.node]
-            s_before = np.maximum(0.0, g_before - c_before / self.cpu_per_gpu)
-            s_after = np.maximum(0.0, g_after - cand.cpu_free / self.cpu_per_gpu)
-            cost = cost + self.beta * (s_after - s_before)
-        if self.demand and self.gamma > 0 and pod.num_gpu:
-            rho = np.minimum(self.model_pressure(state), 1.0)
+        cost = self._candidate_costs(state, cand, evaluator, cache.values(state))
+        if self._claims(pod):
+            rho = self._claim_rho(state)
             cost = cost + self.gamma * pod.gpu_request_milli * rho[state.model_id[cand.node]]
         # Round away float noise so that genuinely equal costs fall to the name tie-break.
         cost = np.round(cost, 6)
@@ -241,3 +294,63 @@ class FragmentationPolicy:
         if pod.is_sharing:
             return NodeChoice.for_pod(node, (int(cand.gpu[row]),), pod)
         return NodeChoice.for_pod(node, state.best_fit_gpus(node, pod), pod)
+
+    def _candidate_costs(
+        self,
+        state: ClusterState,
+        cand: Candidates,
+        evaluator: FragEvaluator,
+        before: FloatArray,
+    ) -> FloatArray:
+        """``dF + alpha x leftover + beta x dS`` of each candidate (the claim is added apart)."""
+        after = evaluator.evaluate(cand.gpu_free, cand.cpu_free, state.model_id[cand.node])
+        g_after = cand.gpu_free.sum(1)
+        leftover = (
+            self.cpu_weight * cand.cpu_free / MAX_SPEC_CPU
+            + (1 - self.cpu_weight) * g_after / MAX_SPEC_GPU
+        )
+        cost: FloatArray = (after - before[cand.node]) + self.alpha * leftover
+        if self.beta > 0 and self.cpu_per_gpu > 0:
+            g_before = state.gpu_free[cand.node].sum(1)
+            c_before = state.cpu_free[cand.node]
+            s_before = np.maximum(0.0, g_before - c_before / self.cpu_per_gpu)
+            s_after = np.maximum(0.0, g_after - cand.cpu_free / self.cpu_per_gpu)
+            cost = cost + self.beta * (s_after - s_before)
+        return cost
+
+    def _claims(self, pod: PodDemand) -> bool:
+        return bool(self.demand) and self.gamma > 0 and pod.num_gpu > 0
+
+    def _claim_rho(self, state: ClusterState) -> FloatArray:
+        rho: FloatArray = np.minimum(self.model_pressure(state), 1.0)
+        return rho
+
+    def _keeps(self, state: ClusterState) -> bool:
+        """Whether costs are kept for ``state``: the state decided on twice in a row becomes
+        the kept one (a scheduler's node view, a replay's cluster); a copy made for one
+        decision (held nodes, an id filter) is decided on afresh and leaves the kept costs be."""
+        token = state.token
+        if token is self._kept_token:
+            return True
+        previous, self._last_token = self._last_token, token
+        if token is not previous:
+            return False
+        self._kept_token = token
+        self._kept.clear()
+        return True
+
+    def _kept_costs(self, state: ClusterState, pod: PodDemand) -> _ShapeCosts:
+        key = (pod.cpu_milli, pod.num_gpu, pod.gpu_milli)
+        kept = self._kept.get(key)
+        if kept is None:
+            width = state.gpu_free.shape[1] if pod.is_sharing else 1
+            kept = self._kept[key] = _ShapeCosts(
+                version=np.full(state.num_nodes, -1, dtype=np.int64),
+                cost=np.full((state.num_nodes, width), np.inf),
+                rounded=np.full((state.num_nodes, width), np.inf),
+            )
+            if len(self._kept) > KEPT_SHAPES:
+                self._kept.popitem(last=False)
+        else:
+            self._kept.move_to_end(key)
+        return kept
