@@ -645,13 +645,28 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                         redis, args.serial_count
                     )
                 for pct in (25, 50, 80):
+                    usage = Usage(pids, redis, nats)
+                    views0 = await asyncio.to_thread(admission_views, metrics_port)
+                    await usage.start()
+                    started = time.monotonic()
                     lat = await load.open(rate * pct / 100, args.open_s)
+                    await usage.stop()
+                    elapsed = time.monotonic() - started
+                    views1 = await asyncio.to_thread(admission_views, metrics_port)
                     opened[f"{pct}%"] = {
                         "rate_per_s": rate * pct / 100,
                         "granted": len(lat),
                         "p50_ms": 1000 * percentile(lat, 0.5),
                         "p99_ms": 1000 * percentile(lat, 0.99),
                         "p999_ms": 1000 * percentile(lat, 0.999),
+                        # How close to the machine's cores the rate ran it, and who spent what
+                        # per job: at a lower rate batches are smaller and a job costs more.
+                        "cores_busy": sum(usage.cpu_s.values()) / elapsed,
+                        "decided_on_kept_copy": views1.get("kept", 0.0) - views0.get("kept", 0.0),
+                        "view_changed": views1.get("changed", 0.0) - views0.get("changed", 0.0),
+                        "cpu_ms_per_job": {
+                            k: 1000 * usage.cpu_s[k] / max(1, len(lat)) for k in pids
+                        },
                     }
                 result["open"] = opened
             else:
@@ -709,7 +724,8 @@ def table(results: list[dict[str, Any]]) -> str:
             )
             if "cpu_ms_per_job" in v:
                 per_job = ", ".join(f"{n}={ms:.2f}" for n, ms in v["cpu_ms_per_job"].items())
-                lines.append(f"    serial CPU ms per job: {per_job}")
+                busy = f" ({v['cores_busy']:.2f} cores busy)" if "cores_busy" in v else ""
+                lines.append(f"    CPU ms per job{busy}: {per_job}")
             for name, cost in v.get("redis_us_per_job", {}).items():
                 lines.append(
                     f"    redis {name:<28} {cost['calls']:6.2f} calls/job"
