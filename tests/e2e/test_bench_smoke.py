@@ -42,6 +42,13 @@ def test_bench_quick_runs_clean_with_every_figure(tmp_path: Path) -> None:
     assert 0 <= serial["view_changed"] <= serial["decided_on_kept_copy"] <= serial["granted"]
     assert serial["cpu_ms_per_job"]["scheduler-1"] > 0
     assert serial["redis_us_per_job"]["script pend"]["calls"] >= 1
+    for rate in ("25%", "50%", "80%"):
+        level = result["open"][rate]
+        # What each open-loop rate cost, per job and in cores, and what it was placed on.
+        assert level["cores_busy"] > 0
+        assert {"scheduler-1", "lease-manager-0"} <= set(level["cpu_ms_per_job"])
+        assert 0 <= level["view_changed"] <= level["decided_on_kept_copy"] <= level["granted"]
+        assert level["aof_rewrites"] >= 0
 
 
 def test_anatomy_times_the_steps_of_a_job() -> None:
