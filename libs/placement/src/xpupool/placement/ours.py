@@ -82,8 +82,10 @@ DEFAULT_GPU_WEIGHT = 0.0
 DEFAULT_GAMMA = 1.0
 
 #: Pod shapes (CPU, GPUs, milli-GPU per GPU) whose candidate costs are kept between decisions;
-#: the least recently decided one goes first.
-KEPT_SHAPES = 64
+#: the least recently decided one goes first. A share's costs take 8 bytes per row and GPU (about
+#: 80 KB a shape at 10,000 devices), and the learned target's rebuilds (``online.py``) start them
+#: over anyway, so a few dozen cover the shapes that recur between two rebuilds.
+KEPT_SHAPES = 32
 
 #: GPU request of each model constraint (``None``: unconstrained) as a share of all GPU request.
 SetDemand = Mapping[frozenset[str] | None, float]
@@ -122,9 +124,8 @@ class _ShapeCosts:
     """The row's ``node_version`` its costs were computed at (-1: never)."""
     cost: FloatArray
     """``(rows, GPUs)`` (one column for a pod that is not a share): each candidate's cost but
-    the claim, at the GPU it takes; inf where there is none."""
-    rounded: FloatArray
-    """``cost`` rounded as a decision without a claim compares it."""
+    the claim, at the GPU it takes, inf where there is none; already rounded as a decision
+    compares it when the policy never adds a claim (``_claiming``)."""
 
 
 class FragmentationPolicy:
@@ -256,16 +257,19 @@ class FragmentationPolicy:
             cand = candidates(state, stale, pod)
             cost = self._candidate_costs(state, cand, evaluator, cache.values(state))
             kept.cost[stale] = np.inf
-            kept.cost[cand.node, np.maximum(cand.gpu, 0)] = cost
-            kept.rounded[stale] = np.round(kept.cost[stale], 6)
+            kept.cost[cand.node, np.maximum(cand.gpu, 0)] = (
+                cost if self._claiming else np.round(cost, 6)
+            )
             kept.version[stale] = state.node_version[stale]
         rows = np.flatnonzero(feasible)
         if self._claims(pod):
             rho = self._claim_rho(state)
             claim = self.gamma * pod.gpu_request_milli * rho[state.model_id[rows]]
             costs = np.round(kept.cost[rows] + claim[:, None], 6)
+        elif self._claiming:
+            costs = np.round(kept.cost[rows], 6)
         else:
-            costs = kept.rounded[rows]
+            costs = kept.cost[rows]
         # Lowest cost, then first node by name, then lowest GPU (np.nonzero is row-major).
         hit_rows, hit_gpus = np.nonzero(costs == costs.min())
         k = int(np.argmin(state.name_rank[rows[hit_rows]]))
@@ -318,8 +322,13 @@ class FragmentationPolicy:
             cost = cost + self.beta * (s_after - s_before)
         return cost
 
+    @property
+    def _claiming(self) -> bool:
+        """Whether some pod's cost may carry a claim (constrained demand was seen)."""
+        return bool(self.demand) and self.gamma > 0
+
     def _claims(self, pod: PodDemand) -> bool:
-        return bool(self.demand) and self.gamma > 0 and pod.num_gpu > 0
+        return self._claiming and pod.num_gpu > 0
 
     def _claim_rho(self, state: ClusterState) -> FloatArray:
         rho: FloatArray = np.minimum(self.model_pressure(state), 1.0)
@@ -347,7 +356,6 @@ class FragmentationPolicy:
             kept = self._kept[key] = _ShapeCosts(
                 version=np.full(state.num_nodes, -1, dtype=np.int64),
                 cost=np.full((state.num_nodes, width), np.inf),
-                rounded=np.full((state.num_nodes, width), np.inf),
             )
             if len(self._kept) > KEPT_SHAPES:
                 self._kept.popitem(last=False)
