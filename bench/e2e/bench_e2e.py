@@ -44,6 +44,7 @@ import asyncio
 import hashlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -355,16 +356,21 @@ class Load:
         """Grants per second with ``concurrency`` jobs in flight (``rate_in_window``)."""
         return await rate_in_window(self.one, concurrency, duration_s)
 
-    async def open(self, rate: float, duration_s: float) -> list[float]:
-        """Submit at a constant ``rate`` (not slowed by the system); grant latencies."""
+    async def open(
+        self, rate: float, duration_s: float, poisson: random.Random | None = None
+    ) -> list[float]:
+        """Submit at ``rate`` (not slowed by the system): evenly spaced, or with ``poisson``
+        exponential gaps of the same mean (many independent clients); grant latencies."""
         self.latencies = []
         tasks = []
         t0 = time.perf_counter()
-        for k in range(max(1, int(rate * duration_s))):
-            delay = t0 + k / rate - time.perf_counter()
+        due = 0.0
+        for _ in range(max(1, int(rate * duration_s))):
+            delay = t0 + due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(self.one()))
+            due += poisson.expovariate(rate) if poisson is not None else 1 / rate
         await asyncio.gather(*tasks)
         return self.latencies
 
@@ -652,13 +658,15 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     rewrites0 = (await redis.info("persistence"))["aof_rewrites"]
                     await usage.start()
                     started = time.monotonic()
-                    lat = await load.open(rate * pct / 100, args.open_s)
+                    arrivals = random.Random(pct) if args.arrivals == "poisson" else None
+                    lat = await load.open(rate * pct / 100, args.open_s, arrivals)
                     await usage.stop()
                     elapsed = time.monotonic() - started
                     views1 = await asyncio.to_thread(admission_views, metrics_port)
                     rewrites1 = (await redis.info("persistence"))["aof_rewrites"]
                     opened[f"{pct}%"] = {
                         "rate_per_s": rate * pct / 100,
+                        "arrivals": args.arrivals,
                         "granted": len(lat),
                         "p50_ms": 1000 * percentile(lat, 0.5),
                         "p99_ms": 1000 * percentile(lat, 0.99),
@@ -718,8 +726,9 @@ def table(results: list[dict[str, Any]]) -> str:
         if r["replicas"] == 1:
             lines.append(f"  closed loop: {c['cycles']:.0f} scheduling cycles")
         for k, v in r.get("open", {}).items():
+            name = f"{k} {v['arrivals']}" if v.get("arrivals") == "poisson" else k
             lines.append(
-                f"  open {k:<8} p50 {v['p50_ms']:.1f} ms  p99 {v['p99_ms']:.1f} ms"
+                f"  open {name:<8} p50 {v['p50_ms']:.1f} ms  p99 {v['p99_ms']:.1f} ms"
                 + (f"  p99.9 {v['p999_ms']:.1f} ms" if "p999_ms" in v else "")
                 + f"  (floor serial p50 {r['floor']['serial_p50_ms']:.2f} ms)"
                 + (
@@ -754,6 +763,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--duration-s", type=float, default=20.0)
     parser.add_argument("--open-s", type=float, default=10.0)
+    parser.add_argument(
+        "--arrivals",
+        choices=["constant", "poisson"],
+        default="constant",
+        help="the open loop's arrivals: evenly spaced (the issue's generator), or Poisson",
+    )
     parser.add_argument("--serial-count", type=int, default=50)
     parser.add_argument(
         "--floor-serial-count", type=int, default=500, help="the serial floor's round trips"
