@@ -180,6 +180,15 @@ def admission_views(port: int) -> dict[str, float]:
     return counts
 
 
+def kept_copy_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Lone arrivals placed on the kept copy between two ``admission_views`` scrapes, and of
+    those the ones the ledger refused for a changed view."""
+    return {
+        "decided_on_kept_copy": after.get("kept", 0.0) - before.get("kept", 0.0),
+        "view_changed": after.get("changed", 0.0) - before.get("changed", 0.0),
+    }
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -444,6 +453,10 @@ class Usage:
         self.nats_in += varz["in_msgs"] - self._varz0["in_msgs"]
         self.nats_out += varz["out_msgs"] - self._varz0["out_msgs"]
 
+    def cpu_ms_per_job(self, jobs: int) -> dict[str, float]:
+        """Each process's CPU milliseconds per job over the measured slices."""
+        return {k: 1000 * s / max(1, jobs) for k, s in self.cpu_s.items()}
+
 
 def spawn_fleet(
     stack: Stack, nodes: list[FleetNode], heartbeat_s: float, busy_share: float = 0.0
@@ -593,7 +606,8 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 },
                 "nats_in_msgs_per_grant": usage.nats_in / max(1, grants),
                 "nats_out_msgs_per_grant": usage.nats_out / max(1, grants),
-                "cpu_s_per_1000_grants": {k: 1000 * usage.cpu_s[k] / max(1, grants) for k in pids},
+                # (CPU ms per grant is CPU s per 1,000 grants.)
+                "cpu_s_per_1000_grants": usage.cpu_ms_per_job(grants),
                 "rss_mib": {k: rss[k] / 2**20 for k in pids},
                 # Scheduling cycles the closed loop caused (one replica's; none while every
                 # request is placed on admission).
@@ -640,13 +654,10 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     "p99_ms": 1000 * percentile(lat, 0.99),
                     "p50_ratio_to_floor": 1000 * percentile(lat, 0.5) / fl["serial_p50_ms"],
                     # Placed on the kept copy without a read, and of those refused for a change.
-                    "decided_on_kept_copy": views1["kept"] - views0["kept"],
-                    "view_changed": views1["changed"] - views0["changed"],
+                    **kept_copy_figures(views0, views1),
                     # Each process's CPU per job (its release included): on two cores the
                     # serial loop is CPU-bound, so this is where its time goes.
-                    "cpu_ms_per_job": {
-                        k: 1000 * usage.cpu_s[k] / max(1, len(serial)) for k in pids
-                    },
+                    "cpu_ms_per_job": usage.cpu_ms_per_job(len(serial)),
                 }
                 if args.serial_costs:
                     opened["serial"]["redis_us_per_job"] = await redis_time_per_job(
@@ -674,14 +685,11 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                         # How close to the machine's cores the rate ran it, and who spent what
                         # per job: at a lower rate batches are smaller and a job costs more.
                         "cores_busy": sum(usage.cpu_s.values()) / elapsed,
-                        "decided_on_kept_copy": views1.get("kept", 0.0) - views0.get("kept", 0.0),
-                        "view_changed": views1.get("changed", 0.0) - views0.get("changed", 0.0),
+                        **kept_copy_figures(views0, views1),
                         # Each AOF rewrite forks and its child takes a core for a second or
                         # so at this ledger size: the open loop's tail follows them.
                         "aof_rewrites": rewrites1 - rewrites0,
-                        "cpu_ms_per_job": {
-                            k: 1000 * usage.cpu_s[k] / max(1, len(lat)) for k in pids
-                        },
+                        "cpu_ms_per_job": usage.cpu_ms_per_job(len(lat)),
                     }
                 result["open"] = opened
             else:
