@@ -9,10 +9,13 @@ time, plus the one-off cost of turning the snapshot into a working pool. Two req
 
 * ``mixed``: mostly whole devices, some shares, multi-device, same-node gangs, a few selectors;
 * ``share``: 90 % fractional shares (20-30 % compute, or a few GiB of memory), the case where
-  every eligible device of a class is scored.
+  every eligible device of a class is scored;
+* ``e2e``: the end-to-end bench's jobs (``bench/e2e/bench_e2e.py``): half 1,000 MiB shares, a
+  quarter whole devices, a quarter two-device gangs, a few shapes recurring as a production
+  workload's do.
 
     .venv/bin/python services/scheduler/bench/bench_decide.py [--requests 1000] [--seed 1]
-        [--mix mixed|share|both] [--sizes 100,1000,10000] [--no-trace]
+        [--mix mixed|share|e2e|all] [--sizes 100,1000,10000] [--no-trace]
 """
 
 from __future__ import annotations
@@ -236,7 +239,22 @@ def make_share_requests(n: int, rng: random.Random) -> list[PendingRequest]:
     return out
 
 
-MIXES = {"mixed": make_requests, "share": make_share_requests}
+def make_e2e_requests(n: int, rng: random.Random) -> list[PendingRequest]:
+    """The end-to-end bench's job mix (``bench_e2e.job``), in its order."""
+    out = []
+    for i in range(n):
+        kind = i % 4
+        count, dev, gang = 1, DeviceDemand(), None
+        if kind in (0, 2):
+            dev = DeviceDemand(memory_mib=1000)
+        elif kind == 3:
+            count, gang = 2, GangSpec()
+        request = JobRequested(job_id=f"j{i}", tenant="t0", count=count, device=dev, gang=gang)
+        out.append(PendingRequest(request, NOW - rng.uniform(0, 600)))
+    return out
+
+
+MIXES = {"mixed": make_requests, "share": make_share_requests, "e2e": make_e2e_requests}
 
 
 def run(label: str, nodes: list[NodeState], n_requests: int, seed: int, mix: str) -> None:
@@ -289,11 +307,11 @@ def main() -> None:
     )
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--mix", choices=["mixed", "share", "both"], default="both")
+    ap.add_argument("--mix", choices=[*MIXES, "all"], default="all")
     ap.add_argument("--sizes", default="100,1000,10000", help="synthetic pool sizes (devices)")
     ap.add_argument("--no-trace", action="store_true", help="skip the Alibaba trace pool")
     args = ap.parse_args()
-    mixes = ["mixed", "share"] if args.mix == "both" else [args.mix]
+    mixes = list(MIXES) if args.mix == "all" else [args.mix]
     sizes = [int(x) for x in args.sizes.split(",") if x]
     for mix in mixes:
         for n in sizes:
