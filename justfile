@@ -100,6 +100,11 @@ bench-autoscale *ARGS: sync
 bench *ARGS: sync
     uv run --frozen python bench/e2e/bench_e2e.py {{ARGS}}
 
+# The ledger's admission and end scripts inside Redis, and what their parts (calls, key names, JSON) cost
+[group("bench")]
+bench-scripts *ARGS: sync
+    uv run --frozen python bench/e2e/script_costs.py {{ARGS}}
+
 # Where one job's submit -> grant time goes, step by step, from the services' spans (issue 14)
 [group("bench")]
 bench-anatomy *ARGS: sync

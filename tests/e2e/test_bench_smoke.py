@@ -64,3 +64,11 @@ def test_anatomy_times_the_steps_of_a_job() -> None:
         "publish granted",
     ):
         assert step in done.stdout, done.stdout
+
+
+def test_script_costs_times_the_ledger_scripts_and_their_parts() -> None:
+    command = [sys.executable, str(BENCH / "script_costs.py"), "--nodes", "4", "--jobs", "20"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for line in ("pend.lua", "end.lua", "AOF per admission + release", "4 cjson encode+decode"):
+        assert line in done.stdout, done.stdout

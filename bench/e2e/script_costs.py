@@ -1,0 +1,142 @@
+"""What the ledger's admission and end scripts cost inside Redis, and what their parts cost.
+
+``python bench/e2e/script_costs.py [--nodes 200] [--jobs 2000]``: a redis-server of its own
+(AOF, ``appendfsync always``, as the ledger runs), ``--nodes`` nodes of eight devices, then
+``--jobs`` admissions that grant on arrival (``pend.lua``) each followed by its release
+(``end.lua``), one at a time, nothing else running. Redis's SLOWLOG (threshold 0) gives each
+script's median time inside Redis, without the round trip or the fsync. Then the same server
+times the parts such scripts are made of, as bare scripts: ``redis.call``s, key names built the
+scripts' way, and ``cjson`` encodes and decodes of a table the size of a lease's slices. The AOF
+bytes one admission and its release write are reported too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from redis.asyncio import Redis
+
+from xpupool.contracts import DeviceSpec, Vendor
+from xpupool.devstack.servers import RedisServer
+from xpupool.ledger import Admission, Holder, Ledger, Reservation, SliceClaim, new_lease_secret
+from xpupool.ledger.ledger import SCRIPTS
+
+# Bare scripts of the parts the ledger's scripts are made of (KEYS[1]: a hash of 30 fields).
+PARTS = {
+    "45 redis.call HGET": "for i=1,45 do redis.call('HGET', KEYS[1], 'f1') end return 1",
+    "45 redis.call HSET": "for i=1,45 do redis.call('HSET', KEYS[1], 'f1', i) end return 1",
+    "45 key names": (
+        "local P = KEYS[1] local function k(...) return P .. table.concat({...}, ':') end "
+        "for i=1,45 do local x = k('dev', 'node-0001/nvidia3') end return 1"
+    ),
+    "HGETALL of 30 fields": "return redis.call('HGETALL', KEYS[1])",
+    "4 cjson encode+decode, 1 KB": (
+        "local t = {} for i=1,20 do t[i] = {device_id='n/nvidia'..i, memory_mib=1000, "
+        "compute_pct=25, whole=false} end "
+        "for i=1,4 do cjson.decode(cjson.encode(t)) end return 1"
+    ),
+}
+
+
+def _spec(node: str, index: int) -> DeviceSpec:
+    return DeviceSpec(
+        device_id=f"{node}/nvidia{index}",
+        vendor=Vendor.NVIDIA,
+        model="A100",
+        index=index,
+        uuid=f"GPU-{node}-{index}",
+        memory_mib=81920,
+    )
+
+
+async def _slowlog(redis: Redis) -> list[dict[str, Any]]:
+    return list(await redis.slowlog_get(1_000_000))
+
+
+async def ledger_scripts(redis: Redis, nodes: int, jobs: int) -> None:
+    ledger = Ledger(redis, "bench")
+    for i in range(nodes):
+        node = f"n{i:05d}"
+        await ledger.register_node(node, [_spec(node, d) for d in range(8)], 256_000, 2_000_000)
+    names = {ledger._scripts[name].sha: name for name in SCRIPTS}  # noqa: SLF001
+    await redis.slowlog_reset()
+    aof0 = (await redis.info("persistence"))["aof_current_size"]
+    for j in range(jobs):
+        node = f"n{j % nodes:05d}"
+        claim = SliceClaim(f"{node}/nvidia{(j // nodes) % 8}", memory_mib=1000)
+        placement = Reservation(
+            job_id=f"j{j}",
+            lease_id=f"lease-j{j}",
+            tenant="t",
+            queue="q",
+            priority=500,
+            owner="o",
+            ttl_ms=60_000,
+            hold_ms=60_000,
+            slices=[claim],
+            secret=new_lease_secret(),
+        )
+        admission = Admission(f"j{j}", 500, b"{}", None, "queued", tenant="t", placement=placement)
+        [admitted] = await ledger.admit_many([admission])
+        lease = ledger.granted_lease(admitted)
+        if lease is None:
+            raise RuntimeError(f"job j{j} was not granted: {admitted}")
+        released = await ledger.release(lease.lease_id, Holder("t", lease.secret, lease.token))
+        if not released.ok:
+            raise RuntimeError(f"lease {lease.lease_id} was not released: {released}")
+    aof1 = (await redis.info("persistence"))["aof_current_size"]
+    durations: dict[str, list[int]] = {}
+    for entry in await _slowlog(redis):
+        command = entry["command"].split()
+        if command[0].upper() == b"EVALSHA":
+            name = names.get(command[1].decode(), command[1].decode())
+            durations.setdefault(name, []).append(entry["duration"])
+    for name in ("pend", "end"):
+        got = durations.get(name, [])
+        print(f"{name + '.lua':<30} {statistics.median(got):7.1f} us median over {len(got)} calls")
+    print(f"{'AOF per admission + release':<30} {(aof1 - aof0) / jobs:7.0f} bytes")
+
+
+async def parts(redis: Redis) -> None:
+    await redis.hset("bench:h", mapping={f"f{i}": str(i) for i in range(30)})
+    for name, source in PARTS.items():
+        script = redis.register_script(source)
+        await script(keys=["bench:h"])
+        await redis.slowlog_reset()
+        for _ in range(300):
+            await script(keys=["bench:h"])
+        got = [
+            e["duration"]
+            for e in await _slowlog(redis)
+            if e["command"].upper().startswith(b"EVALSHA")
+        ]
+        print(f"{name:<30} {statistics.median(got):7.1f} us median")
+
+
+async def main(nodes: int, jobs: int) -> None:
+    server = RedisServer(Path(tempfile.mkdtemp(prefix="xpupool-script-costs-")) / "redis")
+    server.start()
+    try:
+        redis = Redis.from_url(server.url)
+        await redis.config_set("slowlog-log-slower-than", 0)
+        await redis.config_set("slowlog-max-len", 1_000_000)
+        try:
+            await ledger_scripts(redis, nodes, jobs)
+            await parts(redis)
+        finally:
+            await redis.aclose()
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=200)
+    parser.add_argument("--jobs", type=int, default=2000)
+    args = parser.parse_args()
+    asyncio.run(main(args.nodes, args.jobs))
