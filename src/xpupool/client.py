@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
 from opentelemetry import propagate
 
 from xpupool.bus.connection import connect_client, round_trip
@@ -74,12 +75,17 @@ class XpupoolClient:
     """
 
     def __init__(
-        self, nc: Nats, tenant: str | None = None, source: str = "/clients/python"
+        self,
+        nc: Nats,
+        tenant: str | None = None,
+        source: str = "/clients/python",
+        request_timeout_s: float = 5.0,
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.tenant = tenant
         self.source = source
+        self.request_timeout_s = request_timeout_s
         self._waiters: dict[str, asyncio.Future[JobOutcome]] = {}
         self._grants: dict[str, AllocationGranted] = {}
         self._listeners: list[Callable[[TenantEvent], None]] = []
@@ -152,10 +158,34 @@ class XpupoolClient:
             raise ValueError(f"no lease secret known for {lease_id}: pass the grant's secret")
         return secret, self._space(tenant or (grant.tenant if grant else None))
 
+    async def _request(
+        self, subject: str, command: msgspec.Struct, headers: dict[str, str] | None = None
+    ) -> Msg:
+        """One request/reply within ``request_timeout_s``.
+
+        "No responders" means the server found nobody subscribed (a lease-manager or scheduler
+        restarting, or not up yet): the command reached no service, so sending it again is
+        safe, and it is sent again until the deadline rather than failing a renewal or a
+        release over a service's restart. A timeout is not retried: that request may have run.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.request_timeout_s
+        payload, pause = encode(command), 0.02
+        while True:
+            try:
+                return await self.nc.request(
+                    subject, payload, timeout=max(0.01, deadline - loop.time()), headers=headers
+                )
+            except NoRespondersError:
+                if loop.time() + pause >= deadline:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, 0.5)
+
     async def _lease_request(self, subject: str, command: msgspec.Struct) -> LeaseReply:
         headers: dict[str, str] = {}
         propagate.inject(headers)  # the caller's trace; the lease manager links it to the job's
-        reply = await self.nc.request(subject, encode(command), timeout=5, headers=headers or None)
+        reply = await self._request(subject, command, headers or None)
         result: LeaseReply = _REPLY_DECODER.decode(reply.data)
         return result
 
@@ -188,12 +218,12 @@ class XpupoolClient:
         """Cancel a job by request/reply: a waiting one ends ``JobCancelled``, a granted one's
         lease ends ``released``."""
         subject = s.JOB_CANCEL.subject(tenant=self.tenant or self._space(tenant))
-        reply = await self.nc.request(subject, encode(CancelJob(job_id=job_id)), timeout=5)
+        reply = await self._request(subject, CancelJob(job_id=job_id))
         result: CancelReply = _CANCEL_DECODER.decode(reply.data)
         return result
 
     async def _query(self, subject: str, command: msgspec.Struct) -> bytes:
-        reply = await self.nc.request(subject, encode(command), timeout=5)
+        reply = await self._request(subject, command)
         data: bytes = reply.data
         return data
 
