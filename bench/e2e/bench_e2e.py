@@ -31,7 +31,9 @@ is always reported.
 ``--profile DIR`` attaches py-spy to every service during the closed loop and writes one
 profile per service (a flame graph SVG by default, ``--profile-format raw`` for collapsed
 stacks), plus ``top.txt``: each service's hottest functions by inclusive and own samples. The
-serial run is profiled the same way, into ``DIR/<scenario>/serial``.
+serial run and each open-loop rate are profiled the same way, into ``DIR/<scenario>/serial`` and
+``DIR/<scenario>/open-<percent>`` (py-spy takes CPU of its own: the open loop's latencies and
+CPU figures of a profiled run are not comparable with an unprofiled one's).
 
 Correctness first: every submitted job must get exactly one outcome and the ledger audit must be
 clean after every scenario, or the run fails (exit status 1).
@@ -667,11 +669,22 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     usage = Usage(pids, redis, nats)
                     views0 = await asyncio.to_thread(admission_views, metrics_port)
                     rewrites0 = (await redis.info("persistence"))["aof_rewrites"]
+                    open_dir = args.profile and args.profile / sc.name / f"open-{pct}"
+                    open_profilers = (
+                        start_profilers(
+                            {k: v for k, v in services.items() if k not in SERVERS},
+                            open_dir,
+                            args.profile_format,
+                        )
+                        if open_dir
+                        else []
+                    )
                     await usage.start()
                     started = time.monotonic()
                     arrivals = random.Random(pct) if args.arrivals == "poisson" else None
                     lat = await load.open(rate * pct / 100, args.open_s, arrivals)
                     await usage.stop()
+                    await stop_profilers(open_profilers, open_dir)
                     elapsed = time.monotonic() - started
                     views1 = await asyncio.to_thread(admission_views, metrics_port)
                     rewrites1 = (await redis.info("persistence"))["aof_rewrites"]
