@@ -462,9 +462,17 @@ async def test_a_replica_takes_over_mid_provisioning_without_provisioning_twice(
         assert [n.node_id for n in await ledger.nodes() if n.node_id.startswith("spot-")] == [
             "spot-1"
         ]
+
+        # The status is written at the end of the cycle that published NodeReady: it may lag
+        # the event by that cycle.
+        async def reported_ready() -> bool:
+            status = await status_of(ledger)
+            spot = pool_of(status, "spot") if status else None
+            return spot is not None and spot.ready == 1 and not spot.incoming
+
+        await eventually(reported_ready, timeout_s=10)
         status = await status_of(ledger)
         assert status is not None and status.leader == "b" and status.term >= 2
-        assert pool_of(status, "spot").ready == 1 and not pool_of(status, "spot").incoming
         holder, term = await AutoscalerState(ledger.redis, ledger.prefix, "test").leader()
         assert (holder, term) == ("b", status.term)
         assert "resuming" in (replicas.workdir / "autoscaler-b.log").read_text()

@@ -182,6 +182,7 @@ async def keep_warm(deps: handlers.SchedulerDeps, stop: asyncio.Event) -> None:
         nonlocal armed
         armed = False
         cache.changed.set()
+
     while not stop.is_set():
         # No timeout per wait (it wakes several times per grant under load): the service's
         # loops are cancelled when it stops.
