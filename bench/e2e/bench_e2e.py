@@ -703,6 +703,11 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                         # so at this ledger size: the open loop's tail follows them.
                         "aof_rewrites": rewrites1 - rewrites0,
                         "cpu_ms_per_job": usage.cpu_ms_per_job(len(lat)),
+                        # Calls per job by command, those inside scripts included: small
+                        # batches pay per batch what the closed loop shares.
+                        "redis_commands_per_job_by_name": {
+                            k: v / max(1, len(lat)) for k, v in usage.commands.most_common()
+                        },
                     }
                 result["open"] = opened
             else:

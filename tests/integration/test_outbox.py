@@ -192,3 +192,112 @@ async def test_a_grant_its_writer_did_not_get_stored_is_published_by_the_sweep(
     await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
     stop.set()
     await asyncio.wait_for(asyncio.gather(confirming, patient, eager), 5)
+
+
+# ---- bookkeeping: the ids of stored entries are deleted together, never before ---------------
+
+
+async def _calls(ledger: Ledger, command: str) -> int:
+    stats = await ledger.redis.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def test_the_direct_outbox_deletes_the_entries_of_its_linger_in_one_command(
+    ledger: Ledger,
+) -> None:
+    """Grants published one after the other within the linger are confirmed by one XDEL, after
+    JetStream stored them all; none is deleted before its acknowledgement."""
+    specs = [device_spec("n1", i) for i in range(3)]
+    assert (await ledger.register_node("n1", specs, 64_000, 256_000)).ok
+    acks: list[asyncio.Future[None]] = []
+
+    async def send(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
+        acks.append(asyncio.get_running_loop().create_future())
+        return [acks[-1]]
+
+    stop = asyncio.Event()
+    direct = DirectOutbox(ledger, linger_s=0.3)
+    confirming = asyncio.create_task(direct.run(send, stop))
+    await asyncio.sleep(0)
+    before = await _calls(ledger, "xdel")
+    entries = []
+    for i, spec in enumerate(specs):
+        placement = reservation(
+            f"j{i}", SliceClaim(spec.device_id, whole=True), secret=new_lease_secret()
+        )
+        [result] = await ledger.admit_many(
+            [Admission(f"j{i}", 500, b"{}", None, "queued", tenant="t", placement=placement)]
+        )
+        lease = ledger.granted_lease(result)
+        assert lease is not None
+        await direct.publish(result.entry, [granted_event(lease)])
+        entries.append(result.entry)
+    await asyncio.sleep(0.5)
+    assert await _direct_entries(ledger) == entries  # nothing stored yet: nothing deleted
+    for ack in acks:
+        ack.set_result(None)
+    await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
+    assert await _calls(ledger, "xdel") - before == 1
+    stop.set()
+    await asyncio.wait_for(confirming, 5)
+
+
+def _relay(ledger: Ledger, sent: list[str], linger_s: float) -> OutboxRelay:
+    async def build(entries: Sequence[dict[str, str]]) -> list[Sequence[msgspec.Struct]]:
+        return [[JobCancelled(job_id=e["job_id"], tenant="t", waited_s=0.0)] for e in entries]
+
+    async def send(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
+        sent.append(getattr(event, "job_id", ""))
+        return [_stored()]
+
+    return OutboxRelay(ledger, "test", build, send, consumer="relay-1", linger_s=linger_s)
+
+
+async def test_a_relay_acks_the_batches_of_its_linger_together(ledger: Ledger) -> None:
+    """Entries relayed one by one within the linger stay pending until one XACK and XDEL."""
+    stream = ledger.key("outbox", "test")
+    sent: list[str] = []
+    stop = asyncio.Event()
+    relay = asyncio.create_task(_relay(ledger, sent, linger_s=0.5).run(stop))
+    await asyncio.sleep(0.3)  # the group is made
+    before = await _calls(ledger, "xack")
+    await ledger.redis.xadd(stream, {"kind": "cancelled", "job_id": "j1"})
+    await eventually(lambda: sent == ["j1"], timeout_s=5)
+    await ledger.redis.xadd(stream, {"kind": "cancelled", "job_id": "j2"})
+    await eventually(lambda: sent == ["j1", "j2"], timeout_s=5)
+    assert await ledger.redis.xlen(stream) == 2  # published, not yet acked: still pending
+    await eventually(lambda: _zero(ledger.redis.xlen(stream)), timeout_s=5)
+    assert await _calls(ledger, "xack") - before == 1
+    stop.set()
+    await asyncio.wait_for(relay, 5)
+
+
+async def _zero(count: Awaitable[int]) -> bool:
+    return await count == 0
+
+
+async def test_entries_a_relay_held_when_it_died_are_published_again_and_a_stop_acks_them(
+    ledger: Ledger,
+) -> None:
+    """A relay killed while it holds published entries unacked leaves them pending: the next
+    relay publishes them again (a duplicate JetStream drops, never a loss). One stopped cleanly
+    acks what it holds on its way out."""
+    stream = ledger.key("outbox", "test")
+    sent: list[str] = []
+    crashed = asyncio.create_task(_relay(ledger, sent, linger_s=60).run(asyncio.Event()))
+    await ledger.redis.xadd(stream, {"kind": "cancelled", "job_id": "j1"})
+    await eventually(lambda: sent == ["j1"], timeout_s=5)
+    crashed.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await crashed
+    assert await ledger.redis.xlen(stream) == 1
+
+    stop = asyncio.Event()
+    restarted = asyncio.create_task(_relay(ledger, sent, linger_s=60).run(stop))
+    await eventually(lambda: sent == ["j1", "j1"], timeout_s=5)
+    assert await ledger.redis.xlen(stream) == 1  # held for the linger
+    stop.set()
+    await asyncio.wait_for(restarted, 5)
+    assert await ledger.redis.xlen(stream) == 0
+    pending: Any = await ledger.redis.xpending(stream, "relay")
+    assert pending["pending"] == 0

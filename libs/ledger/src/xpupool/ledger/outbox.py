@@ -7,8 +7,9 @@ Events carry deterministic ids, so a republish is deduplicated by JetStream.
 
 A batch of entries read together is sent back to back and its JetStream acknowledgements are
 awaited together (one round trip per batch, not per event); only then are the entries acked and
-deleted from the stream, in one round trip. A failure anywhere leaves the whole batch pending to
-be sent again: a duplicate, never a loss.
+deleted from the stream, with those of the batches that follow within ``BOOKKEEPING_LINGER_S``,
+in one round trip. A failure anywhere leaves the entries not yet acked pending to be sent again:
+a duplicate, never a loss.
 
 A service that publishes an event itself, right after the script that queued it returned,
 queues it in the direct outbox instead (``DirectOutbox``; the scheduler's grants on admission):
@@ -28,6 +29,7 @@ import asyncio
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import suppress
 from typing import Any
 
 import msgspec
@@ -51,6 +53,15 @@ DIRECT_STALE_MS = 10_000
 writer's own publish timeout (``SEND_TIMEOUT_S``), well inside JetStream's duplicate window (two
 minutes), which drops the copy should the writer's event have been stored after all."""
 SWEEP_INTERVAL_S = 1.0
+
+BOOKKEEPING_LINGER_S = 0.05
+"""How long a relay or the direct outbox may hold the ids of entries whose events JetStream
+stored before deleting them (and, for a relay, acking them) in one command: the ledger fsyncs
+every write, and at a few jobs per batch a deletion per batch was one more fsync per job. Held
+ids are only ever published again (a relay's restart re-reads them, the sweep takes direct
+entries after ``DIRECT_STALE_MS``), and JetStream drops those copies."""
+BOOKKEEPING_BATCH = 256
+"""Deleted at once when this many are held, however young."""
 
 GROUP = "relay"
 # Entry fields that name what an event is about, as span attributes operators search by.
@@ -79,8 +90,10 @@ class OutboxRelay:
         consumer: str | None = None,
         sweep_direct: bool = False,
         direct_stale_ms: int = DIRECT_STALE_MS,
+        linger_s: float = BOOKKEEPING_LINGER_S,
     ) -> None:
         self._ledger = ledger
+        self._linger_s = linger_s
         self._stream = ledger.key("outbox", service)
         self._direct = ledger.key("outbox", DIRECT_OUTBOX) if sweep_direct else None
         self._direct_stale_ms = direct_stale_ms
@@ -93,10 +106,15 @@ class OutboxRelay:
         self._tracer = trace.get_tracer("xpupool.ledger")
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Relay until ``stop`` is set; transient failures are retried, never fatal."""
-        redis = self._ledger.redis
+        """Relay until ``stop`` is set; transient failures are retried, never fatal.
+
+        The entries of the batches JetStream stored are acked and deleted together, at most
+        ``BOOKKEEPING_LINGER_S`` after the first of them (or per ``BOOKKEEPING_BATCH``): until
+        then they are pending in the group, so a restart publishes them again, a duplicate."""
         grouped = False  # the consumer group is made once Redis answers (it may be away now)
         backlog = True  # first drain what this consumer was given before a restart
+        published: list[str] = []  # stored by JetStream, not yet acked
+        ack_by = 0.0  # monotonic time by which they are acked
         while not stop.is_set():
             try:
                 if not grouped:
@@ -107,27 +125,42 @@ class OutboxRelay:
                     entries += await self._read("0")
                     backlog = False
                 else:
-                    entries = await self._read(">", block_ms=500)
+                    # Awake in time to ack what it holds (a block of 0 would wait forever).
+                    due_ms = int(1000 * (ack_by - time.monotonic())) if published else 500
+                    entries = await self._read(">", block_ms=max(1, min(500, due_ms)))
                 if self._direct is not None and time.monotonic() - self._swept_at >= (
                     SWEEP_INTERVAL_S
                 ):
                     await self._sweep_direct(self._direct)
-                if not entries:
-                    continue
-                await self._publish(entries)
-                ids = [entry_id for entry_id, _ in entries]
-                async with redis.pipeline(transaction=False) as pipe:
-                    pipe.xack(self._stream, GROUP, *ids)
-                    pipe.xdel(self._stream, *ids)
-                    await pipe.execute()
+                if entries:
+                    await self._publish(entries)
+                    if not published:
+                        ack_by = time.monotonic() + self._linger_s
+                    published += [entry_id for entry_id, _ in entries]
+                if published and (
+                    time.monotonic() >= ack_by or len(published) >= BOOKKEEPING_BATCH
+                ):
+                    await self._ack(published)
+                    published = []
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # noqa: BLE001  (Redis or NATS down: retry the backlog)
                 self._log.warning("outbox_relay_retrying", error=repr(error))
-                backlog = True
+                backlog = True  # what was published and not acked is read again from "0"
+                published = []
                 await asyncio.sleep(0.5)
                 if "NOGROUP" in repr(error):
                     grouped = False  # Redis lost the group (a flush, a restart): make it again
+        if published:
+            with suppress(Exception):  # left pending: the next relay publishes them again
+                await self._ack(published)
+
+    async def _ack(self, ids: Sequence[str]) -> None:
+        """Ack and delete relayed entries in one round trip."""
+        async with self._ledger.redis.pipeline(transaction=False) as pipe:
+            pipe.xack(self._stream, GROUP, *ids)
+            pipe.xdel(self._stream, *ids)
+            await pipe.execute()
 
     async def _publish(self, entries: Sequence[tuple[str, dict[str, str]]]) -> None:
         """Send a batch's events and wait until JetStream stored them all."""
@@ -226,15 +259,19 @@ class DirectOutbox:
     and confirms (deletes) each entry once JetStream stored its events.
 
     ``publish`` hands the events to the connection at once; ``run``, alive while the bus is
-    open, awaits their acknowledgements in the background and confirms them in one round trip
-    per batch. Without a bus, or when NATS does not acknowledge, the entry stays: the
-    lease-manager's relay publishes it after ``DIRECT_STALE_MS``.
+    open, awaits their acknowledgements in the background and confirms the stored entries in one
+    command at most every ``BOOKKEEPING_LINGER_S`` (or per ``BOOKKEEPING_BATCH``). Without a
+    bus, or when NATS does not acknowledge, the entry stays: the lease-manager's relay publishes
+    it after ``DIRECT_STALE_MS``.
     """
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, linger_s: float = BOOKKEEPING_LINGER_S) -> None:
         self._ledger = ledger
         self._send: Send | None = None
         self._sent: list[tuple[str, Sequence[Awaitable[Any]]]] = []
+        self._stored: list[str] = []  # entries JetStream stored, not yet deleted
+        self._delete_by = 0.0  # loop time by which they are deleted
+        self._linger_s = linger_s
         self._wake = asyncio.Event()
         self._log = get_logger().bind(outbox=DIRECT_OUTBOX)
 
@@ -255,21 +292,30 @@ class DirectOutbox:
     async def run(self, send: Send, stop: asyncio.Event) -> None:
         """Publish with ``send`` and confirm what JetStream stored, until ``stop``."""
         self._send = send
+        loop = asyncio.get_running_loop()
         try:
             while not stop.is_set():
-                try:
-                    await asyncio.wait_for(self._wake.wait(), SWEEP_INTERVAL_S)
-                except TimeoutError:
-                    continue
-                self._wake.clear()
-                await self._confirm()
+                wait_s = SWEEP_INTERVAL_S
+                if self._stored:
+                    wait_s = max(0.0, self._delete_by - loop.time())
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait_s)
+                if self._wake.is_set():
+                    self._wake.clear()
+                    await self._await_stored()
+                if self._stored and (
+                    loop.time() >= self._delete_by or len(self._stored) >= BOOKKEEPING_BATCH
+                ):
+                    await self._confirm()
+            await self._confirm()  # a clean stop leaves nothing stored behind
         finally:
             self._send = None
-            if self._sent:  # stored or not, the sweep publishes them (JetStream drops copies)
-                self._log.info("direct_left_to_sweep", entries=len(self._sent))
-                self._sent = []
+            if self._sent or self._stored:
+                # Stored or not, the sweep publishes them (JetStream drops copies).
+                self._log.info("direct_left_to_sweep", entries=len(self._sent) + len(self._stored))
+                self._sent, self._stored = [], []
 
-    async def _confirm(self) -> None:
+    async def _await_stored(self) -> None:
         sent, self._sent = self._sent, []
         stored = await asyncio.gather(
             *(asyncio.wait_for(asyncio.gather(*acks), SEND_TIMEOUT_S) for _, acks in sent),
@@ -282,7 +328,13 @@ class DirectOutbox:
         ]
         if len(confirmed) < len(sent):
             self._log.warning("direct_publish_unconfirmed", entries=len(sent) - len(confirmed))
+        if confirmed and not self._stored:
+            self._delete_by = asyncio.get_running_loop().time() + self._linger_s
+        self._stored += confirmed
+
+    async def _confirm(self) -> None:
+        stored, self._stored = self._stored, []
         try:
-            await self._ledger.confirm_direct(confirmed)
+            await self._ledger.confirm_direct(stored)
         except Exception as error:  # noqa: BLE001  (the sweep publishes them again: a duplicate)
             self._log.warning("direct_confirm_failed", error=repr(error))
