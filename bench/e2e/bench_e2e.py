@@ -184,11 +184,11 @@ def admission_views(port: int) -> dict[str, float]:
 
 def kept_copy_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """Lone arrivals placed on the kept copy between two ``admission_views`` scrapes, and of
-    those the ones the ledger refused for a changed view."""
-    return {
-        "decided_on_kept_copy": after.get("kept", 0.0) - before.get("kept", 0.0),
-        "view_changed": after.get("changed", 0.0) - before.get("changed", 0.0),
-    }
+    those the ones the ledger refused for a changed view (the scheduler counts the two apart:
+    ``kept`` are those the ledger took)."""
+    took = after.get("kept", 0.0) - before.get("kept", 0.0)
+    refused = after.get("changed", 0.0) - before.get("changed", 0.0)
+    return {"decided_on_kept_copy": took + refused, "view_changed": refused}
 
 
 def percentile(values: list[float], q: float) -> float:
