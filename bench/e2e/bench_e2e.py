@@ -20,6 +20,11 @@ as the load generator. Each scenario measures, in the same run on the same serve
   generator itself (/proc), Redis commands per
   grant (INFO commandstats delta), NATS messages per grant (/varz delta).
 
+``--workload trace`` runs one scenario on the Alibaba GPU trace instead (``trace_workload``): its
+1,213 GPU nodes with their models as the fleet, and its pods, shuffled, as the jobs: whole GPUs,
+gangs of up to eight, compute shares, model constraints and CPU-only pods in the trace's
+proportions, each built as the live replay builds it.
+
 ``--fleet-busy-share F`` makes that share of each simulated node's devices report a moving
 utilisation every heartbeat (``XPUPOOL_FLEET_BUSY_SHARE``), as devices running long jobs do:
 each change enters the ledger's change log, which the scheduler's kept copy follows.
@@ -59,6 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import uvloop
 from nats.aio.client import Client
 from prometheus_client.parser import text_string_to_metric_families
@@ -79,6 +85,9 @@ from xpupool.devstack.stack import ServiceProcess, Stack
 from xpupool.ledger import Ledger
 from xpupool.ledger.audit import audit
 from xpupool.ledger.ledger import SCRIPTS, script_source
+from xpupool.replay.live import catalog_names, catalog_override
+from xpupool.replay.requests import job_request
+from xpupool.replay.trace import find_trace_dir, load_nodes, load_pods
 from xpupool.telemetry_collector.fleet import FleetNode, format_fleet
 
 TENANT = "bench"
@@ -311,6 +320,61 @@ def job(job_id: str, i: int) -> JobRequested:
     return JobRequested(job_id=job_id, tenant=TENANT, count=2, gang=GangSpec(), max_wait_s=30)
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What a scenario runs: its simulated nodes, its jobs (the ``i``-th request, by id) and
+    the environment the services need for them."""
+
+    nodes: list[FleetNode]
+    make_job: Callable[[str, int], JobRequested]
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def devices(self) -> int:
+        return sum(int(n.profile.split("x", 1)[0]) for n in self.nodes)
+
+
+def synthetic_workload(devices: int) -> Workload:
+    """``devices`` over nodes of eight, four vendors in turn; ``job``'s mix."""
+    return Workload(fleet(devices), job)
+
+
+TRACE = "alibaba-gpu-v2023"
+
+
+def trace_workload(work: Path, seed: int = 42) -> Workload:
+    """The Alibaba GPU trace (``openb``): its 1,213 GPU nodes with their models, and its 8,152
+    pods, shuffled with ``seed``, as the requests in turn (cycling): whole GPUs, gangs of up to
+    eight on one node, shares of a GPU's compute, model constraints (``gpu_spec``) and CPU-only
+    pods, in the trace's proportions. A pod becomes a request as in the live replay
+    (``xpupool.replay.requests.job_request``), waiting at most 30 s as the synthetic jobs do.
+    The trace's creation times are not used: arrivals are the open loop's (see ``--arrivals``).
+    """
+    found = find_trace_dir(Path(__file__).resolve())
+    if found is None:
+        raise SystemExit(f"--workload trace: no ../shared/traces/{TRACE} beside the repository")
+    nodes = [n for n in load_nodes(found / "openb_node_list_gpu_node.csv") if n.num_gpu]
+    pods = [p.demand for p in load_pods(found / "openb_pod_list_default.csv")]
+    random.Random(seed).shuffle(pods)
+    models = {n.model for n in nodes if n.model} | {
+        m for p in pods if p.allowed_models for m in p.allowed_models
+    }
+    catalog = work / "trace-catalog.toml"
+    catalog.parent.mkdir(parents=True, exist_ok=True)
+    catalog.write_text(catalog_override(models), encoding="utf-8")
+    names = catalog_names(models, catalog)
+    fleet_nodes = [
+        FleetNode(n.name, f"{n.num_gpu}x{names[n.model]}", n.cpu_milli, n.memory_mib) for n in nodes
+    ]
+
+    def make_job(job_id: str, i: int) -> JobRequested:
+        request = job_request(job_id, pods[i % len(pods)], names, tenant=TENANT)
+        waiting: JobRequested = msgspec.structs.replace(request, max_wait_s=30)
+        return waiting
+
+    return Workload(fleet_nodes, make_job, {"XPUPOOL_CATALOG": str(catalog)})
+
+
 @dataclass
 class Tally:
     """Every outcome the client saw, per job: exactly one each is the correctness check."""
@@ -333,9 +397,15 @@ class Tally:
 class Load:
     """The load generator: one client, every outcome counted."""
 
-    def __init__(self, client: XpupoolClient, prefix: str) -> None:
+    def __init__(
+        self,
+        client: XpupoolClient,
+        prefix: str,
+        make_job: Callable[[str, int], JobRequested] = job,
+    ) -> None:
         self.client = client
         self.prefix = prefix
+        self.make_job = make_job
         self.tally = Tally()
         self.n = 0
         self.latencies: list[float] = []
@@ -356,7 +426,7 @@ class Load:
         job_id = f"{self.prefix}-{i:07d}"
         self.tally.submitted.append(job_id)
         t0 = time.perf_counter()
-        outcome = await self.client.submit_and_wait(job(job_id, i), timeout_s=60)
+        outcome = await self.client.submit_and_wait(self.make_job(job_id, i), timeout_s=60)
         if not isinstance(outcome, AllocationGranted):
             return False
         self.latencies.append(time.perf_counter() - t0)
@@ -494,6 +564,7 @@ class Scenario:
     devices: int
     replicas: int = 1
     open_loop: bool = False
+    trace: bool = False  # the trace's nodes and pods (trace_workload), not ``devices``
 
 
 async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -508,6 +579,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
         stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
+    workload = trace_workload(work / sc.name) if sc.trace else synthetic_workload(sc.devices)
     # One scheduler's metrics (where the open loop runs): replicas would share the port.
     metrics_port = free_port() if sc.replicas == 1 else 0
     stack = Stack(
@@ -520,10 +592,16 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
             "XPUPOOL_LOG_LEVEL": "warning",
             "XPUPOOL_NODE_GRACE_S": "600",
             "XPUPOOL_SCHEDULER_METRICS_PORT": str(metrics_port),
+            **workload.env,
         },
     )
     stack.workdir.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"scenario": sc.name, "devices": sc.devices, "replicas": sc.replicas}
+    result: dict[str, Any] = {
+        "scenario": sc.name,
+        "devices": workload.devices,
+        "replicas": sc.replicas,
+        "workload": "trace" if sc.trace else "synthetic",
+    }
     redis = Redis.from_url(redis_server.url)
     floor_nc: Client | None = None
     try:
@@ -533,7 +611,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
         stack.start()
         for _ in range(sc.replicas - 1):
             stack.spawn("lease-manager")
-        nodes = fleet(sc.devices)
+        nodes = workload.nodes
         spawn_fleet(stack, nodes, args.heartbeat_s, args.fleet_busy_share)
         ledger = Ledger(redis, stack.namespace)
         deadline = time.monotonic() + 180
@@ -547,7 +625,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
         rounds = max(1, args.rounds)
         async with connected(nats.url) as client:
             await ensure_streams(client.js, s.STREAMS)
-            load = Load(client, f"{sc.name}-{os.getpid()}")
+            load = Load(client, f"{sc.name}-{os.getpid()}", workload.make_job)
             await load.closed(4, 1.0)  # warm-up: caches, first snapshot, JIT of connections
             pids = {f"{p.name}-{i}": p.process.pid for i, p in enumerate(stack.services)}
             # The servers too: what one grant costs them says when one of them is the limit.
@@ -808,6 +886,14 @@ def main(argv: list[str] | None = None) -> int:
         default=4,
         help="turns the floor and the measured loops take (closed loop and serial run)",
     )
+    parser.add_argument(
+        "--workload",
+        choices=["synthetic", "trace"],
+        default="synthetic",
+        help="synthetic: the fleets of --devices (or the three default scenarios) and a mix of "
+        "shares, whole devices and gangs; trace: one scenario on the Alibaba GPU trace's nodes "
+        "and pods (trace_workload)",
+    )
     parser.add_argument("--heartbeat-s", type=float, default=10.0)
     parser.add_argument(
         "--fleet-busy-share",
@@ -825,10 +911,14 @@ def main(argv: list[str] | None = None) -> int:
         "--profile-format", default="flamegraph", choices=("flamegraph", "speedscope", "raw")
     )
     args = parser.parse_args(argv)
-    if args.devices is not None:
+    trace = args.workload == "trace"
+    if trace:
+        scenarios = [Scenario("trace-openb", 0, open_loop=True, trace=True)]
+    elif args.devices is not None:
         scenarios = [Scenario(f"fleet-{args.devices}", args.devices, open_loop=True)]
     if args.quick:
-        scenarios = [Scenario("quick", args.devices or 64, open_loop=True)]
+        if not trace:
+            scenarios = [Scenario("quick", args.devices or 64, open_loop=True)]
         # The smoke run's lengths, unless given on the command line.
         quick = {
             "duration_s": 4.0,
@@ -840,7 +930,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, value in quick.items():
             if getattr(args, name) == parser.get_default(name):
                 setattr(args, name, value)
-    elif args.devices is None:
+    elif args.devices is None and not trace:
         scenarios = [
             Scenario("fleet-10k", 10_000, open_loop=True),
             Scenario("fleet-1k", 1_000),

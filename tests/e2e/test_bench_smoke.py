@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from xpupool.replay.trace import find_trace_dir
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 BENCH = Path(__file__).parents[2] / "bench" / "e2e"
@@ -49,6 +51,27 @@ def test_bench_quick_runs_clean_with_every_figure(tmp_path: Path) -> None:
         assert {"scheduler-1", "lease-manager-0"} <= set(level["cpu_ms_per_job"])
         assert 0 <= level["view_changed"] <= level["decided_on_kept_copy"] <= level["granted"]
         assert level["aof_rewrites"] >= 0
+
+
+@pytest.mark.skipif(
+    find_trace_dir(BENCH) is None, reason="the Alibaba trace is not beside the repository"
+)
+def test_bench_on_the_trace_runs_clean(tmp_path: Path) -> None:
+    """``--workload trace``: the trace's 1,213 GPU nodes register (6,212 devices) and its pods,
+    as requests, each get exactly one outcome."""
+    out = tmp_path / "bench.json"
+    command = [
+        sys.executable, str(BENCH / "bench_e2e.py"), "--workload", "trace", "--quick",
+        "--out", str(out), "--duration-s", "2", "--open-s", "1", "--serial-count", "8",
+        "--floor-serial-count", "20", "--floor-s", "0.5",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=280, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [result] = json.loads(out.read_text())["results"]
+    assert result["workload"] == "trace" and result["problems"] == []
+    assert result["devices_registered"] == result["devices"] == 6212
+    assert result["closed"]["grants"] > 0
+    assert sum(result["outcomes"].values()) == result["submitted"]
 
 
 def test_anatomy_times_the_steps_of_a_job() -> None:
