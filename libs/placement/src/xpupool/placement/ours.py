@@ -263,9 +263,7 @@ class FragmentationPolicy:
             kept.version[stale] = state.node_version[stale]
         rows = np.flatnonzero(feasible)
         if self._claims(pod):
-            rho = self._claim_rho(state)
-            claim = self.gamma * pod.gpu_request_milli * rho[state.model_id[rows]]
-            costs = np.round(kept.cost[rows] + claim[:, None], 6)
+            costs = np.round(kept.cost[rows] + self._claim(state, pod, rows)[:, None], 6)
         elif self._claiming:
             costs = np.round(kept.cost[rows], 6)
         else:
@@ -288,8 +286,7 @@ class FragmentationPolicy:
         cand = candidates(state, idx, pod)
         cost = self._candidate_costs(state, cand, evaluator, cache.values(state))
         if self._claims(pod):
-            rho = self._claim_rho(state)
-            cost = cost + self.gamma * pod.gpu_request_milli * rho[state.model_id[cand.node]]
+            cost = cost + self._claim(state, pod, cand.node)
         # Round away float noise so that genuinely equal costs fall to the name tie-break.
         cost = np.round(cost, 6)
         rows = np.flatnonzero(cost == cost.min())
@@ -330,9 +327,11 @@ class FragmentationPolicy:
     def _claims(self, pod: PodDemand) -> bool:
         return self._claiming and pod.num_gpu > 0
 
-    def _claim_rho(self, state: ClusterState) -> FloatArray:
-        rho: FloatArray = np.minimum(self.model_pressure(state), 1.0)
-        return rho
+    def _claim(self, state: ClusterState, pod: PodDemand, nodes: IntArray) -> FloatArray:
+        """``gamma x claim`` of ``pod`` on each of ``nodes`` (its model's capped pressure)."""
+        rho = np.minimum(self.model_pressure(state), 1.0)
+        claim: FloatArray = self.gamma * pod.gpu_request_milli * rho[state.model_id[nodes]]
+        return claim
 
     def _keeps(self, state: ClusterState) -> bool:
         """Whether costs are kept for ``state``: the state decided on twice in a row becomes
