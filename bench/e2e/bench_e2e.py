@@ -80,12 +80,13 @@ from xpupool.contracts import (
     JobRequested,
 )
 from xpupool.contracts import subjects as s
+from xpupool.devices.simulated import parse_profile
 from xpupool.devstack.servers import NatsServer, RedisServer, free_port
 from xpupool.devstack.stack import ServiceProcess, Stack
 from xpupool.ledger import Ledger
 from xpupool.ledger.audit import audit
 from xpupool.ledger.ledger import SCRIPTS, script_source
-from xpupool.replay.live import catalog_names, catalog_override
+from xpupool.replay.live import simulated_trace
 from xpupool.replay.requests import job_request
 from xpupool.replay.trace import find_trace_dir, load_nodes, load_pods
 from xpupool.telemetry_collector.fleet import FleetNode, format_fleet
@@ -331,7 +332,7 @@ class Workload:
 
     @property
     def devices(self) -> int:
-        return sum(int(n.profile.split("x", 1)[0]) for n in self.nodes)
+        return sum(count for n in self.nodes for count, _ in parse_profile(n.profile))
 
 
 def synthetic_workload(devices: int) -> Workload:
@@ -356,16 +357,9 @@ def trace_workload(work: Path, seed: int = 42) -> Workload:
     nodes = [n for n in load_nodes(found / "openb_node_list_gpu_node.csv") if n.num_gpu]
     pods = [p.demand for p in load_pods(found / "openb_pod_list_default.csv")]
     random.Random(seed).shuffle(pods)
-    models = {n.model for n in nodes if n.model} | {
-        m for p in pods if p.allowed_models for m in p.allowed_models
-    }
     catalog = work / "trace-catalog.toml"
     catalog.parent.mkdir(parents=True, exist_ok=True)
-    catalog.write_text(catalog_override(models), encoding="utf-8")
-    names = catalog_names(models, catalog)
-    fleet_nodes = [
-        FleetNode(n.name, f"{n.num_gpu}x{names[n.model]}", n.cpu_milli, n.memory_mib) for n in nodes
-    ]
+    fleet_nodes, names = simulated_trace(nodes, pods, catalog)
 
     def make_job(job_id: str, i: int) -> JobRequested:
         request = job_request(job_id, pods[i % len(pods)], names, tenant=TENANT)

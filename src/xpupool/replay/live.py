@@ -178,6 +178,28 @@ def catalog_names(models: set[str], catalog_path: Path | None = None) -> dict[st
     return out
 
 
+def simulated_trace(
+    nodes: Sequence[NodeSpec], pods: Sequence[PodDemand], catalog_toml: Path
+) -> tuple[list[FleetNode], dict[str, str]]:
+    """The trace's ``nodes`` as a simulated fleet, and its model names as the catalog's (trace
+    name -> catalog name) for ``pods``' requests; writes the operator catalog the fleet and the
+    services need (``catalog_override``) to ``catalog_toml``."""
+    models = {n.model for n in nodes if n.model} | {
+        m for p in pods if p.allowed_models for m in p.allowed_models
+    }
+    catalog_toml.write_text(catalog_override(models), encoding="utf-8")
+    names = catalog_names(models, catalog_toml)
+    missing = sorted({n.model for n in nodes if n.num_gpu and n.model not in names})
+    if missing:
+        raise ValueError(f"the catalog has no model {', '.join(missing)} for the trace's nodes")
+    if any(n.num_gpu == 0 for n in nodes):
+        raise ValueError("nodes without GPUs cannot be simulated (a device profile needs one)")
+    fleet = [
+        FleetNode(n.name, f"{n.num_gpu}x{names[n.model]}", n.cpu_milli, n.memory_mib) for n in nodes
+    ]
+    return fleet, names
+
+
 def job_request(
     job_id: str, pod: PodDemand, names: dict[str, str], queue: str = TENANT
 ) -> JobRequested:
@@ -252,20 +274,8 @@ async def replay_live(
     work = workdir or Path(tempfile.mkdtemp(prefix="xpupool-replay-"))
     work.mkdir(parents=True, exist_ok=True)
     original = [p.demand for p in trace_pods]
-    models = {n.model for n in nodes if n.model} | {
-        m for p in original if p.allowed_models for m in p.allowed_models
-    }
     catalog_toml = work / "catalog.toml"
-    catalog_toml.write_text(catalog_override(models), encoding="utf-8")
-    names = catalog_names(models, catalog_toml)
-    missing = sorted({n.model for n in nodes if n.num_gpu and n.model not in names})
-    if missing:
-        raise ValueError(f"the catalog has no model {', '.join(missing)} for the trace's nodes")
-    if any(n.num_gpu == 0 for n in nodes):
-        raise ValueError("nodes without GPUs cannot be simulated (a device profile needs one)")
-    fleet = [
-        FleetNode(n.name, f"{n.num_gpu}x{names[n.model]}", n.cpu_milli, n.memory_mib) for n in nodes
-    ]
+    fleet, names = simulated_trace(nodes, original, catalog_toml)
     fleet_csv = work / "fleet.csv"
     fleet_csv.write_text(format_fleet(fleet), encoding="utf-8")
     pods_csv = work / "pods.csv"
