@@ -242,6 +242,27 @@ async def test_the_direct_outbox_deletes_the_entries_of_its_linger_in_one_comman
     await asyncio.wait_for(confirming, 5)
 
 
+async def test_the_direct_outbox_deletes_what_it_holds_when_stopped(ledger: Ledger) -> None:
+    """A clean stop confirms the stored entries it still holds, however long its linger."""
+    result = await _granted_on_admission(ledger)
+    lease = ledger.granted_lease(result)
+    assert lease is not None
+
+    async def send(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
+        return [_stored()]
+
+    stop = asyncio.Event()
+    direct = DirectOutbox(ledger, linger_s=60)
+    confirming = asyncio.create_task(direct.run(send, stop))
+    await asyncio.sleep(0)
+    await direct.publish(result.entry, [granted_event(lease)])
+    await asyncio.sleep(0.3)
+    assert await _direct_entries(ledger) == [result.entry]  # stored, held for the linger
+    stop.set()
+    await asyncio.wait_for(confirming, 5)
+    assert await _direct_entries(ledger) == []
+
+
 def _relay(ledger: Ledger, sent: list[str], linger_s: float) -> OutboxRelay:
     async def build(entries: Sequence[dict[str, str]]) -> list[Sequence[msgspec.Struct]]:
         return [[JobCancelled(job_id=e["job_id"], tenant="t", waited_s=0.0)] for e in entries]

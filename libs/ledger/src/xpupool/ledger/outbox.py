@@ -293,6 +293,8 @@ class DirectOutbox:
         """Publish with ``send`` and confirm what JetStream stored, until ``stop``."""
         self._send = send
         loop = asyncio.get_running_loop()
+        # A stop wakes the loop at once, so what it holds is deleted before the bus closes.
+        waker = asyncio.create_task(self._wake_on(stop))
         try:
             while not stop.is_set():
                 wait_s = SWEEP_INTERVAL_S
@@ -309,11 +311,16 @@ class DirectOutbox:
                     await self._confirm()
             await self._confirm()  # a clean stop leaves nothing stored behind
         finally:
+            waker.cancel()
             self._send = None
             if self._sent or self._stored:
                 # Stored or not, the sweep publishes them (JetStream drops copies).
                 self._log.info("direct_left_to_sweep", entries=len(self._sent) + len(self._stored))
                 self._sent, self._stored = [], []
+
+    async def _wake_on(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self._wake.set()
 
     async def _await_stored(self) -> None:
         sent, self._sent = self._sent, []
