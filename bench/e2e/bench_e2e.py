@@ -396,10 +396,13 @@ class Load:
         client: XpupoolClient,
         prefix: str,
         make_job: Callable[[str, int], JobRequested] = job,
+        *,
+        by_request: bool = True,
     ) -> None:
         self.client = client
         self.prefix = prefix
         self.make_job = make_job
+        self.by_request = by_request
         self.tally = Tally()
         self.n = 0
         self.latencies: list[float] = []
@@ -420,7 +423,9 @@ class Load:
         job_id = f"{self.prefix}-{i:07d}"
         self.tally.submitted.append(job_id)
         t0 = time.perf_counter()
-        outcome = await self.client.submit_and_wait(self.make_job(job_id, i), timeout_s=60)
+        outcome = await self.client.submit_and_wait(
+            self.make_job(job_id, i), timeout_s=60, by_request=self.by_request
+        )
         if not isinstance(outcome, AllocationGranted):
             return False
         self.latencies.append(time.perf_counter() - t0)
@@ -595,6 +600,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
         "devices": workload.devices,
         "replicas": sc.replicas,
         "workload": "trace" if sc.trace else "synthetic",
+        "submit": args.submit,
     }
     redis = Redis.from_url(redis_server.url)
     floor_nc: Client | None = None
@@ -619,7 +625,12 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
         rounds = max(1, args.rounds)
         async with connected(nats.url) as client:
             await ensure_streams(client.js, s.STREAMS)
-            load = Load(client, f"{sc.name}-{os.getpid()}", workload.make_job)
+            load = Load(
+                client,
+                f"{sc.name}-{os.getpid()}",
+                workload.make_job,
+                by_request=args.submit == "request",
+            )
             await load.closed(4, 1.0)  # warm-up: caches, first snapshot, JIT of connections
             pids = {f"{p.name}-{i}": p.process.pid for i, p in enumerate(stack.services)}
             # The servers too: what one grant costs them says when one of them is the limit.
@@ -866,6 +877,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=["constant", "poisson"],
         default="constant",
         help="the open loop's arrivals: evenly spaced (the issue's generator), or Poisson",
+    )
+    parser.add_argument(
+        "--submit",
+        choices=["request", "stream"],
+        default="request",
+        help="how the load generator submits: by request/reply (jobs.submit, the client's "
+        "submit_and_wait) or published on the job stream (jobs.requested) and waited for",
     )
     parser.add_argument("--serial-count", type=int, default=50)
     parser.add_argument(

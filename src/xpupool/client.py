@@ -15,6 +15,7 @@ import msgspec
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from opentelemetry import propagate
 
 from xpupool.bus.connection import connect_client, round_trip
@@ -39,6 +40,7 @@ from xpupool.contracts import (
     ListLeases,
     ReleaseLease,
     RenewLease,
+    SubmitReply,
     decoder_for,
     encode,
 )
@@ -64,6 +66,7 @@ _JOBS_DECODER = decoder_for((JobList,))
 _LEASES_DECODER = decoder_for((LeaseList,))
 _ENDED_DECODER = decoder_for((LeaseEnded,))
 _REPLY_DECODER = decoder_for((LeaseReply,))
+_SUBMIT_DECODER = decoder_for((SubmitReply,))
 
 
 class XpupoolClient:
@@ -145,11 +148,52 @@ class XpupoolClient:
         subject = s.JOB_REQUESTED.subject(tenant=self._space(tenant))
         await self.js.publish(subject, payload, headers=headers, timeout=5)
 
-    async def submit_and_wait(self, request: JobRequested, timeout_s: float = 30.0) -> JobOutcome:
-        """Submit and wait for the first outcome."""
+    async def submit_request(self, request: JobRequested) -> SubmitReply | None:
+        """Submit by request/reply (``jobs.submit``): where the job stands once the ledger has it
+        (granted, with the grant; waiting; rejected, with why). None when no scheduler answered
+        within ``request_timeout_s`` (none serves the subject, or a reply was lost): the request
+        may or may not have been admitted, and sending it again, by either subject, is safe
+        (the ledger deduplicates by job id)."""
+        subject = s.JOB_SUBMIT.subject(tenant=self.tenant or self._space(request.tenant))
+        headers = ce_headers(JobRequested, self.source, event_id=request.job_id)
+        propagate.inject(headers)
+        try:
+            msg = await self.nc.request(
+                subject, encode(request), timeout=self.request_timeout_s, headers=headers
+            )
+            reply: SubmitReply = _SUBMIT_DECODER.decode(msg.data)
+        except (NoRespondersError, NatsTimeoutError, msgspec.DecodeError):
+            # No scheduler, none in time, or a service error's empty body: the request may
+            # not have been admitted.
+            return None
+        if reply.granted is not None:
+            # Known before its event arrives: a release right after the reply finds the secret.
+            self._grants[reply.granted.lease_id] = reply.granted
+        return reply
+
+    async def submit_and_wait(
+        self, request: JobRequested, timeout_s: float = 30.0, *, by_request: bool = True
+    ) -> JobOutcome:
+        """Submit and wait for the first outcome.
+
+        By request/reply (``submit_request``) a job placed or refused on arrival is answered at
+        once; one that waits, or whose reply did not come, is waited for on the tenant's events,
+        and a request no scheduler answered is published on the stream (``submit``) as well,
+        where it waits for one. ``by_request=False``: published on the stream only."""
         future = self.expect(request.job_id)
-        await self.submit(request)
-        return await asyncio.wait_for(future, timeout_s)
+        try:
+            reply = await self.submit_request(request) if by_request else None
+            outcome: JobOutcome | None = None
+            if reply is not None:
+                outcome = reply.granted or reply.rejected
+            if outcome is not None:
+                if not future.done():
+                    future.set_result(outcome)
+            elif reply is None:
+                await self.submit(request)
+            return await asyncio.wait_for(future, timeout_s)
+        finally:
+            self._waiters.pop(request.job_id, None)
 
     def _holder(self, lease_id: str, secret: str | None, tenant: str | None) -> tuple[str, str]:
         grant = self._grants.get(lease_id)

@@ -101,6 +101,28 @@ EXAMPLES: list[msgspec.Struct] = [
     p.LeaseList(ok=False, error=p.QueryError.UNKNOWN_LEASE),
     p.CancelReply(ok=True, job_id="j1", outcome=p.CancelOutcome.CANCELLED),
     p.CancelReply(ok=False, job_id="j1", error=p.CancelError.JOB_ENDED, detail="it timed out"),
+    p.SubmitReply(job_id="j1", outcome=p.SubmitOutcome.WAITING),
+    p.SubmitReply(
+        job_id="j1",
+        outcome=p.SubmitOutcome.REJECTED,
+        rejected=p.JobRejected(job_id="j1", tenant="t", reason=p.JobReason.RATE_LIMITED),
+    ),
+    p.SubmitReply(
+        job_id="j1",
+        outcome=p.SubmitOutcome.GRANTED,
+        granted=p.AllocationGranted(
+            job_id="j1",
+            lease_id="l1",
+            tenant="t",
+            owner="o",
+            fencing_token=7,
+            granted_at=NOW,
+            expires_at=NOW,
+            slices=[SLICE],
+            env={"CUDA_VISIBLE_DEVICES": "GPU-1"},
+            lease_secret="secret",
+        ),
+    ),
     p.JobReserved(
         job_id="j1",
         lease_id="l1",
@@ -226,7 +248,8 @@ def test_payload_validates_against_published_schema(event: msgspec.Struct) -> No
 def test_every_event_type_maps_to_one_subject() -> None:
     """channel_of/subject_of resolve every payload, filling subject parameters."""
     for event in EXAMPLES:
-        if isinstance(event, p.LeaseReply | p.CancelReply | p.JobList | p.LeaseList):  # replies
+        replies = p.LeaseReply | p.CancelReply | p.SubmitReply | p.JobList | p.LeaseList
+        if isinstance(event, replies):
             continue
         subject = subject_of(event)
         assert "{" not in subject

@@ -81,7 +81,7 @@ def test_anatomy_times_the_steps_of_a_job() -> None:
     assert "submit -> grant as the client saw it" in done.stdout
     # A job that fits is decided and granted as it is admitted (no scheduling cycle).
     for step in (
-        "process xpupool.tenant.v1.{tenant}.jobs.requested",
+        "process xpupool.tenant.v1.{tenant}.jobs.submit",
         "schedule admission",
         "schedule decision",
         "publish granted",

@@ -69,11 +69,13 @@ def service_permissions(role: str) -> Permissions:
                     # The grants it makes on admission (handlers.publish_grants).
                     s.ALLOC_GRANTED.address,
                     *_tenant_events("granted", "rejected", "pending", "timed_out", "cancelled"),
-                    # Replies to cancel requests go to the requester's inbox, whoever it is.
+                    # Replies to submit, cancel and list requests go to the requester's inbox,
+                    # whoever it is.
                     "_INBOX.>",
                 ),
                 subscribe=(
                     inbox,
+                    s.JOB_SUBMIT.pattern,
                     s.JOB_CANCEL.pattern,
                     s.JOB_LIST.pattern,
                     s.ALLOC_ENDED.pattern,

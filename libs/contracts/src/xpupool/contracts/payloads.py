@@ -77,6 +77,8 @@ __all__ = [
     "CancelJob",
     "CancelOutcome",
     "CancelReply",
+    "SubmitOutcome",
+    "SubmitReply",
     "DeviceDemand",
     "DeviceHealthChanged",
     "DeviceSample",
@@ -278,6 +280,20 @@ class CancelOutcome(StrEnum):
     """The job was waiting: it left the pending queue and ended with ``JobCancelled``."""
     RELEASING = "releasing"
     """The job holds (or was about to hold) a lease: the lease ends ``released``."""
+
+
+class SubmitOutcome(StrEnum):
+    """Where a job submitted by request stands once the ledger admitted it (``SubmitReply``)."""
+
+    GRANTED = "granted"
+    """Placed on arrival: ``SubmitReply.granted`` is the grant, published as well."""
+    WAITING = "waiting"
+    """Admitted and waiting: its outcome comes later as an event on the tenant's subjects."""
+    REJECTED = "rejected"
+    """Refused: ``SubmitReply.rejected`` says why; the rejection is published as well."""
+    KNOWN = "known"
+    """A job of this id was admitted before and has gone further (reserved, leased): its
+    outcome was published, or is on its way, on the tenant's subjects."""
 
 
 class QueryError(StrEnum):
@@ -681,6 +697,24 @@ class AllocationGranted(
     env: dict[str, str]
     host: list[HostShare] = field(default_factory=list)
     lease_secret: LeaseSecret | None = None
+
+
+class SubmitReply(
+    Struct, frozen=True, kw_only=True, tag_field="type", tag="xpupool.job.submit_reply.v1"
+):
+    """Answer to a job submitted by request (``xpupool.tenant.v1.{tenant}.jobs.submit``), sent
+    once the ledger has admitted, granted or refused it.
+
+    Every outcome it carries is also published as the event it is (``AllocationGranted``,
+    ``JobRejected``), so a subscriber to the tenant's events sees the same as a request/reply
+    client, and a requester that lost its reply still gets the event.
+    """
+
+    job_id: str
+    outcome: SubmitOutcome
+    granted: AllocationGranted | None = None
+    rejected: JobRejected | None = None
+    detail: Detail = ""
 
 
 class LeaseRenewed(

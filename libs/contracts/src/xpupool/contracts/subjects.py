@@ -256,6 +256,19 @@ JOB_CANCEL: Final = Channel(
     parameters=TENANT_PARAM,
 )
 
+JOB_SUBMIT: Final = Channel(
+    TENANT_SPACE + ".{tenant}.jobs.submit",
+    (p.JobRequested,),
+    "Submit a job request as {tenant} and get its admission's outcome as the reply "
+    "(SubmitReply): the grant when it was placed on arrival, the rejection, or that it waits. "
+    "The same events are published as for jobs.requested. Not stored: a request that gets no "
+    "reply may be sent again with the same job_id (the ledger deduplicates by job id), or "
+    "published on jobs.requested instead; a payload `tenant` other than {tenant} is rejected.",
+    sender="upstream",
+    receivers=("scheduler",),
+    reply=p.SubmitReply,
+    parameters=TENANT_PARAM,
+)
 JOB_LIST: Final = Channel(
     TENANT_SPACE + ".{tenant}.jobs.list",
     (p.ListJobs,),
@@ -496,6 +509,7 @@ CHANNELS: Final[tuple[Channel, ...]] = (
     ALLOC_ENDED,
     LEASE_RENEW,
     LEASE_RELEASE,
+    JOB_SUBMIT,
     JOB_CANCEL,
     JOB_LIST,
     LEASE_GET,

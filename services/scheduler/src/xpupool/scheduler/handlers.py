@@ -52,6 +52,8 @@ from xpupool.contracts import (
     NodeReady,
     PoolShape,
     QueryError,
+    SubmitOutcome,
+    SubmitReply,
     decoder_for,
 )
 from xpupool.ledger import (
@@ -191,21 +193,71 @@ def _rejected(
     field: str | None,
     detail: str,
     deps: SchedulerDeps,
-) -> list[msgspec.Struct]:
+) -> JobRejected:
     get_logger().info("request_refused", reason=reason, field=field, tenant=tenant)
     deps.metrics.rejections.labels(reason.value).inc()
-    return [
-        JobRejected(
-            job_id=request.job_id, tenant=tenant, field_name=field, reason=reason, detail=detail
-        )
-    ]
+    return JobRejected(
+        job_id=request.job_id, tenant=tenant, field_name=field, reason=reason, detail=detail
+    )
 
 
 async def admit_job(
     request: JobRequested, deps: SchedulerDeps, *, tenant: str
 ) -> Sequence[msgspec.Struct]:
     """Put a new request of ``tenant`` (the subject's, authenticated) in the persistent pending
-    queue and wake a scheduling cycle.
+    queue and wake a scheduling cycle (``_admit``); the events to publish are its rejection,
+    if it was refused (a grant on arrival is published by the admission batch itself)."""
+    rejection, _ = await _admit(request, deps, tenant)
+    return [] if rejection is None else [rejection]
+
+
+async def submit_job(
+    request: JobRequested, deps: SchedulerDeps, *, tenant: str
+) -> Sequence[msgspec.Struct]:
+    """``admit_job`` for a request sent by request/reply (``JOB_SUBMIT``): the same admission,
+    answered with where the job stands once the ledger has it (``SubmitReply``).
+
+    The reply goes out after the admission batch handed its grants to the connection, so the
+    requester never holds a grant whose event could come after a later event of its lease."""
+    rejection, admitted = await _admit(request, deps, tenant)
+    job_id = request.job_id
+    if rejection is not None:
+        return [
+            rejection,
+            SubmitReply(job_id=job_id, outcome=SubmitOutcome.REJECTED, rejected=rejection),
+        ]
+    assert admitted is not None
+    lease = deps.ledger.granted_lease(admitted)
+    if lease is not None:
+        reply = SubmitReply(
+            job_id=job_id, outcome=SubmitOutcome.GRANTED, granted=granted_event(lease)
+        )
+    elif admitted.ok:
+        reply = SubmitReply(job_id=job_id, outcome=SubmitOutcome.WAITING)
+    else:
+        reply = SubmitReply(job_id=job_id, outcome=SubmitOutcome.KNOWN, detail=admitted.reason)
+    return [reply]
+
+
+def reject_invalid_submit(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:
+    """A submitted request that does not decode: the rejection ``reject_invalid_request`` gives,
+    published, and the same as the reply."""
+    rejections = reject_invalid_request(invalid)
+    return [
+        *rejections,
+        *(
+            SubmitReply(job_id=r.job_id, outcome=SubmitOutcome.REJECTED, rejected=r)
+            for r in rejections
+            if isinstance(r, JobRejected)
+        ),
+    ]
+
+
+async def _admit(
+    request: JobRequested, deps: SchedulerDeps, tenant: str
+) -> tuple[JobRejected | None, ScriptResult | None]:
+    """Admit a new request of ``tenant``: its rejection if it was refused, else the ledger's
+    answer (granted on arrival, waiting, or a duplicate of a job that went further).
 
     Refused at once: a payload naming another tenant, a queue the tenant may not charge, and a
     tenant over its rate or pending limits (checked atomically in the ledger, across replicas).
@@ -221,7 +273,7 @@ async def admit_job(
             "tenant",
             f"sent on tenant {tenant!r}'s subject but names another tenant",
             deps,
-        )
+        ), None
     config = deps.config.current()
     if not config.may_charge(tenant, request.queue):
         return _rejected(
@@ -231,7 +283,7 @@ async def admit_job(
             "queue",
             f"tenant {tenant!r} may not charge queue {request.queue!r}",
             deps,
-        )
+        ), None
     request = msgspec.structs.replace(request, tenant=tenant)
     limits = config.limits_for(tenant)
     arrival = Arrival(
@@ -248,9 +300,9 @@ async def admit_job(
             JobReason.TOO_MANY_PENDING,
             JobReason.DUPLICATE_JOB,
         ):
-            return _rejected(request, tenant, refused, None, admitted.detail, deps)
-        return []  # a duplicate of a job that went further: its outcome is already out
-    return []
+            return _rejected(request, tenant, refused, None, admitted.detail, deps), admitted
+    # Not ok otherwise: a duplicate of a job that went further, whose outcome is already out.
+    return None, admitted
 
 
 async def admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> list[ScriptResult]:
@@ -458,6 +510,18 @@ def reject_invalid_cancel(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:
 def cancel_reply_too_large(reply: msgspec.Struct) -> CancelReply:
     """What a requester gets instead of a reply that would not fit its server's max_payload."""
     return CancelReply(ok=False, job_id="", error=CancelError.INTERNAL_ERROR, detail="too large")
+
+
+def submit_reply_too_large(reply: msgspec.Struct) -> SubmitReply | None:
+    """A submit reply that would not fit the requester's max_payload, without the event it
+    carries (which is published as well)."""
+    if not isinstance(reply, SubmitReply):
+        return None
+    return SubmitReply(
+        job_id=reply.job_id,
+        outcome=reply.outcome,
+        detail="too large for a reply: the event on the tenant's subjects has it",
+    )
 
 
 def reject_invalid_request(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:

@@ -281,6 +281,20 @@ async def run(settings: SchedulerSettings) -> None:
                 bus = await open_bus(
                     bus_stack, bus_settings(access.SCHEDULER, SERVICE, settings), SERVICE
                 )
+                # Requests submitted by request/reply are handled side by side as well, and
+                # share admission batches with the stream's. Served first: a replica that
+                # answers queries takes submissions too.
+                await serve_subject(
+                    bus.nc,
+                    subjects.JOB_SUBMIT,
+                    functools.partial(handlers.submit_job, deps=deps),
+                    bus.publisher,
+                    queue=SERVICE,
+                    on_invalid=handlers.reject_invalid_submit,
+                    stats=stats,
+                    too_large_reply=handlers.submit_reply_too_large,
+                    concurrency=ADMISSION_CONCURRENCY,
+                )
                 for channel, handler, on_invalid, too_large in (
                     (
                         subjects.JOB_LIST,
