@@ -30,6 +30,7 @@ from xpupool.bus import (
     MessageTooLarge,
     Publisher,
     consume_stream,
+    early_reply,
     ensure_streams,
     serve_subject,
     supervise,
@@ -351,6 +352,44 @@ async def test_a_subject_is_served_as_soon_as_serve_subject_returns(
         await serve_subject(service, channel, answer, publisher, queue=f"fresh{i}")
         reply = await client.request(channel.address, b'{"name":"hi"}', timeout=5)
         assert msgspec.json.decode(reply.data, type=Answer).echo == "hi"
+
+
+async def test_an_early_reply_is_the_only_one_and_goes_out_before_the_handler_returns(
+    service: Client, client: Client
+) -> None:
+    """A handler that answers through ``early_reply`` (as work batched with other requests
+    does) is answered then; what it returns afterwards is not sent a second time."""
+    returned = asyncio.Event()
+    release = asyncio.Event()
+
+    async def answer(ask: Ask) -> Sequence[msgspec.Struct]:
+        early = early_reply()
+        assert early is not None
+        await early.send(Answer(ok=True, echo="early"))
+        await release.wait()
+        returned.set()
+        return [Answer(ok=True, echo="late")]
+
+    channel = subjects.Channel(
+        "tests.rpc.early", (Ask,), "Early.", sender="t", receivers=("t",), reply=Answer
+    )
+    publisher = Publisher(service, service.jetstream(), source="/tests/rpc")
+    await serve_subject(service, channel, answer, publisher, queue="early", concurrency=4)
+    inbox = client.new_inbox()
+    replies = await client.subscribe(inbox)
+    await client.publish(channel.address, b'{"name":"x"}', reply=inbox)
+    first = await replies.next_msg(timeout=5)
+    assert msgspec.json.decode(first.data, type=Answer).echo == "early"
+    assert not returned.is_set()  # answered while the handler still works
+    release.set()
+    await asyncio.wait_for(returned.wait(), 5)
+    await client.flush()
+    with pytest.raises(nats.errors.TimeoutError):
+        await replies.next_msg(timeout=0.3)
+
+
+def test_early_reply_is_none_outside_a_served_request() -> None:
+    assert early_reply() is None
 
 
 async def test_a_reply_over_max_payload_is_replaced_by_a_short_error(

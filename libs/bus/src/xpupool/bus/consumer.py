@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -137,6 +139,33 @@ def is_stream_message(msg: Msg) -> bool:
     return bool(msg.reply) and msg.reply.startswith(ACK_PREFIX)
 
 
+class EarlyReply:
+    """The reply to the request a handler serves (``serve_subject``), for a handler that knows
+    its answer before it returns, such as one whose work is batched with other requests': sent
+    at most once, and the dispatcher then sends no reply of its own."""
+
+    def __init__(self, send: Callable[[msgspec.Struct], Awaitable[None]]) -> None:
+        self._send = send
+        self.sent = False
+
+    async def send(self, reply: msgspec.Struct) -> None:
+        if not self.sent:
+            self.sent = True
+            await self._send(reply)
+
+
+# Set by the dispatcher around one handler call (each served request runs in its own task).
+_EARLY_REPLY: contextvars.ContextVar[EarlyReply | None] = contextvars.ContextVar(
+    "xpupool_early_reply", default=None
+)
+
+
+def early_reply() -> EarlyReply | None:
+    """The reply of the request the calling handler serves, or None (a stream message, or a
+    message sent without a reply subject)."""
+    return _EARLY_REPLY.get()
+
+
 def _service_error(description: str, code: str) -> dict[str, str]:
     return {SERVICE_ERROR: description, SERVICE_ERROR_CODE: code}
 
@@ -249,11 +278,18 @@ class _Dispatcher:
             **context,
         )
         started = time.perf_counter()
-        if self.tenant_scoped:
-            results = await self.handler(event, tenant=params["tenant"])
-        else:
-            results = await self.handler(event)
-        await self._send(msg, results)
+        early = None
+        if self.reply_nc is not None and msg.reply and self.channel.reply is not None:
+            early = EarlyReply(functools.partial(self._reply, self.reply_nc, msg.reply))
+        token = _EARLY_REPLY.set(early)
+        try:
+            if self.tenant_scoped:
+                results = await self.handler(event, tenant=params["tenant"])
+            else:
+                results = await self.handler(event)
+        finally:
+            _EARLY_REPLY.reset(token)
+        await self._send(msg, results, replied=early is not None and early.sent)
         self.stats.handled += 1
         self.log.info(
             "message_handled",
@@ -289,11 +325,13 @@ class _Dispatcher:
             # The input stays invalid however often it is delivered: log it, never retry it.
             self.log.error("invalid_answer_not_sent", error=str(error))
 
-    async def _send(self, msg: Msg, results: Sequence[msgspec.Struct]) -> None:
+    async def _send(
+        self, msg: Msg, results: Sequence[msgspec.Struct], *, replied: bool = False
+    ) -> None:
         reply_type = self.channel.reply
         for result in results:
             if reply_type is not None and isinstance(result, reply_type):
-                if self.reply_nc is not None and msg.reply:
+                if self.reply_nc is not None and msg.reply and not replied:
                     await self._reply(self.reply_nc, msg.reply, result)
                 continue
             try:
@@ -656,6 +694,7 @@ async def serve_subject(
 
 
 __all__ = [
+    "EarlyReply",
     "INVALID_REQUEST",
     "MAX_MESSAGE_BYTES",
     "PAYLOAD_TOO_LARGE",
@@ -667,6 +706,7 @@ __all__ = [
     "PullStatusError",
     "TooLargeReply",
     "consume_stream",
+    "early_reply",
     "is_stream_message",
     "serve_subject",
 ]

@@ -27,7 +27,7 @@ from typing import Final
 import msgspec
 from opentelemetry import trace
 
-from xpupool.bus import InvalidMessage
+from xpupool.bus import EarlyReply, InvalidMessage, early_reply
 from xpupool.contracts import (
     IDENTIFIER_PATTERN,
     CancelError,
@@ -143,6 +143,9 @@ class Arrival:
     priority: int
     limits: AdmissionLimits
     trace: dict[str, str]
+    # A request sent by request/reply: its grant is answered as soon as the batch hands it to
+    # the connection (``publish_grants``), in the same write.
+    answer: EarlyReply | None = None
 
 
 @dataclass
@@ -217,9 +220,13 @@ async def submit_job(
     """``admit_job`` for a request sent by request/reply (``JOB_SUBMIT``): the same admission,
     answered with where the job stands once the ledger has it (``SubmitReply``).
 
-    The reply goes out after the admission batch handed its grants to the connection, so the
-    requester never holds a grant whose event could come after a later event of its lease."""
-    rejection, admitted = await _admit(request, deps, tenant)
+    A grant is answered by the admission batch itself, right after it handed the grant's events
+    to the connection (the reply is then not returned here): the requester gets it in the same
+    write, and never holds a grant whose event could come after a later event of its lease."""
+    answer = early_reply()
+    rejection, admitted = await _admit(request, deps, tenant, answer)
+    if answer is not None and answer.sent:
+        return []
     job_id = request.job_id
     if rejection is not None:
         return [
@@ -254,7 +261,7 @@ def reject_invalid_submit(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:
 
 
 async def _admit(
-    request: JobRequested, deps: SchedulerDeps, tenant: str
+    request: JobRequested, deps: SchedulerDeps, tenant: str, answer: EarlyReply | None = None
 ) -> tuple[JobRejected | None, ScriptResult | None]:
     """Admit a new request of ``tenant``: its rejection if it was refused, else the ledger's
     answer (granted on arrival, waiting, or a duplicate of a job that went further).
@@ -291,6 +298,7 @@ async def _admit(
         config.priority_value(request.priority) or 0,
         AdmissionLimits(limits.rate_per_s, limits.burst, limits.max_pending),
         trace_carrier(),
+        answer,
     )
     admitted = await deps.admissions.submit(arrival)
     if not admitted.ok:
@@ -362,6 +370,9 @@ async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> l
         if result.change_seq:
             deps.snapshots.own_change(result.change_seq)
     await publish_grants(arrivals, results, deps)
+    # One turn of the loop: the connection's flusher writes the grants (and the replies to
+    # their requests) now, not after this batch's bookkeeping and whatever else is ready.
+    await asyncio.sleep(0)
     waiting = False
     for arrival, result in zip(arrivals, results, strict=True):
         placed = placements.pop(arrival.request.job_id, None)
@@ -384,13 +395,22 @@ async def publish_grants(
     arrivals: Sequence[Arrival], results: Sequence[ScriptResult], deps: SchedulerDeps
 ) -> None:
     """Publish the grants this batch's admissions made, straight from their scripts' answers
-    (``DirectOutbox``), each in its job's trace: the lease-manager's relay is not in the way."""
+    (``DirectOutbox``), each in its job's trace: the lease-manager's relay is not in the way. A
+    grant submitted by request/reply is answered right after its events."""
     for arrival, result in zip(arrivals, results, strict=True):
         lease = deps.ledger.granted_lease(result)
         if lease is None:
             continue
+        event = granted_event(lease)
         with continue_trace(GRANT_SPAN, arrival.trace, {"xpupool.lease_id": lease.lease_id}):
-            await deps.direct.publish(result.entry, [granted_event(lease)])
+            await deps.direct.publish(result.entry, [event])
+        if arrival.answer is None:
+            continue
+        reply = SubmitReply(job_id=event.job_id, outcome=SubmitOutcome.GRANTED, granted=event)
+        try:
+            await arrival.answer.send(reply)
+        except Exception as error:  # noqa: BLE001  (the grant stands; its event is published)
+            get_logger().warning("submit_reply_failed", job=event.job_id, error=repr(error))
 
 
 async def place_on_arrival(
