@@ -18,7 +18,7 @@ from xpupool.devstack.servers import RedisServer
 from xpupool.ledger import AdmissionLimits, Ledger, SliceClaim
 from xpupool.scheduler import main as scheduler_main
 from xpupool.scheduler.config_source import ConfigSource
-from xpupool.scheduler.handlers import Arrival, SchedulerDeps, admit_arrivals
+from xpupool.scheduler.handlers import Arrival, SchedulerDeps, admit_arrivals, wake_for_capacity
 from xpupool.scheduler.settings import SchedulerSettings
 
 pytestmark = pytest.mark.integration
@@ -135,3 +135,20 @@ async def _idle_replica_reads_live_load_in_at_its_own_pace(redis_url: str) -> No
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
         await redis.aclose()
+
+
+async def test_freed_capacity_wakes_a_cycle_only_while_jobs_wait(ledger: Ledger) -> None:
+    """A lease end with nothing waiting wakes nothing (no cycle, no read of the queue); with
+    jobs waiting, and once one has had to wait at admission, it wakes a cycle."""
+    deps = await _deps_on_a_current_copy(ledger)
+    wake_for_capacity(deps)
+    assert not deps.wake.is_set()
+    # The only two devices taken behind the copy's back: the next arrival waits.
+    for name, device in (("x", "n1/nvidia0"), ("y", "n1/nvidia1")):
+        assert (await ledger.reserve(reservation(name, SliceClaim(device, whole=True)))).ok
+    waiting = Arrival(JobRequested(job_id="w", tenant="t"), 500, AdmissionLimits(), {})
+    [result] = await admit_arrivals([waiting], deps)
+    assert result.ok and result.outcome == "pending"
+    deps.wake.clear()
+    wake_for_capacity(deps)
+    assert deps.wake.is_set()

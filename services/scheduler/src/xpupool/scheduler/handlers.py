@@ -938,6 +938,15 @@ async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgsp
     return []
 
 
+def wake_for_capacity(deps: SchedulerDeps) -> None:
+    """Capacity freed or arrived (a lease ended, a node registered, a device's health changed):
+    a cycle is woken only while this replica knows of jobs that wait. Otherwise nothing is
+    (no cycle, no read of the queue per lease end): a peer wakes for the jobs it found waiting,
+    and ``cycle_loop``'s periodic wake finds any that nobody looks after."""
+    if deps.last_pending:
+        deps.wake.set()
+
+
 async def on_scale_event(event: NodeProvisioning | NodeReady, deps: SchedulerDeps) -> None:
     """The autoscaler's provisioning and readiness events: incoming capacity, then a cycle."""
     if isinstance(event, NodeProvisioning):

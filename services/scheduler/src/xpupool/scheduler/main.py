@@ -262,7 +262,7 @@ async def run(settings: SchedulerSettings) -> None:
             get_logger().info("metrics_serving", addr=settings.scheduler_metrics_addr, port=port)
 
         async def on_capacity_change(_: Any) -> None:
-            deps.wake.set()
+            handlers.wake_for_capacity(deps)
 
         scale_events = msgspec.json.Decoder(NodeProvisioning | NodeReady)
         log = get_logger()
