@@ -46,6 +46,20 @@ MIG_SPEC = p.DeviceSpec(
     parent_uuid="GPU-2",
     partition=p.PartitionSpec(kind="mig", profile="3g.40gb", gpu_slices=3, compute_slices=3),
 )
+GRANT = p.AllocationGranted(
+    job_id="j1",
+    lease_id="l1",
+    tenant="t",
+    owner="o",
+    fencing_token=7,
+    granted_at=NOW,
+    expires_at=NOW,
+    slices=[SLICE],
+    env={"CUDA_VISIBLE_DEVICES": "GPU-1"},
+    host=[p.HostShare(node_id="n1", cpu_milli=4000, memory_mib=8192)],
+    lease_secret="secret",
+)
+
 EXAMPLES: list[msgspec.Struct] = [
     p.JobRequested(
         job_id="j1",
@@ -110,18 +124,7 @@ EXAMPLES: list[msgspec.Struct] = [
     p.SubmitReply(
         job_id="j1",
         outcome=p.SubmitOutcome.GRANTED,
-        granted=p.AllocationGranted(
-            job_id="j1",
-            lease_id="l1",
-            tenant="t",
-            owner="o",
-            fencing_token=7,
-            granted_at=NOW,
-            expires_at=NOW,
-            slices=[SLICE],
-            env={"CUDA_VISIBLE_DEVICES": "GPU-1"},
-            lease_secret="secret",
-        ),
+        granted=GRANT,
     ),
     p.JobReserved(
         job_id="j1",
@@ -134,19 +137,7 @@ EXAMPLES: list[msgspec.Struct] = [
         slices=[SLICE],
     ),
     p.EndLease(lease_id="l1", reason=p.EndReason.PREEMPTED, grace_s=30),
-    p.AllocationGranted(
-        job_id="j1",
-        lease_id="l1",
-        tenant="t",
-        owner="o",
-        fencing_token=7,
-        granted_at=NOW,
-        expires_at=NOW,
-        slices=[SLICE],
-        env={"CUDA_VISIBLE_DEVICES": "GPU-1"},
-        host=[p.HostShare(node_id="n1", cpu_milli=4000, memory_mib=8192)],
-        lease_secret="secret",
-    ),
+    GRANT,
     p.LeaseRenewed(job_id="j1", lease_id="l1", fencing_token=7, expires_at=NOW),
     p.LeaseEnded(
         job_id="j1",

@@ -4,14 +4,14 @@ ledger has it, and every outcome is published as the same event a stream submiss
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 import pytest
 
 from tests.conftest import eventually
 from tests.e2e.conftest import Ready
-from xpupool.client import TenantEvent
+from xpupool.client import TenantEvent, XpupoolClient
 from xpupool.contracts import (
     AllocationGranted,
     JobReason,
@@ -40,87 +40,91 @@ def _whole(job_id: str) -> JobRequested:
     return JobRequested(job_id=job_id, tenant=TENANT)
 
 
-async def test_the_reply_is_the_outcome_and_the_events_say_the_same(
+@pytest.fixture
+async def serving(
     make_stack: Callable[..., Stack], ready: Ready
-) -> None:
+) -> AsyncIterator[tuple[XpupoolClient, list[TenantEvent]]]:
+    """A tenant's client of a one-device stack whose scheduler serves submissions, and the
+    tenant's events it receives."""
     stack = make_stack([NodeSpec("node-s", "1xA100-80GB")], tenants=[TENANT])
     await ready(stack, 1)
     async with stack.client(TENANT) as client:
         events: list[TenantEvent] = []
         client.listen(events.append)
         await client.jobs()  # answered once the scheduler serves (submissions before queries)
+        yield client, events
 
-        placed = await client.submit_request(_whole("sub-1"))
-        assert placed is not None and placed.outcome is SubmitOutcome.GRANTED
-        grant = placed.granted
-        assert grant is not None and grant.job_id == "sub-1" and grant.lease_secret
 
-        # The only device is held: the next one waits, and its grant comes as an event.
-        waiting = await client.submit_request(_whole("sub-2"))
-        assert waiting is not None and waiting.outcome is SubmitOutcome.WAITING
-        assert waiting.granted is None and waiting.rejected is None
+async def test_the_reply_is_the_outcome_and_the_events_say_the_same(
+    serving: tuple[XpupoolClient, list[TenantEvent]],
+) -> None:
+    client, events = serving
+    placed = await client.submit_request(_whole("sub-1"))
+    assert placed is not None and placed.outcome is SubmitOutcome.GRANTED
+    grant = placed.granted
+    assert grant is not None and grant.job_id == "sub-1" and grant.lease_secret
 
-        # A resubmission of a job that went further is told so, and granted nothing more.
-        again = await client.submit_request(_whole("sub-1"))
-        assert again is not None and again.outcome is SubmitOutcome.KNOWN
+    # The only device is held: the next one waits, and its grant comes as an event.
+    waiting = await client.submit_request(_whole("sub-2"))
+    assert waiting is not None and waiting.outcome is SubmitOutcome.WAITING
+    assert waiting.granted is None and waiting.rejected is None
 
-        # The reply's grant is the published one; releasing it needs nothing but the reply.
-        def granted() -> list[AllocationGranted]:
-            return [e for e in events if isinstance(e, AllocationGranted)]
+    # A resubmission of a job that went further is told so, and granted nothing more.
+    again = await client.submit_request(_whole("sub-1"))
+    assert again is not None and again.outcome is SubmitOutcome.KNOWN
 
-        async def first_grant() -> list[AllocationGranted] | None:
-            return granted() or None
+    # The reply's grant is the published one; releasing it needs nothing but the reply.
+    def granted() -> list[AllocationGranted]:
+        return [e for e in events if isinstance(e, AllocationGranted)]
 
-        await eventually(first_grant)
-        assert granted() == [grant]
-        assert (await client.release(grant.lease_id, grant.fencing_token)).ok
+    async def first_grant() -> list[AllocationGranted] | None:
+        return granted() or None
 
-        async def second() -> AllocationGranted | None:
-            return next((e for e in granted() if e.job_id == "sub-2"), None)
+    await eventually(first_grant)
+    assert granted() == [grant]
+    assert (await client.release(grant.lease_id, grant.fencing_token)).ok
 
-        later = await eventually(second)
-        assert later is not None and later.lease_secret
-        assert [e.job_id for e in granted()] == ["sub-1", "sub-2"]
+    async def second() -> AllocationGranted | None:
+        return next((e for e in granted() if e.job_id == "sub-2"), None)
+
+    later = await eventually(second)
+    assert later is not None and later.lease_secret
+    assert [e.job_id for e in granted()] == ["sub-1", "sub-2"]
 
 
 async def test_bad_and_refused_requests_are_answered_and_published(
-    make_stack: Callable[..., Stack], ready: Ready
+    serving: tuple[XpupoolClient, list[TenantEvent]],
 ) -> None:
-    stack = make_stack([NodeSpec("node-s", "1xA100-80GB")], tenants=[TENANT])
-    await ready(stack, 1)
-    async with stack.client(TENANT) as client:
-        events: list[TenantEvent] = []
-        client.listen(events.append)
-        await client.jobs()  # answered once the scheduler serves (submissions before queries)
-        subject = s.JOB_SUBMIT.subject(tenant=TENANT)
+    client, events = serving
+    subject = s.JOB_SUBMIT.subject(tenant=TENANT)
 
-        # Not a job request at all: the reply names the field, the rejection is published.
-        bad = {"job_id": "sub-bad", "count": "two"}
-        raw = await client.nc.request(subject, json.dumps(bad).encode(), timeout=5)
-        reply = _REPLY.decode(raw.data)
-        assert reply.outcome is SubmitOutcome.REJECTED and reply.rejected is not None
-        assert reply.rejected.job_id == "sub-bad"
-        assert reply.rejected.reason is JobReason.INVALID_REQUEST
-        assert reply.rejected.field_name == "count"
+    # Not a job request at all: the reply names the field, the rejection is published.
+    bad = {"job_id": "sub-bad", "count": "two"}
+    raw = await client.nc.request(subject, json.dumps(bad).encode(), timeout=5)
+    reply = _REPLY.decode(raw.data)
+    assert reply.outcome is SubmitOutcome.REJECTED and reply.rejected is not None
+    assert reply.rejected.job_id == "sub-bad"
+    assert reply.rejected.reason is JobReason.INVALID_REQUEST
+    assert reply.rejected.field_name == "count"
 
-        # A payload naming another tenant.
-        foreign = msgspec.structs.replace(_whole("sub-foreign"), tenant="beta")
-        raw = await client.nc.request(subject, encode(foreign), timeout=5)
-        reply = _REPLY.decode(raw.data)
-        assert reply.rejected is not None and reply.rejected.reason is JobReason.TENANT_MISMATCH
+    # A payload naming another tenant.
+    foreign = msgspec.structs.replace(_whole("sub-foreign"), tenant="beta")
+    raw = await client.nc.request(subject, encode(foreign), timeout=5)
+    reply = _REPLY.decode(raw.data)
+    assert reply.rejected is not None and reply.rejected.reason is JobReason.TENANT_MISMATCH
 
-        async def both_rejected() -> bool:
-            return {e.job_id for e in events if isinstance(e, JobRejected)} >= {
-                "sub-bad",
-                "sub-foreign",
-            }
+    async def both_rejected() -> bool:
+        return {e.job_id for e in events if isinstance(e, JobRejected)} >= {
+            "sub-bad",
+            "sub-foreign",
+        }
 
-        await eventually(both_rejected)
+    await eventually(both_rejected)
 
-        # submit_and_wait answers a refusal at once, without waiting for the event.
-        outcome = await client.submit_and_wait(
-            JobRequested(job_id="sub-queue", tenant=TENANT, queue="nobody-s-queue"),
-            timeout_s=10,
-        )
-        assert isinstance(outcome, JobRejected)
-        assert outcome.reason is JobReason.QUEUE_NOT_ALLOWED
+    # submit_and_wait answers a refusal at once, without waiting for the event.
+    outcome = await client.submit_and_wait(
+        JobRequested(job_id="sub-queue", tenant=TENANT, queue="nobody-s-queue"),
+        timeout_s=10,
+    )
+    assert isinstance(outcome, JobRejected)
+    assert outcome.reason is JobReason.QUEUE_NOT_ALLOWED
