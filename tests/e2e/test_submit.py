@@ -3,6 +3,7 @@ ledger has it, and every outcome is published as the same event a stream submiss
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 
@@ -128,3 +129,30 @@ async def test_bad_and_refused_requests_are_answered_and_published(
     )
     assert isinstance(outcome, JobRejected)
     assert outcome.reason is JobReason.QUEUE_NOT_ALLOWED
+
+
+async def test_duplicates_by_request_and_by_stream_make_one_grant(
+    serving: tuple[XpupoolClient, list[TenantEvent]],
+) -> None:
+    """The same job sent twice by request and once on the stream, at once: one grant, one
+    event; the other replies say the job is known (or, if it came first, granted)."""
+    client, events = serving
+    request = _whole("sub-dup")
+    first, second, _ = await asyncio.gather(
+        client.submit_request(request), client.submit_request(request), client.submit(request)
+    )
+    assert first is not None and second is not None
+    outcomes = sorted([first.outcome, second.outcome])
+    assert outcomes in (
+        [SubmitOutcome.GRANTED, SubmitOutcome.KNOWN],
+        [SubmitOutcome.KNOWN, SubmitOutcome.KNOWN],  # the stream's copy came first
+    )
+
+    async def granted() -> list[AllocationGranted] | None:
+        return [e for e in events if isinstance(e, AllocationGranted)] or None
+
+    (grant,) = await eventually(granted) or []
+    await asyncio.sleep(1.0)  # a second grant, if any, would be out by now
+    assert [e for e in events if isinstance(e, AllocationGranted)] == [grant]
+    assert grant.job_id == "sub-dup"
+    assert all(r.granted in (None, grant) for r in (first, second))
