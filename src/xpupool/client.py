@@ -171,26 +171,34 @@ class XpupoolClient:
             self._grants[reply.granted.lease_id] = reply.granted
         return reply
 
+    async def submit_expecting(
+        self, request: JobRequested, *, by_request: bool = True
+    ) -> asyncio.Future[JobOutcome]:
+        """Submit and return the future of the job's first outcome (``expect``).
+
+        By request/reply (``submit_request``) a job placed or refused on arrival settles the
+        future at once; one that waits, or whose reply did not come, settles it from the
+        tenant's events, and a request no scheduler answered is published on the stream
+        (``submit``) as well, where it waits for one. ``by_request=False``: on the stream only.
+        """
+        future = self.expect(request.job_id)
+        reply = await self.submit_request(request) if by_request else None
+        outcome: JobOutcome | None = None
+        if reply is not None:
+            outcome = reply.granted or reply.rejected
+        if outcome is not None:
+            if not future.done():
+                future.set_result(outcome)
+        elif reply is None:
+            await self.submit(request)
+        return future
+
     async def submit_and_wait(
         self, request: JobRequested, timeout_s: float = 30.0, *, by_request: bool = True
     ) -> JobOutcome:
-        """Submit and wait for the first outcome.
-
-        By request/reply (``submit_request``) a job placed or refused on arrival is answered at
-        once; one that waits, or whose reply did not come, is waited for on the tenant's events,
-        and a request no scheduler answered is published on the stream (``submit``) as well,
-        where it waits for one. ``by_request=False``: published on the stream only."""
-        future = self.expect(request.job_id)
+        """Submit (``submit_expecting``) and wait for the first outcome."""
         try:
-            reply = await self.submit_request(request) if by_request else None
-            outcome: JobOutcome | None = None
-            if reply is not None:
-                outcome = reply.granted or reply.rejected
-            if outcome is not None:
-                if not future.done():
-                    future.set_result(outcome)
-            elif reply is None:
-                await self.submit(request)
+            future = await self.submit_expecting(request, by_request=by_request)
             return await asyncio.wait_for(future, timeout_s)
         finally:
             self._waiters.pop(request.job_id, None)

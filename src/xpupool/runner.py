@@ -1,6 +1,7 @@
 """``xpupool run -- CMD``: one command from request to release.
 
-The runner submits a job request as its tenant, shows why the job waits while it waits, starts
+The runner submits a job request as its tenant (by request/reply, answered at once when the job
+fits; on the job stream when no scheduler answers), shows why the job waits while it waits, starts
 ``CMD`` with the grant's environment (the vendors' visible-device variables and limits, plus
 ``XPUPOOL_JOB_ID`` and ``XPUPOOL_LEASE_ID``), renews the lease while ``CMD`` runs, releases it
 when ``CMD`` exits and exits with ``CMD``'s code. ``CMD`` runs in its own process group, which
@@ -197,8 +198,7 @@ class _Run:
                 loop.remove_signal_handler(signum)
 
     async def wait_for_grant(self) -> AllocationGranted | int:
-        outcome = self.client.expect(self.request.job_id)
-        await self.client.submit(self.request)
+        outcome = await self.client.submit_expecting(self.request)
         self.status.show()
         stopped = asyncio.ensure_future(self.stop.wait())
         try:
