@@ -129,15 +129,20 @@ class XpupoolClient:
         cancelled)."""
         return self._waiters.setdefault(job_id, asyncio.get_running_loop().create_future())
 
-    async def submit(self, request: JobRequested) -> None:
-        """Publish a job request on the client's tenant subject (a tenant-less client: the
-        request's tenant); ``Nats-Msg-Id = job_id`` makes a retried submit a no-op."""
+    def _job_message(self, channel: s.Channel, request: JobRequested) -> tuple[str, dict[str, str]]:
+        """A job request's subject on ``channel`` and its headers."""
         # A tenant's client always sends in its own space; the scheduler rejects a payload that
         # names another tenant (tenant_mismatch).
-        subject = s.JOB_REQUESTED.subject(tenant=self.tenant or self._space(request.tenant))
+        subject = channel.subject(tenant=self.tenant or self._space(request.tenant))
         headers = ce_headers(JobRequested, self.source, event_id=request.job_id)
         # The caller's trace (if any) is the job's: every step of the job continues it.
         propagate.inject(headers)
+        return subject, headers
+
+    async def submit(self, request: JobRequested) -> None:
+        """Publish a job request on the client's tenant subject (a tenant-less client: the
+        request's tenant); ``Nats-Msg-Id = job_id`` makes a retried submit a no-op."""
+        subject, headers = self._job_message(s.JOB_REQUESTED, request)
         await self.js.publish(subject, encode(request), headers=headers, timeout=5)
 
     async def submit_raw(
@@ -154,9 +159,7 @@ class XpupoolClient:
         within ``request_timeout_s`` (none serves the subject, or a reply was lost): the request
         may or may not have been admitted, and sending it again, by either subject, is safe
         (the ledger deduplicates by job id)."""
-        subject = s.JOB_SUBMIT.subject(tenant=self.tenant or self._space(request.tenant))
-        headers = ce_headers(JobRequested, self.source, event_id=request.job_id)
-        propagate.inject(headers)
+        subject, headers = self._job_message(s.JOB_SUBMIT, request)
         try:
             msg = await self.nc.request(
                 subject, encode(request), timeout=self.request_timeout_s, headers=headers
