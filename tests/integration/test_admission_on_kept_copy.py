@@ -13,12 +13,25 @@ from redis.asyncio import Redis
 
 from tests.conftest import eventually
 from tests.integration.ledger_builders import device_spec, reservation
-from xpupool.contracts import DeviceDemand, DeviceSample, JobRequested
+from xpupool.contracts import (
+    DeviceDemand,
+    DeviceSample,
+    JobRequested,
+    SubmitOutcome,
+    SubmitReply,
+)
 from xpupool.devstack.servers import RedisServer
 from xpupool.ledger import AdmissionLimits, Ledger, SliceClaim
 from xpupool.scheduler import main as scheduler_main
 from xpupool.scheduler.config_source import ConfigSource
-from xpupool.scheduler.handlers import Arrival, SchedulerDeps, admit_arrivals, wake_for_capacity
+from xpupool.scheduler.handlers import (
+    Arrival,
+    SchedulerDeps,
+    admit_arrivals,
+    submit_job,
+    submit_reply_too_large,
+    wake_for_capacity,
+)
 from xpupool.scheduler.settings import SchedulerSettings
 
 pytestmark = pytest.mark.integration
@@ -152,3 +165,25 @@ async def test_freed_capacity_wakes_a_cycle_only_while_jobs_wait(ledger: Ledger)
     deps.wake.clear()
     wake_for_capacity(deps)
     assert deps.wake.is_set()
+
+
+async def test_a_submission_is_answered_with_where_the_job_stands(ledger: Ledger) -> None:
+    """``submit_job`` without a requester to answer early (a bare call): its own answer is the
+    grant, then a job that waits, then a job that went further; a reply too large for the
+    requester keeps only the outcome."""
+    deps = await _deps_on_a_current_copy(ledger)
+    whole = JobRequested(job_id="s1", tenant="t")
+    [granted] = await submit_job(whole, deps, tenant="t")
+    assert isinstance(granted, SubmitReply) and granted.outcome is SubmitOutcome.GRANTED
+    assert granted.granted is not None and granted.granted.job_id == "s1"
+    lease = await ledger.get_lease(granted.granted.lease_id)
+    assert lease is not None and lease.state == "active"
+    assert lease.token == granted.granted.fencing_token
+    assert (await ledger.reserve(reservation("x", SliceClaim("n1/nvidia1", whole=True)))).ok
+    [waiting] = await submit_job(JobRequested(job_id="s2", tenant="t"), deps, tenant="t")
+    assert isinstance(waiting, SubmitReply) and waiting.outcome is SubmitOutcome.WAITING
+    [known] = await submit_job(whole, deps, tenant="t")
+    assert isinstance(known, SubmitReply) and known.outcome is SubmitOutcome.KNOWN
+    short = submit_reply_too_large(granted)
+    assert short is not None and short.outcome is SubmitOutcome.GRANTED
+    assert short.granted is None and short.job_id == "s1"

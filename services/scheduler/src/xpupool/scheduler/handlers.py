@@ -30,6 +30,7 @@ from opentelemetry import trace
 from xpupool.bus import EarlyReply, InvalidMessage, early_reply
 from xpupool.contracts import (
     IDENTIFIER_PATTERN,
+    AllocationGranted,
     CancelError,
     CancelJob,
     CancelOutcome,
@@ -236,14 +237,16 @@ async def submit_job(
     assert admitted is not None
     lease = deps.ledger.granted_lease(admitted)
     if lease is not None:
-        reply = SubmitReply(
-            job_id=job_id, outcome=SubmitOutcome.GRANTED, granted=granted_event(lease)
-        )
+        reply = _granted_reply(granted_event(lease))
     elif admitted.ok:
         reply = SubmitReply(job_id=job_id, outcome=SubmitOutcome.WAITING)
     else:
         reply = SubmitReply(job_id=job_id, outcome=SubmitOutcome.KNOWN, detail=admitted.reason)
     return [reply]
+
+
+def _granted_reply(grant: AllocationGranted) -> SubmitReply:
+    return SubmitReply(job_id=grant.job_id, outcome=SubmitOutcome.GRANTED, granted=grant)
 
 
 def reject_invalid_submit(invalid: InvalidMessage) -> Sequence[msgspec.Struct]:
@@ -406,9 +409,8 @@ async def publish_grants(
             await deps.direct.publish(result.entry, [event])
         if arrival.answer is None:
             continue
-        reply = SubmitReply(job_id=event.job_id, outcome=SubmitOutcome.GRANTED, granted=event)
         try:
-            await arrival.answer.send(reply)
+            await arrival.answer.send(_granted_reply(event))
         except Exception as error:  # noqa: BLE001  (the grant stands; its event is published)
             get_logger().warning("submit_reply_failed", job=event.job_id, error=repr(error))
 
