@@ -156,3 +156,20 @@ async def test_duplicates_by_request_and_by_stream_make_one_grant(
     assert [e for e in events if isinstance(e, AllocationGranted)] == [grant]
     assert grant.job_id == "sub-dup"
     assert all(r.granted in (None, grant) for r in (first, second))
+
+
+async def test_a_plain_nats_client_reads_the_reply_as_the_schema_says(
+    serving: tuple[XpupoolClient, list[TenantEvent]],
+) -> None:
+    """What a client written from proto/ alone sends and reads: plain JSON both ways."""
+    client, _ = serving
+    request = {"job_id": "sub-plain", "count": 1, "device": {"memory_mib": 1000}}
+    raw = await client.nc.request(
+        s.JOB_SUBMIT.subject(tenant=TENANT), json.dumps(request).encode(), timeout=5
+    )
+    reply = json.loads(raw.data)
+    assert reply["type"] == "xpupool.job.submit_reply.v1" and reply["outcome"] == "granted"
+    grant = reply["granted"]
+    assert grant["type"] == "xpupool.alloc.granted.v1" and grant["job_id"] == "sub-plain"
+    assert grant["lease_secret"] and grant["env"] and grant["slices"][0]["memory_mib"] == 1000
+    assert (raw.headers or {})["ce-type"] == "xpupool.job.submit_reply.v1"
