@@ -178,8 +178,9 @@ def _text(value: object) -> str:
 
 def admission_views(port: int) -> dict[str, float]:
     """The scheduler's lone arrivals placed on its kept copy, by view (``kept``/``changed``),
-    and how many scheduling cycles it has run (``cycles``: under load, a job that had to wait
-    turns placement on admission off until a cycle runs)."""
+    its change-log reads carried by a commit and used by the next batch (``read_carried``,
+    ``read_used``), and how many scheduling cycles it has run (``cycles``: under load, a job
+    that had to wait turns placement on admission off until a cycle runs)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     counts = {}
@@ -187,6 +188,8 @@ def admission_views(port: int) -> dict[str, float]:
         for sample in family.samples:
             if sample.name == "xpupool_scheduler_admission_views_total":
                 counts[sample.labels["view"]] = sample.value
+            elif sample.name == "xpupool_scheduler_carried_reads_total":
+                counts["read_" + sample.labels["step"]] = sample.value
             elif sample.name == "xpupool_scheduler_cycle_duration_seconds_count":
                 counts["cycles"] = sample.value
     return counts
@@ -198,7 +201,13 @@ def kept_copy_figures(before: dict[str, float], after: dict[str, float]) -> dict
     ``kept`` are those the ledger took)."""
     took = after.get("kept", 0.0) - before.get("kept", 0.0)
     refused = after.get("changed", 0.0) - before.get("changed", 0.0)
-    return {"decided_on_kept_copy": took + refused, "view_changed": refused}
+    # Batches that decided on a read the previous batch's commit carried (read_along).
+    carried = after.get("read_used", 0.0) - before.get("read_used", 0.0)
+    return {
+        "decided_on_kept_copy": took + refused,
+        "view_changed": refused,
+        "decided_on_carried_read": carried,
+    }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -843,6 +852,7 @@ def table(results: list[dict[str, Any]]) -> str:
                 + (
                     f"  kept copy {v['decided_on_kept_copy']:.0f}/{v['granted']}"
                     f" ({v['view_changed']:.0f} changed)"
+                    f"  batches on a carried read {v.get('decided_on_carried_read', 0):.0f}"
                     if "decided_on_kept_copy" in v
                     else ""
                 )

@@ -21,7 +21,7 @@ from xpupool.contracts import (
     SubmitReply,
 )
 from xpupool.devstack.servers import RedisServer
-from xpupool.ledger import AdmissionLimits, Ledger, SliceClaim
+from xpupool.ledger import AdmissionLimits, Ledger, SliceClaim, audit
 from xpupool.scheduler import main as scheduler_main
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.handlers import (
@@ -33,6 +33,7 @@ from xpupool.scheduler.handlers import (
     wake_for_capacity,
 )
 from xpupool.scheduler.settings import SchedulerSettings
+from xpupool.scheduler.snapshot_cache import RECENT_READ_S
 
 pytestmark = pytest.mark.integration
 
@@ -187,3 +188,59 @@ async def test_a_submission_is_answered_with_where_the_job_stands(ledger: Ledger
     short = submit_reply_too_large(granted)
     assert short is not None and short.outcome is SubmitOutcome.GRANTED
     assert short.granted is None and short.job_id == "s1"
+
+
+async def test_a_batch_that_arrived_during_a_commit_decides_on_the_read_it_carried(
+    ledger: Ledger,
+) -> None:
+    """Requests that arrive while a batch commits make it read the change log in the same round
+    trip, and so does every batch that followed another at once; the next batch decides on that
+    read instead of one of its own. One request per batch here: every commit carries a read,
+    every batch but the first uses one, and each job is granted a whole device of its own."""
+    specs = [device_spec("n1", i) for i in range(5)]
+    assert (await ledger.register_node("n1", specs, 64_000, 256_000)).ok
+    deps = SchedulerDeps(ledger=ledger, settings=SchedulerSettings(), config=ConfigSource(None))
+    deps.admissions.max_batch = 1
+    reads = deps.snapshots.reads
+    arrivals = [
+        Arrival(JobRequested(job_id=f"w{i}", tenant="t"), 500, AdmissionLimits(), {})
+        for i in range(4)
+    ]
+    results = await asyncio.gather(*(deps.admissions.submit(a) for a in arrivals))
+    assert all(r.ok and r.outcome == "granted" for r in results), results
+    leases = [await ledger.get_lease(r.lease_id) for r in results]
+    devices = [s.device_id for lease in leases if lease is not None for s in lease.slices]
+    assert len(devices) == len(set(devices)) == 4
+    assert (_carried(deps, "carried"), _carried(deps, "used")) == (4.0, 3.0)
+    # The first batch read for itself; the other three read nothing of their own.
+    assert deps.snapshots.reads == reads + 1 + 4
+    # A batch that comes later, alone, on nothing carried reads for itself and carries none.
+    await asyncio.sleep(RECENT_READ_S * 2)
+    [alone] = await asyncio.gather(deps.admissions.submit(_arrival("alone")))
+    assert alone.outcome == "granted"
+    assert (_carried(deps, "carried"), _carried(deps, "used")) == (4.0, 3.0)
+    assert await audit(ledger) == []
+
+
+async def test_no_read_is_carried_while_jobs_wait(ledger: Ledger) -> None:
+    """With jobs waiting, arrivals are not placed on admission (a cycle places them in order),
+    so a commit carries no read for them."""
+    specs = [device_spec("n1", 0)]
+    assert (await ledger.register_node("n1", specs, 64_000, 256_000)).ok
+    deps = SchedulerDeps(ledger=ledger, settings=SchedulerSettings(), config=ConfigSource(None))
+    deps.admissions.max_batch = 1
+    deps.last_pending = 1
+    arrivals = [
+        Arrival(JobRequested(job_id=f"q{i}", tenant="t"), 500, AdmissionLimits(), {})
+        for i in range(3)
+    ]
+    results = await asyncio.gather(*(deps.admissions.submit(a) for a in arrivals))
+    assert [r.outcome for r in results] == ["pending"] * 3
+    assert (_carried(deps, "carried"), _carried(deps, "used")) == (0.0, 0.0)
+
+
+def _carried(deps: SchedulerDeps, step: str) -> float:
+    value = deps.metrics.registry.get_sample_value(
+        "xpupool_scheduler_carried_reads_total", {"step": step}
+    )
+    return value or 0.0

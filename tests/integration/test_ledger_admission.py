@@ -242,3 +242,46 @@ async def test_a_placement_for_another_job_or_tenant_is_refused_before_any_write
     assert not refused.ok and refused.reason == "placement_mismatch"
     assert await ledger.get_job("mine") is None
     assert await ledger.get_lease("lease-other") is None
+
+
+async def test_admissions_carry_the_change_log_read_right_after_them(ledger: Ledger) -> None:
+    """``admit_and_read``: the admissions answered as ``admit_many`` answers them, and in the
+    same round trip the change log as it was once they were committed: their own changes in it,
+    the same read a ``changes_since`` right after gives."""
+    await _two_gpus(ledger)
+    before = await ledger.changes_since(None)
+    placement = _placed("a", SliceClaim("n1/nvidia0", whole=True))
+    results, changes = await ledger.admit_and_read(
+        [_admission("a", placement), _admission("b")], before.cursor, 256
+    )
+    assert [r.outcome for r in results] == ["granted", "pending"]
+    assert changes is not None and changes.complete
+    assert changes.cursor.seq == results[0].change_seq
+    assert "lease-a" in changes.leases and "n1/nvidia0" in changes.devices
+    again = await ledger.changes_since(before.cursor, 256)
+    assert (again.cursor, again.leases, again.devices) == (
+        changes.cursor,
+        changes.leases,
+        changes.devices,
+    )
+    assert again.records == changes.records
+    assert await audit(ledger) == []
+
+
+async def test_admissions_with_a_read_are_sent_again_once_the_scripts_are_loaded(
+    ledger: Ledger,
+) -> None:
+    """A server that lost its scripts (restarted, cache flushed) refuses every call of the
+    round trip with NOSCRIPT, so none ran: they are loaded and sent again, and each admission
+    happens once."""
+    await _two_gpus(ledger)
+    before = await ledger.changes_since(None)
+    await ledger.redis.script_flush()
+    placement = _placed("a", SliceClaim("n1/nvidia0", whole=True))
+    [result], changes = await ledger.admit_and_read(
+        [_admission("a", placement)], before.cursor, 256
+    )
+    assert result.outcome == "granted" and changes is not None and "lease-a" in changes.leases
+    [again] = await ledger.admit_many([_admission("a", placement)])
+    assert not again.ok and again.reason == "job_leased"
+    assert await audit(ledger) == []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import pytest
 from redis.asyncio import Redis
@@ -17,10 +17,14 @@ from xpupool.contracts import DeviceSample, DeviceSpec, Health, JobRequested
 from xpupool.devstack.servers import RedisServer
 from xpupool.ledger import (
     Admission,
+    ChangeCursor,
     Holder,
     HostClaim,
     Ledger,
+    LedgerChanges,
+    NodeRecord,
     Reservation,
+    ScriptResult,
     SliceClaim,
     UsageClaim,
 )
@@ -653,3 +657,118 @@ async def test_an_own_change_alone_wants_no_read_of_its_own(ledger: Ledger) -> N
     finally:
         stop.set()
         await follower
+
+
+def _commit_of(
+    ledger: Ledger, admissions: list[Admission]
+) -> Callable[..., Awaitable[tuple[list[ScriptResult], LedgerChanges | None]]]:
+    async def commit(
+        cursor: ChangeCursor | None, max_records: int, known: Mapping[str, NodeRecord]
+    ) -> tuple[list[ScriptResult], LedgerChanges | None]:
+        return await ledger.admit_and_read(admissions, cursor, max_records, known)
+
+    return commit
+
+
+async def _roomy_device(ledger: Ledger) -> str:
+    """A device of a node of its own, registered now: a share fits on it."""
+    node = f"roomy-{len(await ledger.nodes())}"
+    assert (await ledger.register_node(node, [_spec(node, 0, 81920)], 64_000, 256_000)).ok
+    return f"{node}/gpu0"
+
+
+def _placed_admission(job: str, device: str) -> Admission:
+    placement = reservation(job, SliceClaim(device, 1024, 10), secret="s" * 48)
+    return Admission(job, 500, b"{}", None, "queued", tenant="t", placement=placement)
+
+
+@pytest.mark.parametrize("seed", [81, 82])
+async def test_a_read_carried_by_a_commit_serves_the_next_batch_once(
+    ledger: Ledger, seed: int
+) -> None:
+    """``read_along``: the commit's round trip brings the change log as it was right after it
+    (the commit's own grant and whatever else changed since the last read); ``after`` sees the
+    commit's answer before the read is applied; the next batch gets the pool, once, as a read of
+    its own would give it, and its snapshot equals a full read."""
+    work, cache, config = Workload(ledger, seed), SnapshotCache(full_every=1_000), default_config()
+    await work.register()
+    await cache.read_pool(ledger, config)
+    for _ in range(5):
+        await work.step()  # someone else's changes, unread
+    device = await _roomy_device(ledger)
+    last_read = cache.last
+    seen: list[tuple[str, bool]] = []
+
+    async def after(results: list[ScriptResult]) -> None:
+        seen.append((results[0].outcome, cache.last is last_read))
+
+    [mine] = await cache.read_along(
+        ledger, config, _commit_of(ledger, [_placed_admission("mine", device)]), after
+    )
+    assert mine.outcome == "granted", mine
+    assert seen == [("granted", True)]  # after ran before the read was applied
+    recent = await cache.recent_pool(config)
+    assert recent is not None
+    snapshot, _, pool = recent
+    full = await _full(ledger)
+    assert snapshot.nodes == full.nodes and snapshot.leases == full.leases
+    assert "lease-mine" in {lease.lease_id for lease in snapshot.leases}
+    assert _pool_state(pool) == _pool_state(WorkingPool(full, config))
+    assert await cache.recent_pool(config) is None  # once
+
+
+async def test_a_carried_read_is_not_offered_when_old_or_after_another_read(
+    ledger: Ledger,
+) -> None:
+    work, cache, config = Workload(ledger, 84), SnapshotCache(), default_config()
+    await work.register()
+    await cache.read_pool(ledger, config)
+    device = await _roomy_device(ledger)
+
+    async def nothing(results: list[ScriptResult]) -> None:
+        return None
+
+    for job in ("old", "overtaken"):
+        await cache.read_along(
+            ledger, config, _commit_of(ledger, [_placed_admission(job, device)]), nothing
+        )
+        if job == "old":
+            assert await cache.recent_pool(config, max_age_s=0.0) is None
+        else:
+            await cache.read_pool(ledger, config)  # a read of its own since
+            assert await cache.recent_pool(config) is None
+
+
+async def test_a_commit_whose_read_failed_leaves_the_copy_unread(ledger: Ledger) -> None:
+    """The commit stands, nothing is applied and nothing is offered: what was announced is still
+    unread, so a warm read is still wanted. A commit that fails gives the read up the same way,
+    and the cache is free for the next reader."""
+    work, cache, config = Workload(ledger, 85), SnapshotCache(), default_config()
+    await work.register()
+    await cache.read_pool(ledger, config)
+    cache.note_change(True, 10_000)  # announced by someone else, not read yet
+    assert cache.wants_read()
+    reads = cache.last
+
+    async def without_read(
+        cursor: ChangeCursor | None, max_records: int, known: Mapping[str, NodeRecord]
+    ) -> tuple[str, LedgerChanges | None]:
+        return "committed", None
+
+    async def nothing(result: str) -> None:
+        return None
+
+    assert await cache.read_along(ledger, config, without_read, nothing) == "committed"
+    assert cache.last is reads and cache.wants_read()
+    assert await cache.recent_pool(config) is None
+
+    async def failing(
+        cursor: ChangeCursor | None, max_records: int, known: Mapping[str, NodeRecord]
+    ) -> tuple[str, LedgerChanges | None]:
+        raise ConnectionError("redis away")
+
+    with pytest.raises(ConnectionError):
+        await cache.read_along(ledger, config, failing, nothing)
+    assert cache.wants_read()
+    await asyncio.wait_for(cache.read_pool(ledger, config), 5)  # the lock was given back
+    assert not cache.wants_read()

@@ -104,3 +104,21 @@ async def test_a_cancelled_flush_cancels_its_waiters() -> None:
     commit._runner.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
+
+
+async def test_a_batch_knows_whether_it_followed_another_at_once() -> None:
+    """``waiting``: what was handed in during the running flush; ``following``: whether the
+    running flush was taken right after another (a backlog), not started by a lone call."""
+    seen: list[tuple[int, bool]] = []
+    commit: GroupCommit[int, str]
+
+    async def flush(items: Sequence[int]) -> list[str]:
+        seen.append((commit.waiting, commit.following))
+        await asyncio.sleep(0)
+        return [f"r{i}" for i in items]
+
+    commit = GroupCommit(flush, max_batch=1)
+    await asyncio.gather(*(commit.submit(i) for i in range(3)))
+    assert seen == [(2, False), (1, True), (0, True)]
+    assert await commit.submit(9) == "r9"  # a new run: started by a lone call
+    assert seen[-1] == (0, False)

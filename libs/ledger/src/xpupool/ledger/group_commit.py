@@ -29,11 +29,19 @@ class GroupCommit(Generic[Item, Result]):
     max_batch: int = 256
     _waiting: list[tuple[Item, asyncio.Future[Result]]] = field(default_factory=list)
     _runner: asyncio.Task[None] | None = None
+    following: bool = False
+    """Whether the batch being committed was handed in while the previous one was: its flush
+    starts right after that one's, so calls keep coming (a backlog, however short)."""
 
     @property
     def busy(self) -> bool:
         """Whether a batch is being committed or waits to be."""
         return bool(self._waiting) or (self._runner is not None and not self._runner.done())
+
+    @property
+    def waiting(self) -> int:
+        """How many items wait for the next batch (handed in while this one is committed)."""
+        return len(self._waiting)
 
     async def submit(self, item: Item) -> Result:
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
@@ -45,6 +53,7 @@ class GroupCommit(Generic[Item, Result]):
 
     async def _run(self) -> None:
         await asyncio.sleep(0)  # let the requests already received join this batch
+        self.following = False
         while self._waiting:
             batch = self._waiting[: self.max_batch]
             del self._waiting[: self.max_batch]
@@ -64,3 +73,4 @@ class GroupCommit(Generic[Item, Result]):
             for (_, future), result in zip(batch, results, strict=True):
                 if not future.done():
                     future.set_result(result)
+            self.following = True

@@ -813,55 +813,48 @@ class Ledger:
         restarted from an older save, or failed over to a replica that lagged), in which case the
         sequence could have passed the cursor again without showing what was lost.
         """
-        after = "" if cursor is None else str(cursor.seq)
         raw: Any = await self._scripts["read_changes"](
-            keys=[self.prefix], args=[after, max_records, "1" if known is not None else ""]
+            keys=[self.prefix], args=_changes_args(cursor, max_records, known)
         )
-        header, entries, node_rows, lease_rows = raw
-        epoch, seq, floor, version = (
-            _str(header[0]),
-            _int(header[1]),
-            _int(header[2]),
-            _int(header[3]),
+        return _parse_changes(raw, cursor, known)
+
+    async def admit_and_read(
+        self,
+        admissions: Sequence[Admission],
+        cursor: ChangeCursor | None,
+        max_records: int = 0,
+        known: Mapping[str, NodeRecord] | None = None,
+    ) -> tuple[list[ScriptResult], LedgerChanges | None]:
+        """``admit_many``, and ``changes_since`` read right after the admissions in the same
+        round trip: the change log as it was once they were committed (their own changes in it),
+        for a reader that would otherwise read it next, a round trip later. The read is None
+        when it failed (the admissions stand; the reader reads on its own).
+
+        A server without the scripts (restarted, or its cache flushed) refuses every admission
+        with NOSCRIPT, so none ran: the scripts are loaded and everything sent again.
+        """
+        pend, read = self._scripts["pend"], self._scripts["read_changes"]
+        calls = [a.script_args() for a in admissions]
+        read_args = _changes_args(cursor, max_records, known)
+        for attempt in range(2):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for args in calls:
+                    pipe.evalsha(pend.sha, 1, self.prefix, *args)
+                pipe.evalsha(read.sha, 1, self.prefix, *read_args)
+                raw = list(await pipe.execute(raise_on_error=False))
+            admitted, changes = raw[:-1], raw[-1]
+            if attempt == 0 and any(isinstance(r, NoScriptError) for r in admitted):
+                await self._redis.script_load(pend.script)
+                await self._redis.script_load(read.script)
+                continue
+            break
+        for result in admitted:
+            if isinstance(result, Exception):
+                raise result
+        read_back = (
+            None if isinstance(changes, Exception) else _parse_changes(changes, cursor, known)
         )
-        now_ms = int(header[5]) * 1000 + int(header[6]) // 1000
-        new = ChangeCursor(seq=seq, epoch=epoch, server=_str(header[4]))
-        if (
-            cursor is None
-            or not epoch
-            or (epoch, new.server) != (cursor.epoch, cursor.server)
-            or not floor <= cursor.seq <= seq
-        ):
-            return LedgerChanges(cursor=new, version=version, complete=False, now_ms=now_ms)
-        kinds: dict[str, set[str]] = {"node": set(), "dev": set(), "lease": set()}
-        for entry in entries:
-            kind, _, record_id = _str(entry).partition(":")
-            kinds.setdefault(kind, set()).add(record_id)
-        records = None
-        if node_rows is not None and lease_rows is not None:
-            nodes: dict[str, NodeRecord | None] = {}
-            for row in node_rows:
-                node_id = _str(row[0])
-                node = _changed_node(node_id, row, (known or {}).get(node_id))
-                if not isinstance(node, _Incomplete):
-                    nodes[node_id] = node
-            records = ChangedRecords(
-                nodes=nodes,
-                leases={
-                    _str(lease_id): _lease(_str(lease_id), _pairs(row)) if row and live else None
-                    for lease_id, live, row in lease_rows
-                },
-            )
-        return LedgerChanges(
-            cursor=new,
-            version=version,
-            complete=True,
-            nodes=frozenset(kinds["node"]),
-            devices=frozenset(kinds["dev"]),
-            leases=frozenset(kinds["lease"]),
-            now_ms=now_ms,
-            records=records,
-        )
+        return [_decode_result(r) for r in admitted], read_back
 
     async def follow_changes(
         self,
@@ -1250,4 +1243,63 @@ def _lease(lease_id: str, row: dict[Any, Any]) -> LeaseRecord:
         secret=r.get("secret", ""),
         deadline_ms=_int(r.get("deadline_ms")) or None,
         trace={name: r[name] for name in TRACE_FIELDS if r.get(name)},
+    )
+
+
+def _changes_args(
+    cursor: ChangeCursor | None, max_records: int, known: Mapping[str, NodeRecord] | None
+) -> list[ScriptArg]:
+    """``read_changes.lua``'s arguments for a reader at ``cursor``."""
+    after = "" if cursor is None else str(cursor.seq)
+    return [after, max_records, "1" if known is not None else ""]
+
+
+def _parse_changes(
+    raw: Any, cursor: ChangeCursor | None, known: Mapping[str, NodeRecord] | None
+) -> LedgerChanges:
+    """``read_changes.lua``'s answer to a reader at ``cursor`` (see ``changes_since``)."""
+    header, entries, node_rows, lease_rows = raw
+    epoch, seq, floor, version = (
+        _str(header[0]),
+        _int(header[1]),
+        _int(header[2]),
+        _int(header[3]),
+    )
+    now_ms = int(header[5]) * 1000 + int(header[6]) // 1000
+    new = ChangeCursor(seq=seq, epoch=epoch, server=_str(header[4]))
+    if (
+        cursor is None
+        or not epoch
+        or (epoch, new.server) != (cursor.epoch, cursor.server)
+        or not floor <= cursor.seq <= seq
+    ):
+        return LedgerChanges(cursor=new, version=version, complete=False, now_ms=now_ms)
+    kinds: dict[str, set[str]] = {"node": set(), "dev": set(), "lease": set()}
+    for entry in entries:
+        kind, _, record_id = _str(entry).partition(":")
+        kinds.setdefault(kind, set()).add(record_id)
+    records = None
+    if node_rows is not None and lease_rows is not None:
+        nodes: dict[str, NodeRecord | None] = {}
+        for row in node_rows:
+            node_id = _str(row[0])
+            node = _changed_node(node_id, row, (known or {}).get(node_id))
+            if not isinstance(node, _Incomplete):
+                nodes[node_id] = node
+        records = ChangedRecords(
+            nodes=nodes,
+            leases={
+                _str(lease_id): _lease(_str(lease_id), _pairs(row)) if row and live else None
+                for lease_id, live, row in lease_rows
+            },
+        )
+    return LedgerChanges(
+        cursor=new,
+        version=version,
+        complete=True,
+        nodes=frozenset(kinds["node"]),
+        devices=frozenset(kinds["dev"]),
+        leases=frozenset(kinds["lease"]),
+        now_ms=now_ms,
+        records=records,
     )

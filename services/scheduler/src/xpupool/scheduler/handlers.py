@@ -66,6 +66,8 @@ from xpupool.ledger import (
     HostClaim,
     JobRecord,
     Ledger,
+    LedgerChanges,
+    NodeRecord,
     Reservation,
     ScriptResult,
     SliceClaim,
@@ -360,7 +362,7 @@ def _admissions(
 
 async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> list[ScriptResult]:
     placements, view = await place_on_arrival(arrivals, deps)
-    results = await deps.ledger.admit_many(_admissions(arrivals, placements, view))
+    results = await _commit(arrivals, _admissions(arrivals, placements, view), deps)
     if view is not None:
         changed = any(r.reason == VIEW_CHANGED for r in results)
         deps.metrics.admission_view("changed" if changed else "kept")
@@ -368,14 +370,7 @@ async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> l
             # Decided on a copy the ledger has moved past; nothing was written (not even the
             # admission): decided again, on a read, as any batch is.
             placements, _ = await place_on_arrival(arrivals, deps, kept=False)
-            results = await deps.ledger.admit_many(_admissions(arrivals, placements, None))
-    for result in results:
-        if result.change_seq:
-            deps.snapshots.own_change(result.change_seq)
-    await publish_grants(arrivals, results, deps)
-    # One turn of the loop: the connection's flusher writes the grants (and the replies to
-    # their requests) now, not after this batch's bookkeeping and whatever else is ready.
-    await asyncio.sleep(0)
+            results = await _commit(arrivals, _admissions(arrivals, placements, None), deps)
     waiting = False
     for arrival, result in zip(arrivals, results, strict=True):
         placed = placements.pop(arrival.request.job_id, None)
@@ -392,6 +387,55 @@ async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> l
         deps.last_pending = max(deps.last_pending, 1)
         deps.wake.set()
     return results
+
+
+async def _commit(
+    arrivals: Sequence[Arrival], admissions: Sequence[Admission], deps: SchedulerDeps
+) -> list[ScriptResult]:
+    """Commit a batch's admissions and publish the grants they made.
+
+    Under load (more requests arrived meanwhile, or this batch followed another at once: the
+    next batch, which will place on arrival too, is on its way), the change log is read in the
+    same round trip, right after the admissions (``SnapshotCache.read_along``). That batch then
+    decides on it (``recent_pool``) instead of reading first: a round trip less on the way of
+    every batch under load. The read is applied after the grants are out."""
+
+    async def settle(results: list[ScriptResult]) -> None:
+        for result in results:
+            if result.change_seq:
+                deps.snapshots.own_change(result.change_seq)
+        await publish_grants(arrivals, results, deps)
+        # One turn of the loop: the connection's flusher writes the grants (and the replies to
+        # their requests) now, not after this batch's bookkeeping and whatever else is ready.
+        await asyncio.sleep(0)
+
+    if not _reads_along(deps):
+        results = await deps.ledger.admit_many(admissions)
+        await settle(results)
+        return results
+
+    async def commit(
+        cursor: ChangeCursor | None, max_records: int, known: Mapping[str, NodeRecord]
+    ) -> tuple[list[ScriptResult], LedgerChanges | None]:
+        return await deps.ledger.admit_and_read(admissions, cursor, max_records, known)
+
+    deps.metrics.carried_read("carried")
+    return await deps.snapshots.read_along(deps.ledger, deps.config.current(), commit, settle)
+
+
+def _reads_along(deps: SchedulerDeps) -> bool:
+    """Whether this batch's commit reads the change log for the next one: requests wait for it,
+    or this batch itself followed another at once (under load the next one comes within a
+    millisecond or two), and it will place them on arrival (on the kept copy's cache)."""
+    settings = deps.settings
+    admissions = deps.admissions
+    return (
+        (admissions.waiting > 0 or admissions.following)
+        and settings.decide_on_kept_copy
+        and settings.place_on_admission
+        and settings.grant_at_reserve
+        and not deps.last_pending
+    )
 
 
 async def publish_grants(
@@ -428,7 +472,10 @@ async def place_on_arrival(
     ``kept=False``); the view it was decided on is returned with the placements, and the ledger
     refuses the admission, writing nothing, if anything changed since (``VIEW_CHANGED``), so a
     placement taken is the one a read would have given. (A batch of several is read for: each
-    admission of the batch changes the view the next one would be checked on.)
+    admission of the batch changes the view the next one would be checked on.) Otherwise a batch
+    decides on the read the previous batch's commit carried, when there is one from the last
+    few milliseconds (``SnapshotCache.recent_pool``; as a read of its own would, without a view
+    to check), and reads for itself when there is none.
     """
     settings = deps.settings
     if not (settings.place_on_admission and settings.grant_at_reserve) or deps.last_pending:
@@ -442,8 +489,16 @@ async def place_on_arrival(
             if kept and len(unique) == 1 and settings.decide_on_kept_copy
             else None
         )
+        recent = (
+            await deps.snapshots.recent_pool(config)
+            if copy is None and kept and settings.decide_on_kept_copy
+            else None
+        )
         if copy is not None:
             _, now_ms, pool, view = copy
+        elif recent is not None:
+            _, now_ms, pool = recent
+            deps.metrics.carried_read("used")
         else:
             _, now_ms, pool = await deps.snapshots.read_pool(deps.ledger, config)
         pending = [PendingRequest(request, now_ms / 1000) for request in unique.values()]

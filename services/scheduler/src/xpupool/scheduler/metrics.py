@@ -19,6 +19,9 @@ outbox and usage series, so no series is exported by two services.
 - ``xpupool_scheduler_admission_views_total{view}``: lone arrivals placed on the copy of the
   ledger kept from the last read and admitted so (``kept``), and those the ledger refused
   because it had changed since (``changed``; decided again on a read);
+- ``xpupool_scheduler_carried_reads_total{step}``: change-log reads a batch's commit carried in
+  its round trip because more requests had arrived meanwhile (``carried``), and the batches that
+  decided on such a read instead of reading themselves (``used``);
 - ``xpupool_scheduler_submit_to_grant_seconds``: histogram from a request's admission to its
   committed reservation; ``xpupool_scheduler_cycle_duration_seconds``: one cycle.
 
@@ -190,6 +193,13 @@ class SchedulerMetrics:
             ("view",),
             registry=r,
         )
+        self.carried_reads = Counter(
+            "xpupool_scheduler_carried_reads",
+            "Change-log reads a commit carried for the next batch (carried), and the batches "
+            "that decided on one (used)",
+            ("step",),
+            registry=r,
+        )
         self.grant_latency = Histogram(
             "xpupool_scheduler_submit_to_grant_seconds",
             "From a request's admission to its committed reservation",
@@ -207,6 +217,8 @@ class SchedulerMetrics:
             self.rejections.labels(reason.value)
         for view in ("kept", "changed"):
             self.admission_views.labels(view)
+        for step in ("carried", "used"):
+            self.carried_reads.labels(step)
         self._queues: set[str] = set()
 
     def observe_pool(self, snapshot: PoolSnapshot) -> None:
@@ -234,6 +246,10 @@ class SchedulerMetrics:
         """Count one admission decided on the kept copy: ``kept`` when the ledger took it,
         ``changed`` when it refused it for a change since."""
         self.admission_views.labels(view).inc()
+
+    def carried_read(self, step: str) -> None:
+        """Count a change-log read a commit carried (``carried``) or a batch used (``used``)."""
+        self.carried_reads.labels(step).inc()
 
     def granted(self, queue: str, waited_s: float) -> None:
         """Count one committed reservation and how long its request waited for it. A queue

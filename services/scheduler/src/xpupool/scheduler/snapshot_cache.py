@@ -27,11 +27,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
-from xpupool.ledger import ChangeCursor, ChangedRecords, LeaseRecord, Ledger, NodeRecord
+from xpupool.ledger import (
+    ChangeCursor,
+    ChangedRecords,
+    LeaseRecord,
+    Ledger,
+    LedgerChanges,
+    NodeRecord,
+)
+from xpupool.obs import get_logger
 from xpupool.scheduler.domain import (
     Decision,
     LeaseState,
@@ -50,9 +59,29 @@ FULL_INTERVAL_S = 300.0
 """The least time between two full reads that the safety net asks for: a full read of a large
 pool (10,000 devices) holds the event loop for a noticeable fraction of a second."""
 
+RECENT_READ_S = 0.005
+"""How old a read carried by a commit (``SnapshotCache.read_along``) may be for the next batch
+to decide on it instead of reading: that batch arrived while the commit was out and starts as
+soon as it is done, so its read is a millisecond or two old; older, the batch reads for itself."""
+
+Committed = TypeVar("Committed")
+
 MAX_RECORDS_WITH_LOG = 256
 """The most changed records read with the change log in its one script; more are read in
 pipelined round trips instead, so one read never holds Redis for long."""
+
+
+@dataclass
+class _ReadStart:
+    """A read begun (``SnapshotCache._begin_read``): when, what had been announced, what was
+    unread until then (given back if the read brings nothing) and the cursor it reads from
+    (None: everything)."""
+
+    started: float
+    announced: int
+    unread: set[int]
+    unread_load: set[int]
+    cursor: ChangeCursor | None
 
 
 @dataclass(frozen=True)
@@ -111,6 +140,9 @@ class SnapshotCache:
         self._read_announced = -1
         self._feed_live = False
         self._read_at: tuple[int, float] = (0, 0.0)
+        # When the last read carried by a commit was applied (``read_along``), until a batch
+        # takes its pool (``recent_pool``) or another read comes.
+        self._recent_at: float | None = None
         # The sequences announced since the last read began (0: the feed itself came or went),
         # and those of this replica's own changes not read back yet.
         self._unread: set[int] = set()
@@ -195,17 +227,37 @@ class SnapshotCache:
             return await self._read(ledger)
 
     async def _read(self, ledger: Ledger) -> tuple[PoolSnapshot, int]:
+        start = self._begin_read()
+        changes = await ledger.changes_since(
+            start.cursor, max_records=self.max_records, known=self._records
+        )
+        return await self._finish_read(ledger, start, changes)
+
+    def _begin_read(self) -> _ReadStart:
+        """A read begins: what was announced until now is what it sees at the least."""
         started = time.perf_counter()
-        announced = self._announced  # what this read sees at the least
+        start = _ReadStart(started, self._announced, self._unread, self._unread_load, None)
         self._unread, self._unread_load = set(), set()
         self.reads += 1
         due = (
             self._since_full >= self.full_every and started - self._full_at >= self.full_interval_s
         )
-        cursor = None if due else self._cursor
-        changes = await ledger.changes_since(
-            cursor, max_records=self.max_records, known=self._records
-        )
+        start.cursor = None if due else self._cursor
+        return start
+
+    def _abandon_read(self, start: _ReadStart) -> None:
+        """A read begun with ``_begin_read`` that brought nothing: what it would have seen is
+        still unread."""
+        self._unread |= start.unread
+        self._unread_load |= start.unread_load
+
+    async def _finish_read(
+        self, ledger: Ledger, start: _ReadStart, changes: LedgerChanges
+    ) -> tuple[PoolSnapshot, int]:
+        """Bring the copy up to date with ``changes`` (read from ``start.cursor``), reading
+        whatever they do not carry."""
+        started, announced = start.started, start.announced
+        self._recent_at = None
         if changes.complete:
             node_ids = set(changes.nodes)
             for device_id in changes.devices:
@@ -281,18 +333,99 @@ class SnapshotCache:
         """
         async with self._lock:
             snapshot, now_ms = await self._read(ledger)
+            return snapshot, now_ms, self._pool_of(snapshot, config)
+
+    def _pool_of(self, snapshot: PoolSnapshot, config: SchedulerConfig) -> WorkingPool:
+        """The working pool of the snapshot just read: the kept one refreshed with what changed,
+        or one built anew."""
+        pool = self._pool
+        nodes, leases = self._pending_nodes, self._pending_leases
+        if (
+            pool is None
+            or nodes is None
+            or pool.config is not config
+            or not pool.refresh(snapshot, nodes, leases)
+        ):
+            pool = self._pool = WorkingPool(snapshot, config)
+            self.pool_builds += 1
+        self._pending_nodes, self._pending_leases = {}, {}
+        return pool
+
+    async def read_along(
+        self,
+        ledger: Ledger,
+        config: SchedulerConfig,
+        commit: Callable[
+            [ChangeCursor | None, int, Mapping[str, NodeRecord]],
+            Awaitable[tuple[Committed, LedgerChanges | None]],
+        ],
+        after: Callable[[Committed], Awaitable[None]],
+    ) -> Committed:
+        """A read that rides on a commit's round trip (``Ledger.admit_and_read``): ``commit``
+        is given the cursor, ``max_records`` and the known nodes to read with, and answers its
+        result and the change log read right after it (None when that read failed: the copy
+        stays as it was). ``after`` runs on the result before the read is applied, so what the
+        commit must do next (publish its grants) does not wait for it. The pool read this way
+        is kept for the next batch of arrivals (``recent_pool``). A failure to apply the read
+        is logged, not raised: the commit stands, and the next batch reads on its own."""
+        async with self._lock:
+            start = self._begin_read()
+            try:
+                result, changes = await commit(start.cursor, self.max_records, self._records)
+            except BaseException:
+                self._abandon_read(start)
+                raise
+            if changes is None:
+                self._abandon_read(start)
+            try:
+                await after(result)
+            finally:
+                if changes is not None:
+                    await self._apply_read_along(ledger, config, start, changes)
+        return result
+
+    async def _apply_read_along(
+        self, ledger: Ledger, config: SchedulerConfig, start: _ReadStart, changes: LedgerChanges
+    ) -> None:
+        try:
+            snapshot, _ = await self._finish_read(ledger, start, changes)
+        except Exception as error:  # noqa: BLE001  (Redis away: the next batch reads itself)
+            self._abandon_read(start)
+            get_logger().warning("snapshot_read_along_failed", error=repr(error))
+            return
+        self._pool_of(snapshot, config)
+        self._recent_at = time.monotonic()
+
+    async def recent_pool(
+        self, config: SchedulerConfig, max_age_s: float = RECENT_READ_S
+    ) -> tuple[PoolSnapshot, int, WorkingPool] | None:
+        """The pool a ``read_along`` brought up to date at most ``max_age_s`` ago, once: what
+        ``read_pool`` would give, from a read a commit's round trip carried instead of one of
+        its own (a batch that arrived while the last one committed decides on it). None when
+        there is none, it is older, or anything read since."""
+        async with self._lock:
+            at, self._recent_at = self._recent_at, None
             pool = self._pool
-            nodes, leases = self._pending_nodes, self._pending_leases
             if (
-                pool is None
-                or nodes is None
+                at is None
+                or time.monotonic() - at > max_age_s
+                or pool is None
                 or pool.config is not config
-                or not pool.refresh(snapshot, nodes, leases)
+                or self._pending_nodes is None
+                or self._pending_nodes
+                or self._pending_leases
             ):
-                pool = self._pool = WorkingPool(snapshot, config)
-                self.pool_builds += 1
-            self._pending_nodes, self._pending_leases = {}, {}
-        return snapshot, now_ms, pool
+                return None
+            read_ms, read_mono = self._read_at
+            now_ms = read_ms + int((time.monotonic() - read_mono) * 1000)
+            pool.now_s = now_ms / 1000
+            snapshot = PoolSnapshot(
+                nodes=self._node_tuple,
+                leases=self._lease_tuple,
+                now_s=pool.now_s,
+                version=self._version,
+            )
+            return snapshot, now_ms, pool
 
     @contextmanager
     def deciding(
