@@ -772,3 +772,25 @@ async def test_a_commit_whose_read_failed_leaves_the_copy_unread(ledger: Ledger)
     assert cache.wants_read()
     await asyncio.wait_for(cache.read_pool(ledger, config), 5)  # the lock was given back
     assert not cache.wants_read()
+
+
+async def test_an_announcement_of_a_change_the_read_saw_leaves_the_kept_pool_offered(
+    ledger: Ledger,
+) -> None:
+    """The feed announces a change after its script ran, so a read can see a change before its
+    announcement arrives (a commit's own grant read right after it does, always): such a late
+    announcement withdraws nothing and wants no read. A change past the read's cursor does both,
+    and so does the feed coming or going (changes may have gone unannounced)."""
+    work, cache, config = Workload(ledger, 86), SnapshotCache(), default_config()
+    await work.register()
+    cache.note_change(True)  # the feed is up
+    await cache.read_pool(ledger, config)
+    seen = await _seq(ledger)
+    cache.note_change(True, seen)  # late: the read has it
+    assert await cache.kept_pool(config) is not None and not cache.wants_read()
+    cache.note_change(True, seen + 1)
+    assert await cache.kept_pool(config) is None and cache.wants_read()
+    await cache.read_pool(ledger, config)
+    assert await cache.kept_pool(config) is not None
+    cache.note_change(True, 0)  # the feed came up again
+    assert await cache.kept_pool(config) is None and cache.wants_read()

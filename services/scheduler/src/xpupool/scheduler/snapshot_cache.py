@@ -73,12 +73,10 @@ pipelined round trips instead, so one read never holds Redis for long."""
 
 @dataclass
 class _ReadStart:
-    """A read begun (``SnapshotCache._begin_read``): when, what had been announced, what was
-    unread until then (given back if the read brings nothing) and the cursor it reads from
-    (None: everything)."""
+    """A read begun (``SnapshotCache._begin_read``): when, what was unread until then (given
+    back if the read brings nothing) and the cursor it reads from (None: everything)."""
 
     started: float
-    announced: int
     unread: set[int]
     unread_load: set[int]
     cursor: ChangeCursor | None
@@ -133,18 +131,15 @@ class SnapshotCache:
         self._pending_leases: dict[str, LeaseState | None] = {}
         self.pool_builds = 0
         """How many working pools were built from scratch (the rest were refreshed)."""
-        # The change feed (``note_change``): changes announced so far, how many of them the
-        # last read had seen when it started, whether the feed is live, and when the last read
-        # was (the ledger's clock, ms, and this process's monotonic seconds).
-        self._announced = 0
-        self._read_announced = -1
+        # The change feed (``note_change``): whether it is live, and when the last read was
+        # (the ledger's clock, ms, and this process's monotonic seconds).
         self._feed_live = False
         self._read_at: tuple[int, float] = (0, 0.0)
         # When the last read carried by a commit was applied (``read_along``), until a batch
         # takes its pool (``recent_pool``) or another read comes.
         self._recent_at: float | None = None
-        # The sequences announced since the last read began (0: the feed itself came or went),
-        # and those of this replica's own changes not read back yet.
+        # The sequences announced since the last read began that it may not have seen (0: the
+        # feed itself came or went), and those of this replica's own changes not read back yet.
         self._unread: set[int] = set()
         self._unread_load: set[int] = set()
         self._own: set[int] = set()
@@ -161,11 +156,10 @@ class SnapshotCache:
         """The change feed announced a change (``live``; ``seq``, its sequence, 0 for the feed
         coming up), or was lost (not ``live``: changes may go unannounced until it is back).
         Either way ``changed`` is set and a read is wanted; unless the change was only live
-        load (``load_only``), the copy is no longer known current."""
+        load (``load_only``), or one the last read saw already (its sequence is not past that
+        read's cursor: announced after the read began), the copy is no longer known current."""
         if load_only:
             self._unread_load.add(seq)
-        else:
-            self._announced += 1
         self._feed_live = live
         self._unread.add(seq)
         self.changed.set()
@@ -179,11 +173,19 @@ class SnapshotCache:
         """Whether anything but this replica's own changes was announced since the last read
         began. Its own ones alone are not worth a read of their own: the next change anyone
         else makes (a release) brings them in with it."""
-        return bool(self._unread - self._own)
+        return self._unseen(self._unread - self._own)
 
     def load_only_unread(self) -> bool:
         """Whether what is wanted to be read is live load alone (it withdraws no kept pool)."""
-        return bool(self._unread_load) and not (self._unread - self._own - self._unread_load)
+        return self._unseen(self._unread_load) and not self._unseen(
+            self._unread - self._own - self._unread_load
+        )
+
+    def _unseen(self, announced: Iterable[int]) -> bool:
+        """Whether any of these announced sequences names a change the last read did not see:
+        one past its cursor, or 0 (the feed came or went: changes may have gone unannounced)."""
+        cursor = self._cursor
+        return any(seq == 0 or cursor is None or seq > cursor.seq for seq in announced)
 
     def since_read_s(self) -> float:
         """Seconds since the last read brought the copy up to date."""
@@ -201,7 +203,7 @@ class SnapshotCache:
             pool, cursor = self._pool, self._cursor
             if (
                 not self._feed_live
-                or self._announced != self._read_announced
+                or self._unseen(self._unread - self._unread_load)
                 or pool is None
                 or cursor is None
                 or pool.config is not config
@@ -228,15 +230,19 @@ class SnapshotCache:
 
     async def _read(self, ledger: Ledger) -> tuple[PoolSnapshot, int]:
         start = self._begin_read()
-        changes = await ledger.changes_since(
-            start.cursor, max_records=self.max_records, known=self._records
-        )
-        return await self._finish_read(ledger, start, changes)
+        try:
+            changes = await ledger.changes_since(
+                start.cursor, max_records=self.max_records, known=self._records
+            )
+            return await self._finish_read(ledger, start, changes)
+        except BaseException:
+            self._abandon_read(start)
+            raise
 
     def _begin_read(self) -> _ReadStart:
         """A read begins: what was announced until now is what it sees at the least."""
         started = time.perf_counter()
-        start = _ReadStart(started, self._announced, self._unread, self._unread_load, None)
+        start = _ReadStart(started, self._unread, self._unread_load, None)
         self._unread, self._unread_load = set(), set()
         self.reads += 1
         due = (
@@ -256,7 +262,7 @@ class SnapshotCache:
     ) -> tuple[PoolSnapshot, int]:
         """Bring the copy up to date with ``changes`` (read from ``start.cursor``), reading
         whatever they do not carry."""
-        started, announced = start.started, start.announced
+        started = start.started
         self._recent_at = None
         if changes.complete:
             node_ids = set(changes.nodes)
@@ -310,8 +316,10 @@ class SnapshotCache:
         self._own = (
             {seq for seq in self._own if seq > changes.cursor.seq} if changes.complete else set()
         )
+        # What was announced while it read and is in it already wants no read of its own.
+        self._unread = {seq for seq in self._unread if seq == 0 or seq > changes.cursor.seq}
+        self._unread_load &= self._unread
         self._version = changes.version
-        self._read_announced = announced
         self._read_at = (now_ms, time.monotonic())
         snapshot = PoolSnapshot(
             nodes=self._node_tuple,
