@@ -195,12 +195,14 @@ async def test_a_batch_that_arrived_during_a_commit_decides_on_the_read_it_carri
 ) -> None:
     """Requests that arrive while a batch commits make it read the change log in the same round
     trip, and so does every batch that followed another at once; the next batch decides on that
-    read instead of one of its own. One request per batch here: every commit carries a read,
-    every batch but the first uses one, and each job is granted a whole device of its own."""
+    read instead of one of its own, or of the kept copy. One request per batch here: every
+    commit carries a read, every batch but the first uses one, and each job is granted a whole
+    device of its own."""
     specs = [device_spec("n1", i) for i in range(5)]
     assert (await ledger.register_node("n1", specs, 64_000, 256_000)).ok
     deps = SchedulerDeps(ledger=ledger, settings=SchedulerSettings(), config=ConfigSource(None))
     deps.admissions.max_batch = 1
+    deps.snapshots.note_change(True)  # the feed is up: a current kept copy comes second
     reads = deps.snapshots.reads
     arrivals = [
         Arrival(JobRequested(job_id=f"w{i}", tenant="t"), 500, AdmissionLimits(), {})
@@ -212,6 +214,7 @@ async def test_a_batch_that_arrived_during_a_commit_decides_on_the_read_it_carri
     devices = [s.device_id for lease in leases if lease is not None for s in lease.slices]
     assert len(devices) == len(set(devices)) == 4
     assert (_carried(deps, "carried"), _carried(deps, "used")) == (4.0, 3.0)
+    assert _views(deps, "kept") + _views(deps, "changed") == 0.0
     # The first batch read for itself; the other three read nothing of their own.
     assert deps.snapshots.reads == reads + 1 + 4
     # A batch that comes later, alone, on nothing carried reads for itself and carries none.

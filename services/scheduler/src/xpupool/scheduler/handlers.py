@@ -472,10 +472,12 @@ async def place_on_arrival(
     ``kept=False``); the view it was decided on is returned with the placements, and the ledger
     refuses the admission, writing nothing, if anything changed since (``VIEW_CHANGED``), so a
     placement taken is the one a read would have given. (A batch of several is read for: each
-    admission of the batch changes the view the next one would be checked on.) Otherwise a batch
-    decides on the read the previous batch's commit carried, when there is one from the last
-    few milliseconds (``SnapshotCache.recent_pool``; as a read of its own would, without a view
-    to check), and reads for itself when there is none.
+    admission of the batch changes the view the next one would be checked on.) Under load a
+    batch decides on the read the previous batch's commit carried, before all else, when there
+    is one from the last few milliseconds (``SnapshotCache.recent_pool``; as on a read of its
+    own, without a view to check: at that rate a release between the read and the commit is
+    likely, and the check would refuse the placement); a batch reads for itself when there is
+    neither.
     """
     settings = deps.settings
     if not (settings.place_on_admission and settings.grant_at_reserve) or deps.last_pending:
@@ -484,21 +486,23 @@ async def place_on_arrival(
     try:
         config = deps.config.current()
         unique = {a.request.job_id: a.request for a in arrivals}
-        copy = (
-            await deps.snapshots.kept_pool(config)
-            if kept and len(unique) == 1 and settings.decide_on_kept_copy
-            else None
-        )
+        # Under load, the read the last commit carried (a view check would refuse what a
+        # release meanwhile made stale); else, for a lone arrival, the kept copy; else a read.
         recent = (
             await deps.snapshots.recent_pool(config)
-            if copy is None and kept and settings.decide_on_kept_copy
+            if kept and settings.decide_on_kept_copy
             else None
         )
-        if copy is not None:
-            _, now_ms, pool, view = copy
-        elif recent is not None:
+        copy = (
+            await deps.snapshots.kept_pool(config)
+            if recent is None and kept and len(unique) == 1 and settings.decide_on_kept_copy
+            else None
+        )
+        if recent is not None:
             _, now_ms, pool = recent
             deps.metrics.carried_read("used")
+        elif copy is not None:
+            _, now_ms, pool, view = copy
         else:
             _, now_ms, pool = await deps.snapshots.read_pool(deps.ledger, config)
         pending = [PendingRequest(request, now_ms / 1000) for request in unique.values()]
