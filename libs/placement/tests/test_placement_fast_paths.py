@@ -286,7 +286,8 @@ def test_evaluate_and_hostable_are_bit_identical_to_the_direct_formula() -> None
             got = ev.evaluate(gpu, cpu, model)
             want = ref_evaluate(ev, gpu, cpu, model)
             assert got.tobytes() == want.tobytes()
-            # A row's F does not depend on the rows beside it (what grouping relies on).
+            # A row's F does not depend on the rows beside it (what grouping relies on, and
+            # what a few rows looked up among those computed before rely on).
             alone = [
                 ev.evaluate(gpu[i : i + 1], cpu[i : i + 1], model[i : i + 1]) for i in range(k)
             ]
@@ -300,8 +301,14 @@ def test_reweighted_evaluator_equals_a_fresh_one() -> None:
     dist = _dist(rng)
     probs = rng.random(len(dist.shapes))
     other = ShapeDistribution(dist.shapes, tuple(float(p) for p in probs / probs.sum()))
-    fast = FragEvaluator(dist, MODELS).reweighted(other)
+    parent = FragEvaluator(dist, MODELS)
+    few = _states(rng, 5)
+    parent.evaluate(*few)  # a few states' F remembered by the parent
+    fast = parent.reweighted(other)
     fresh = FragEvaluator(other, MODELS)
+    # Recalled by the reweighted one: its own F, not its parent's.
+    assert fast.evaluate(*few).tobytes() == ref_evaluate(fresh, *few).tobytes()
+    assert fast.evaluate(*few).tobytes() != parent.evaluate(*few).tobytes()
     assert fast.base_usable.tobytes() == fresh.base_usable.tobytes()
     assert fast.prob_sum == fresh.prob_sum and fast.dist is other
     gpu, cpu, model = _states(rng, 300)

@@ -51,6 +51,33 @@ def test_feasible_checks_cpu_memory_gpu_and_model() -> None:
     assert st.feasible(t4).tolist() == [True, False, False]
 
 
+def test_feasible_is_kept_per_shape_and_follows_every_versioned_change() -> None:
+    """feasible() keeps its mask per pod shape and refreshes the nodes whose version moved: it
+    answers what a fresh state in the same condition answers, and its mask is read-only."""
+    st, fresh = _cluster(), _cluster()
+    pods = [PodDemand(4000, 2000, 1, 600), PodDemand(1000, 1000, 2, 1000), PodDemand(0, 0, 0, 0)]
+    for pod in pods:
+        st.feasible(pod)
+    with pytest.raises(ValueError):
+        st.feasible(pods[0])[1] = False
+    choices = [NodeChoice.for_pod(1, (g,), pods[0]) for g in range(8)]
+    choices.append(NodeChoice.for_pod(0, (0, 1), pods[1]))
+    for choice in choices:
+        st.allocate(choice)
+        fresh.allocate(choice)
+        for pod in pods:
+            assert st.feasible(pod).tolist() == _cluster_like(fresh).feasible(pod).tolist()
+    # The scheduler's way of writing a node: the arrays, then its version.
+    st.cpu_free[1] = 0
+    st.node_version[1] += 1
+    assert st.feasible(pods[0]).tolist() == [False, False, False]
+
+
+def _cluster_like(state: ClusterState) -> ClusterState:
+    """A state in ``state``'s condition that has never answered ``feasible``."""
+    return state.copy()
+
+
 def test_allocate_and_release_roundtrip() -> None:
     """release() exactly undoes allocate(), including class counters and versions."""
     st = _cluster()

@@ -21,6 +21,11 @@ from xpupool.placement.state import BoolArray, ClusterState, FloatArray, IntArra
 
 #: ``FragEvaluator.evaluate`` groups identical states from this many rows on.
 DEDUP_MIN_ROWS: Final = 64
+MEMO_MAX_ROWS: Final = 16
+"""At most this many node states are looked up one by one among the values an evaluator has
+computed (``FragEvaluator.evaluate``): a decision re-scores the node or two that changed, whose
+states recur (a share taken, then given back); more are computed at once."""
+MEMO_MAX_STATES: Final = 65_536
 
 
 def group_rows(table: IntArray) -> tuple[IntArray, IntArray]:
@@ -198,6 +203,8 @@ class FragEvaluator:
         # how many of them it can serve, so states are grouped by that rank (see evaluate()).
         self._cpu_levels: IntArray = np.unique(self.base_cpu)
         self._shape_cpu_levels: IntArray = np.unique(self.cpu)
+        # F of node states computed so far, by (model, CPU free, GPU free row bytes).
+        self._memo: dict[tuple[int, int, bytes], float] = {}
 
     def _usable(self, prob: FloatArray) -> FloatArray:
         """``(M, B)`` probability mass of each base shape that a node of each model can host."""
@@ -218,6 +225,7 @@ class FragEvaluator:
         if dist.shapes != self.dist.shapes:
             raise ValueError("reweighted() needs the same shapes in the same order")
         out = copy.copy(self)
+        out._memo = {}
         out.dist = dist
         out.prob = np.array(dist.probs, dtype=np.float64)
         out.base_usable = out._usable(out.prob)
@@ -231,6 +239,8 @@ class FragEvaluator:
         states that ``F`` cannot tell apart (same GPU free multiset, same model, same number of
         base-shape CPU requests served) are computed once: a cluster holds many identical nodes.
         """
+        if len(gpu_free) <= MEMO_MAX_ROWS:
+            return self._evaluate_recalled(gpu_free, cpu_free, model_id)
         groups = _distinct_states(gpu_free, cpu_free, model_id, self._cpu_levels)
         if groups is not None:
             first, inverse = groups
@@ -238,6 +248,29 @@ class FragEvaluator:
             out: FloatArray = distinct[inverse]
             return out
         return self._evaluate(gpu_free, cpu_free, model_id)
+
+    def _evaluate_recalled(
+        self, gpu_free: IntArray, cpu_free: IntArray, model_id: IntArray
+    ) -> FloatArray:
+        """``evaluate`` of a few states, each looked up among those computed before (a state's
+        F is computed on its own, so it is the same value whenever it is computed)."""
+        rows = np.ascontiguousarray(gpu_free, dtype=np.int64)
+        row = rows.shape[1] * rows.itemsize
+        raw = rows.tobytes()
+        keys = [
+            (m, c, raw[i * row : (i + 1) * row])
+            for i, (m, c) in enumerate(zip(model_id.tolist(), cpu_free.tolist(), strict=True))
+        ]
+        memo = self._memo
+        missing = [i for i, key in enumerate(keys) if key not in memo]
+        if missing:
+            if len(memo) + len(missing) > MEMO_MAX_STATES:
+                memo.clear()
+            at = np.array(missing, dtype=np.int64)
+            values = self._evaluate(gpu_free[at], cpu_free[at], model_id[at]).tolist()
+            for i, value in zip(missing, values, strict=True):
+                memo[keys[i]] = value
+        return np.array([memo[key] for key in keys], dtype=np.float64)
 
     def _counts(self, gpu_free: IntArray) -> tuple[IntArray, FloatArray]:
         """``(K, U)`` GPUs with at least threshold ``u`` free, and the free milli they hold.

@@ -131,6 +131,11 @@ class NodeChoice:
         return pod_class_column(len(self.gpus), self.gpu_milli)
 
 
+_FEASIBLE_SHAPES = 256
+"""Pod shapes whose feasibility a state keeps (``ClusterState.feasible``); past that it starts
+over (a workload has a few dozen shapes, a trace a few hundred)."""
+
+
 @dataclass(eq=False)
 class ClusterState:
     """Mutable resource ledger of a cluster, laid out for vectorised scoring.
@@ -156,6 +161,10 @@ class ClusterState:
     node_version: IntArray
     name_rank: IntArray
     _model_masks: dict[frozenset[str] | None, BoolArray] = field(default_factory=dict, repr=False)
+    # ``feasible`` per pod shape, with the node versions it was computed at.
+    _feasible: dict[tuple[object, ...], tuple[BoolArray, IntArray]] = field(
+        default_factory=dict, repr=False
+    )
     #: Identity of this state's history, for caches kept by policies (a copy gets a new one).
     token: object = field(default_factory=object, repr=False)
 
@@ -273,11 +282,35 @@ class ClusterState:
         return cached
 
     def feasible(self, pod: PodDemand) -> BoolArray:
-        """Boolean mask of nodes that can host ``pod`` right now (CPU, memory, GPUs, model)."""
-        mask = (self.cpu_free >= pod.cpu_milli) & (self.mem_free >= pod.memory_mib)
+        """Boolean mask of nodes that can host ``pod`` right now (CPU, memory, GPUs, model).
+
+        Read-only: kept per pod shape and brought up to date on the nodes whose version moved
+        since (a decision changes a node or two; the whole mask costs a pass over every GPU).
+        """
+        key = (pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli, pod.allowed_models)
+        kept = self._feasible.get(key)
+        if kept is None:
+            if len(self._feasible) >= _FEASIBLE_SHAPES:
+                self._feasible.clear()
+            mask = self._feasible_rows(pod, slice(None))
+            kept = self._feasible[key] = (mask, self.node_version.copy())
+        else:
+            mask, versions = kept
+            stale = np.flatnonzero(versions != self.node_version)
+            if len(stale):
+                mask[stale] = self._feasible_rows(pod, stale)
+                versions[stale] = self.node_version[stale]
+        view = kept[0].view()
+        view.flags.writeable = False
+        return view
+
+    def _feasible_rows(self, pod: PodDemand, rows: IntArray | slice) -> BoolArray:
+        mask: BoolArray = (self.cpu_free[rows] >= pod.cpu_milli) & (
+            self.mem_free[rows] >= pod.memory_mib
+        )
         if pod.num_gpu > 0:
-            mask &= self.model_mask(pod.allowed_models)
-            mask &= (self.gpu_free >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
+            mask &= self.model_mask(pod.allowed_models)[rows]
+            mask &= (self.gpu_free[rows] >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
         return mask
 
     def check(self, placement: NodeChoice) -> str | None:

@@ -178,8 +178,9 @@ class FairOrder(Generic[T]):
         self._head_key = head_key
         self._queue_key = queue_key
         self._heap: list[tuple[OrderKey, str]] = []
-        for q in self._groups:
-            heapq.heappush(self._heap, (self._key(q), q))
+        if len(self._groups) > 1:
+            for q in self._groups:
+                heapq.heappush(self._heap, (self._key(q), q))
 
     def _key(self, q: str) -> OrderKey:
         nominated, neg_band, neg_prio, arrival, job = self._head_key(self._groups[q][-1])
@@ -187,6 +188,13 @@ class FairOrder(Generic[T]):
         return (nominated, neg_band, below, shares, neg_prio, arrival, job)
 
     def __iter__(self) -> Iterator[T]:
+        if len(self._groups) == 1:
+            # One queue: its own order alone, since the queue key only ranks queues against
+            # each other (and costs a fair-share walk per item).
+            [items] = self._groups.values()
+            while items:
+                yield items.pop()
+            return
         while self._heap:
             key, q = heapq.heappop(self._heap)
             fresh = self._key(q)
