@@ -200,28 +200,42 @@ class SnapshotCache:
         shows. None when that is not known (no live feed, a change announced, the pool out of
         step or for another config): the caller reads. An in-flight read is waited for first."""
         async with self._lock:
-            pool, cursor = self._pool, self._cursor
+            cursor = self._cursor
+            current = self._pool_as_read(config)
             if (
                 not self._feed_live
                 or self._unseen(self._unread - self._unread_load)
-                or pool is None
                 or cursor is None
-                or pool.config is not config
-                or self._pending_nodes is None
-                or self._pending_nodes
-                or self._pending_leases
+                or current is None
             ):
                 return None
-            read_ms, read_mono = self._read_at
-            now_ms = read_ms + int((time.monotonic() - read_mono) * 1000)
-            pool.now_s = now_ms / 1000
-            snapshot = PoolSnapshot(
-                nodes=self._node_tuple,
-                leases=self._lease_tuple,
-                now_s=pool.now_s,
-                version=self._version,
-            )
-            return snapshot, now_ms, pool, cursor
+            return *current, cursor
+
+    def _pool_as_read(
+        self, config: SchedulerConfig
+    ) -> tuple[PoolSnapshot, int, WorkingPool] | None:
+        """The working pool of the last read, in step with it and for ``config``, with the
+        ledger's clock moved on by the time since (ms, also the pool's ``now_s``); None when
+        there is none such."""
+        pool = self._pool
+        if (
+            pool is None
+            or pool.config is not config
+            or self._pending_nodes is None
+            or self._pending_nodes
+            or self._pending_leases
+        ):
+            return None
+        read_ms, read_mono = self._read_at
+        now_ms = read_ms + int((time.monotonic() - read_mono) * 1000)
+        pool.now_s = now_ms / 1000
+        snapshot = PoolSnapshot(
+            nodes=self._node_tuple,
+            leases=self._lease_tuple,
+            now_s=pool.now_s,
+            version=self._version,
+        )
+        return snapshot, now_ms, pool
 
     async def read(self, ledger: Ledger) -> tuple[PoolSnapshot, int]:
         """The pool as the ledger holds it now, and the ledger's clock (ms) it was read at."""
@@ -413,27 +427,9 @@ class SnapshotCache:
         there is none, it is older, or anything read since."""
         async with self._lock:
             at, self._recent_at = self._recent_at, None
-            pool = self._pool
-            if (
-                at is None
-                or time.monotonic() - at > max_age_s
-                or pool is None
-                or pool.config is not config
-                or self._pending_nodes is None
-                or self._pending_nodes
-                or self._pending_leases
-            ):
+            if at is None or time.monotonic() - at > max_age_s:
                 return None
-            read_ms, read_mono = self._read_at
-            now_ms = read_ms + int((time.monotonic() - read_mono) * 1000)
-            pool.now_s = now_ms / 1000
-            snapshot = PoolSnapshot(
-                nodes=self._node_tuple,
-                leases=self._lease_tuple,
-                now_s=pool.now_s,
-                version=self._version,
-            )
-            return snapshot, now_ms, pool
+            return self._pool_as_read(config)
 
     @contextmanager
     def deciding(
