@@ -226,6 +226,17 @@ def proc_usage(pid: int) -> tuple[float, int]:
     return cpu, rss
 
 
+def proc_syscalls(pid: int) -> tuple[int, int]:
+    """Read and write system calls of one process so far (socket sends and receives among
+    them), from /proc; (0, 0) where the kernel does not say."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+        return int(fields["syscr"]), int(fields["syscw"])
+    except (OSError, KeyError, ValueError):
+        return 0, 0
+
+
 async def redis_commands(redis: Redis) -> Counter[str]:
     """Calls per Redis command so far (INFO commandstats)."""
     stats = await redis.info("commandstats")
@@ -515,19 +526,25 @@ class Usage:
     def __init__(self, pids: dict[str, int], redis: Redis, nats: MonitoredNats) -> None:
         self.pids, self.redis, self.nats = pids, redis, nats
         self.cpu_s: dict[str, float] = dict.fromkeys(pids, 0.0)
+        self.syscalls: dict[str, tuple[int, int]] = dict.fromkeys(pids, (0, 0))
         self.commands: Counter[str] = Counter()
         self.nats_in = self.nats_out = 0
         self._cpu0: dict[str, float] = {}
+        self._sys0: dict[str, tuple[int, int]] = {}
         self._cmd0: Counter[str] = Counter()
         self._varz0: dict[str, Any] = {}
 
     async def start(self) -> None:
         self._cpu0 = {k: proc_usage(pid)[0] for k, pid in self.pids.items()}
+        self._sys0 = {k: proc_syscalls(pid) for k, pid in self.pids.items()}
         self._cmd0, self._varz0 = await redis_commands(self.redis), self.nats.varz()
 
     async def stop(self) -> None:
         for k, pid in self.pids.items():
             self.cpu_s[k] += proc_usage(pid)[0] - self._cpu0[k]
+            (r0, w0), (r1, w1) = self._sys0[k], proc_syscalls(pid)
+            reads, writes = self.syscalls[k]
+            self.syscalls[k] = (reads + r1 - r0, writes + w1 - w0)
         varz = self.nats.varz()
         self.commands += await redis_commands(self.redis) - self._cmd0
         self.nats_in += varz["in_msgs"] - self._varz0["in_msgs"]
@@ -536,6 +553,14 @@ class Usage:
     def cpu_ms_per_job(self, jobs: int) -> dict[str, float]:
         """Each process's CPU milliseconds per job over the measured slices."""
         return {k: 1000 * s / max(1, jobs) for k, s in self.cpu_s.items()}
+
+    def syscalls_per_job(self, jobs: int) -> dict[str, dict[str, float]]:
+        """Each process's read and write system calls per job over the measured slices: on
+        loopback a socket write also delivers to, and wakes, its reader."""
+        return {
+            k: {"read": r / max(1, jobs), "write": w / max(1, jobs)}
+            for k, (r, w) in self.syscalls.items()
+        }
 
 
 def spawn_fleet(
@@ -702,6 +727,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 "nats_out_msgs_per_grant": usage.nats_out / max(1, grants),
                 # (CPU ms per grant is CPU s per 1,000 grants.)
                 "cpu_s_per_1000_grants": usage.cpu_ms_per_job(grants),
+                "syscalls_per_grant": usage.syscalls_per_job(grants),
                 "rss_mib": {k: rss[k] / 2**20 for k in pids},
                 # Scheduling cycles the closed loop caused (one replica's; none while every
                 # request is placed on admission).
@@ -752,6 +778,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     # Each process's CPU per job (its release included): on two cores the
                     # serial loop is CPU-bound, so this is where its time goes.
                     "cpu_ms_per_job": usage.cpu_ms_per_job(len(serial)),
+                    "syscalls_per_job": usage.syscalls_per_job(len(serial)),
                 }
                 if args.serial_costs:
                     opened["serial"]["redis_us_per_job"] = await redis_time_per_job(
@@ -795,6 +822,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                         # so at this ledger size: the open loop's tail follows them.
                         "aof_rewrites": rewrites1 - rewrites0,
                         "cpu_ms_per_job": usage.cpu_ms_per_job(len(lat)),
+                        "syscalls_per_job": usage.syscalls_per_job(len(lat)),
                         # Calls per job by command, those inside scripts included: small
                         # batches pay per batch what the closed loop shares.
                         "redis_commands_per_job_by_name": {
@@ -862,6 +890,12 @@ def table(results: list[dict[str, Any]]) -> str:
                 per_job = ", ".join(f"{n}={ms:.2f}" for n, ms in v["cpu_ms_per_job"].items())
                 busy = f" ({v['cores_busy']:.2f} cores busy)" if "cores_busy" in v else ""
                 lines.append(f"    CPU ms per job{busy}: {per_job}")
+            if "syscalls_per_job" in v:
+                calls = ", ".join(
+                    f"{n}={c['read']:.1f}/{c['write']:.1f}"
+                    for n, c in v["syscalls_per_job"].items()
+                )
+                lines.append(f"    read/write syscalls per job: {calls}")
             for name, cost in v.get("redis_us_per_job", {}).items():
                 lines.append(
                     f"    redis {name:<28} {cost['calls']:6.2f} calls/job"

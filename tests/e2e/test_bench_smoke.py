@@ -43,6 +43,9 @@ def test_bench_quick_runs_clean_with_every_figure(tmp_path: Path) -> None:
     serial = result["open"]["serial"]
     assert 0 <= serial["view_changed"] <= serial["decided_on_kept_copy"] <= serial["granted"]
     assert serial["cpu_ms_per_job"]["scheduler-1"] > 0
+    # Socket sends are write system calls: every grant makes the scheduler write some.
+    assert serial["syscalls_per_job"]["scheduler-1"]["write"] > 0
+    assert closed["syscalls_per_grant"]["lease-manager-0"]["write"] > 0
     assert serial["redis_us_per_job"]["script pend"]["calls"] >= 1
     for rate in ("25%", "50%", "80%"):
         level = result["open"][rate]
@@ -50,6 +53,7 @@ def test_bench_quick_runs_clean_with_every_figure(tmp_path: Path) -> None:
         assert level["cores_busy"] > 0
         assert {"scheduler-1", "lease-manager-0"} <= set(level["cpu_ms_per_job"])
         assert 0 <= level["view_changed"] <= level["decided_on_kept_copy"] <= level["granted"]
+        assert 0 <= level["decided_on_carried_read"] <= level["granted"]
         assert level["aof_rewrites"] >= 0
 
 
