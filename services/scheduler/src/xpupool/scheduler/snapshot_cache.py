@@ -201,15 +201,14 @@ class SnapshotCache:
         step or for another config): the caller reads. An in-flight read is waited for first."""
         async with self._lock:
             cursor = self._cursor
-            current = self._pool_as_read(config)
             if (
                 not self._feed_live
                 or self._unseen(self._unread - self._unread_load)
                 or cursor is None
-                or current is None
             ):
                 return None
-            return *current, cursor
+            current = self._pool_as_read(config)
+            return None if current is None else (*current, cursor)
 
     def _pool_as_read(
         self, config: SchedulerConfig
