@@ -427,15 +427,19 @@ def _reads_along(deps: SchedulerDeps) -> bool:
     """Whether this batch's commit reads the change log for the next one: requests wait for it,
     or this batch itself followed another at once (under load the next one comes within a
     millisecond or two), and it will place them on arrival (on the kept copy's cache)."""
-    settings = deps.settings
     admissions = deps.admissions
     return (
         (admissions.waiting > 0 or admissions.following)
-        and settings.decide_on_kept_copy
-        and settings.place_on_admission
-        and settings.grant_at_reserve
-        and not deps.last_pending
+        and deps.settings.decide_on_kept_copy
+        and _places_on_arrival(deps)
     )
+
+
+def _places_on_arrival(deps: SchedulerDeps) -> bool:
+    """Whether new requests are placed as they are admitted: it is on, and no job waits (the
+    ledger would queue them behind it anyway)."""
+    settings = deps.settings
+    return settings.place_on_admission and settings.grant_at_reserve and not deps.last_pending
 
 
 async def publish_grants(
@@ -480,7 +484,7 @@ async def place_on_arrival(
     neither.
     """
     settings = deps.settings
-    if not (settings.place_on_admission and settings.grant_at_reserve) or deps.last_pending:
+    if not _places_on_arrival(deps):
         return {}, None
     view = None
     try:
