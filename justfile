@@ -61,6 +61,11 @@ bench-placement *ARGS: sync
 bench-scheduler: sync
     uv run --frozen python services/scheduler/bench/bench_decide.py
 
+# Lone decisions one after another on a kept pool, as the scheduler makes them for serial jobs
+[group("bench")]
+bench-serial-decide *ARGS: sync
+    uv run --frozen python services/scheduler/bench/bench_serial_decide.py {{ARGS}}
+
 # Whole scheduling cycles at the trace's scale (1,213 nodes) against a real redis-server
 [group("bench")]
 bench-cycle: sync
