@@ -148,7 +148,7 @@ async def pool_metrics_loop(deps: handlers.SchedulerDeps, stop: asyncio.Event) -
         try:
             config = deps.config.current()
             snapshot, _, pool = await deps.snapshots.read_pool(deps.ledger, config)
-            deps.metrics.observe_pool(snapshot)
+            await deps.metrics.observe_pool(snapshot)
             # Fair share folds in the usage it sees at every cycle; while placement on admission
             # grants without cycles, this keeps sampling it.
             deps.history = update_history(
