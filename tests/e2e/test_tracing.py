@@ -13,7 +13,13 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from tests.conftest import eventually
 from tests.e2e.conftest import Ready
-from xpupool.contracts import AllocationGranted, JobRequested, subjects
+from xpupool.contracts import (
+    AllocationGranted,
+    JobRequested,
+    SubmitOutcome,
+    SubmitReply,
+    subjects,
+)
 from xpupool.devstack.otlp import Received, Receiver, exporter_env, serve_receiver
 from xpupool.devstack.stack import NodeSpec, Stack
 
@@ -51,6 +57,7 @@ def _traced_stack(
 KIND_CONSUMER = SpanProto.SpanKind.SPAN_KIND_CONSUMER
 KIND_PRODUCER = SpanProto.SpanKind.SPAN_KIND_PRODUCER
 REQUESTED = f"process {subjects.JOB_REQUESTED.address}"
+SUBMITTED = f"process {subjects.JOB_SUBMIT.address}"
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -171,3 +178,68 @@ async def test_a_job_without_trace_context_gets_a_root(
     await eventually(lambda: receiver.named(root.trace_id, "publish granted"), timeout_s=30)
     names = {s.name for s in receiver.of_trace(root.trace_id)}
     assert {"schedule decision", *GRANT_STEPS["on-admission"]} <= names, names
+
+
+async def test_a_job_submitted_by_request_is_one_trace(
+    make_stack: Callable[..., Stack], ready: Ready, receiver: Receiver
+) -> None:
+    """The request/reply path (``jobs.submit``, what the client uses by default): the request's
+    own process span, the admission, decision and grant under it, and the lease's steps after,
+    all in the submitter's trace."""
+    stack = _traced_stack(make_stack, receiver)
+    await ready(stack, 2)
+    trace_id, submitter = secrets.token_hex(16), secrets.token_hex(8)
+    token = context.attach(propagate.extract({"traceparent": f"00-{trace_id}-{submitter}-01"}))
+    request = JobRequested(job_id="tr-3", tenant="team-a")
+    try:
+        async with stack.client() as client:
+            # Until the scheduler serves the subject a request finds no responder and admits
+            # nothing (sending it again is safe in any case: the ledger deduplicates by job id).
+            replies: list[SubmitReply] = []
+
+            async def answered() -> bool:
+                reply = await client.submit_request(request)
+                replies.extend([reply] if reply is not None else [])
+                return reply is not None
+
+            await eventually(answered, timeout_s=30)
+            [reply] = replies
+            assert reply.outcome == SubmitOutcome.GRANTED and reply.granted is not None, reply
+            grant = reply.granted
+            assert (await client.release(grant.lease_id, grant.fencing_token)).ok
+    finally:
+        context.detach(token)
+
+    steps = [SUBMITTED, "schedule decision", "publish granted", "lease release", "relay ended"]
+    await eventually(lambda: all(receiver.named(trace_id, n) for n in steps), timeout_s=30)
+    spans = receiver.of_trace(trace_id)
+    assert not receiver.named(trace_id, REQUESTED), "the request went by the job stream"
+    ids = {s.span_id for s in spans}
+    outside = [s for s in spans if s.parent_id not in ids]
+    assert outside and all(s.kind == KIND_CONSUMER for s in outside), [s.name for s in outside]
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        assert {s.parent_id for s in outside} == {submitter}
+
+    [submitted] = receiver.named(trace_id, SUBMITTED)
+    assert submitted.kind == KIND_CONSUMER and submitted.service == "scheduler"
+    expected = {
+        "messaging.system": "nats",
+        "messaging.operation.type": "process",
+        "messaging.destination.name": "xpupool.tenant.v1.team-a.jobs.submit",
+        "messaging.message.id": "tr-3",
+        "cloudevents.event_type": "xpupool.job.requested.v1",
+    }
+    assert {k: submitted.attributes.get(k) for k in expected} == expected
+    # The admission batch and the decision hang under the request's span, not a trace of
+    # their own, and the grant's events are sent in the same trace.
+    [batch] = receiver.named(trace_id, "schedule admission")
+    [decision] = receiver.named(trace_id, "schedule decision")
+    assert batch.attributes["xpupool.arrivals"] == 1
+    assert decision.attributes["xpupool.decided_in"] == "admission"
+    assert decision.attributes["xpupool.lease_id"] == grant.lease_id
+    sent = {
+        s.attributes.get("messaging.destination.name") for s in spans if s.kind == KIND_PRODUCER
+    }
+    assert "xpupool.tenant.v1.team-a.events.granted" in sent, sent
+    [lifetime] = receiver.named(trace_id, "lease lifetime")
+    assert lifetime.attributes["xpupool.reason"] == "released"
