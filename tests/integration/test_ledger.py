@@ -14,6 +14,7 @@ from xpupool.ledger import (
     AdmissionLimits,
     Holder,
     HostClaim,
+    LeaseRecord,
     Ledger,
     SliceClaim,
     SliceMeta,
@@ -454,3 +455,30 @@ async def test_a_reader_that_keeps_its_nodes_is_sent_only_the_devices_that_chang
     lacking = {"n1": dataclasses.replace(known["n1"], devices=known["n1"].devices[:7])}
     partial = await ledger.changes_since(cursor, max_records=256, known=lacking)
     assert partial.records is not None and partial.records.nodes == {}
+
+
+async def test_lease_states_count_live_leases_a_chunk_at_a_time(ledger: Ledger) -> None:
+    """What the lease gauge shows: live leases and reservations by state, as a full read of
+    every lease counts them, whatever the chunk; an ended lease is not counted."""
+    specs = [device_spec("n1", i) for i in range(8)]
+    assert (await ledger.register_node("n1", specs, 64_000, 256_000)).ok
+    for i in range(23):
+        claim = SliceClaim(f"n1/nvidia{i % 8}", 1024, 1)
+        assert (await ledger.reserve(reservation(f"j{i}", claim))).ok
+    for i in range(9):
+        assert (await ledger.grant(f"lease-j{i}")).ok
+    granted = await ledger.grant("lease-j9", "s")
+    assert (await ledger.release("lease-j9", Holder("t", "s", granted.token))).ok
+
+    def by_state(leases: list[LeaseRecord]) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for lease in leases:
+            counts[lease.state] = counts.get(lease.state, 0) + 1
+        return counts
+
+    expected = by_state(await ledger.leases())
+    assert expected == {"active": 9, "reserved": 13}
+    for chunk in (1, 4, 1000):
+        assert await ledger.lease_states(chunk) == expected
+    await ledger.redis.delete(ledger.key("leases"))
+    assert await ledger.lease_states() == {}

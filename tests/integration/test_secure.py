@@ -416,8 +416,8 @@ async def test_scheduler_runs_its_ledger_flows_and_nothing_else(
 async def test_lease_manager_runs_its_ledger_flows_and_nothing_else(
     stack: Stack, redis_as: Callable[[str], Redis]
 ) -> None:
-    """The lease-manager user grants, renews, releases, ends, expires, reaps and relays;
-    admin commands fail."""
+    """The lease-manager user grants, renews, releases, ends, expires, reaps, relays and counts
+    the live leases for its gauge; admin commands fail."""
     ns = stack.namespace
     await Ledger(redis_as(access.TELEMETRY_COLLECTOR), ns).register_node(
         "n1", [device_spec("n1", 0), device_spec("n1", 1)], 64_000, 256_000
@@ -431,6 +431,7 @@ async def test_lease_manager_runs_its_ledger_flows_and_nothing_else(
     assert (await manager.renew("lease-a", holder, 60_000)).ok
     assert (await manager.release("lease-a", holder)).ok
     await manager.grant("lease-b")
+    assert await manager.lease_states(chunk=1) == {"active": 1}
     assert (await manager.end("lease-b", "preempted")).ok
     assert (await manager.expire_due()).ok
     assert (await manager.reap_nodes(60_000)).ok

@@ -99,6 +99,7 @@ LEDGER_SCRIPTS: Final[Mapping[str, tuple[str, ...]]] = {
         "expire",
         "warn_deadlines",
         "reap_nodes",
+        "lease_states",
     ),
     access.TELEMETRY_COLLECTOR: ("register_node", "heartbeat", "set_health", "record_load"),
     access.AUTOSCALER: ("set_draining",),
@@ -138,6 +139,8 @@ DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
         *_RELAY_COMMANDS,
         "hgetall",
         "smembers",
+        # lease_states: the live lease set a chunk at a time, for the lease gauge
+        "sscan",
         "zrevrange",
         "smismember",
         "time",

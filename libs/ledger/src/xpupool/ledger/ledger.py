@@ -44,6 +44,9 @@ of the ledger (``Admission.placement_view``) and the ledger changed since."""
 SCHEDULER_STATE: Final = "scheduler"
 """``{ns}:<this>``: a hash of what the scheduler publishes for operators (field ``fair-share``:
 ``FairShareView``), written by the scheduler's metrics loop, read by ``xpupool status``."""
+LEASE_STATES_CHUNK: Final = 1000
+"""Lease ids ``Ledger.lease_states`` scans and reads per round trip (a few milliseconds of the
+caller's event loop each)."""
 INCOMING_OVERDUE_S: Final = 600.0
 """How long past its expected ready time (or since it was asked for, without one) a scale-up
 still counts as incoming capacity: the autoscaler's ledger entries and the scheduler's view of
@@ -991,6 +994,30 @@ class Ledger:
         """Every live lease and reservation."""
         lease_ids = sorted(_str(x) for x in await self._redis.smembers(self.key("leases")))
         return [lease for lease in await self.get_leases(lease_ids) if lease is not None]
+
+    async def lease_states(self, chunk: int = LEASE_STATES_CHUNK) -> dict[str, int]:
+        """How many live leases and reservations are in each state, without reading them whole.
+
+        The lease set is scanned ``chunk`` ids at a time and each chunk's states counted by one
+        script (``lease_states.lua``), so the caller's event loop gets a turn between chunks
+        and decodes ids and a few counts, not leases: reading and decoding every lease
+        (``leases()``) took half a second at 10,000 leases, with turns of up to 80 ms that
+        stalled every request the caller serves. Like ``leases()`` it is not one atomic read: a lease that comes or
+        goes meanwhile may be missed, or counted in its new state; none is counted twice.
+        """
+        counts: dict[str, int] = {}
+        seen: set[str] = set()
+        cursor: int = 0
+        while True:
+            cursor, raw = await self._redis.sscan(self.key("leases"), cursor, count=chunk)
+            ids = [lease_id for lease_id in map(_str, raw) if lease_id not in seen]
+            seen.update(ids)
+            if ids:
+                raw_counts = await self._scripts["lease_states"](keys=[self.prefix], args=ids)
+                for state, n in zip(raw_counts[::2], raw_counts[1::2], strict=True):
+                    counts[_str(state)] = counts.get(_str(state), 0) + int(n)
+            if not cursor:
+                return counts
 
     async def get_leases(self, lease_ids: Sequence[str]) -> list[LeaseRecord | None]:
         """The named leases (None where unknown), in one round trip."""

@@ -91,7 +91,7 @@ async def lease_metrics_loop(
     event loop."""
     while not stop.is_set():
         try:
-            metrics.observe_leases(await ledger.leases())
+            metrics.observe_lease_states(await ledger.lease_states())
             for outbox in OUTBOXES:
                 metrics.observe_outbox(outbox, *await outbox_lag(ledger, outbox))
         except Exception as error:  # noqa: BLE001  (Redis away: keep the last values, retry)

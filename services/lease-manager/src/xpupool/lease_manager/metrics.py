@@ -3,8 +3,9 @@
 The lease-manager exports the lease and usage series; the scheduler exports the pool, queue and
 decision series, so no series is exported by two services.
 
-- ``xpupool_leases{state}``: live leases and reservations by ledger state, ledger-wide, re-read
-  by the service's event loop (:meth:`LeaseManagerMetrics.observe_leases`), never on a scrape;
+- ``xpupool_leases{state}``: live leases and reservations by ledger state, ledger-wide,
+  counted by the service's event loop (:meth:`LeaseManagerMetrics.observe_lease_states`, from
+  ``Ledger.lease_states``), never on a scrape;
 - ``xpupool_lease_ends_total{reason}``: leases ended, by end reason;
 - ``xpupool_usage_device_seconds_total{tenant,queue,model}``: device time of ended leases
   (granted to ended, per device held; a host-only lease adds none);
@@ -23,7 +24,7 @@ may count an end twice: at-least-once, like the event itself).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -36,7 +37,6 @@ from xpupool.obs.metrics import serve_metrics
 __all__ = [
     "OUTBOXES",
     "LeaseManagerMetrics",
-    "lease_states",
     "outbox_lag",
     "serve_metrics",
     "usage_of",
@@ -62,14 +62,6 @@ async def outbox_lag(ledger: Ledger, service: str) -> tuple[int, float]:
     raw = first[0][0]
     added_ms = int((raw.decode() if isinstance(raw, bytes) else str(raw)).split("-")[0])
     return entries, max(int(seconds) * 1000 + int(micros) // 1000 - added_ms, 0) / 1000
-
-
-def lease_states(leases: Iterable[LeaseRecord]) -> dict[str, int]:
-    """How many leases are in each state."""
-    counts: dict[str, int] = {}
-    for lease in leases:
-        counts[lease.state] = counts.get(lease.state, 0) + 1
-    return counts
 
 
 def usage_of(lease: LeaseRecord) -> dict[str, float]:
@@ -119,9 +111,9 @@ class LeaseManagerMetrics:
             self.lease_ends.labels(reason.value)
         self._states: set[str] = set()
 
-    def observe_leases(self, leases: Iterable[LeaseRecord]) -> None:
-        """Set the lease gauge from the ledger's live leases; a state now empty reads 0."""
-        counts = lease_states(leases)
+    def observe_lease_states(self, counts: Mapping[str, int]) -> None:
+        """Set the lease gauge from the live leases counted by state; a state now empty reads
+        0."""
         for state in self._states | set(counts):
             self.leases.labels(state).set(counts.get(state, 0))
         self._states |= set(counts)
