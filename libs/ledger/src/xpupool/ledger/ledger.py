@@ -1002,8 +1002,9 @@ class Ledger:
         script (``lease_states.lua``), so the caller's event loop gets a turn between chunks
         and decodes ids and a few counts, not leases: reading and decoding every lease
         (``leases()``) took half a second at 10,000 leases, with turns of up to 80 ms that
-        stalled every request the caller serves. Like ``leases()`` it is not one atomic read: a lease that comes or
-        goes meanwhile may be missed, or counted in its new state; none is counted twice.
+        stalled every request the caller serves. Like ``leases()`` it is not one atomic read: a
+        lease that comes or goes meanwhile may be missed, or counted in its new state; none is
+        counted twice.
         """
         counts: dict[str, int] = {}
         seen: set[str] = set()
