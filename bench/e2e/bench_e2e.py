@@ -29,6 +29,11 @@ proportions, each built as the live replay builds it.
 utilisation every heartbeat (``XPUPOOL_FLEET_BUSY_SHARE``), as devices running long jobs do:
 each change enters the ledger's change log, which the scheduler's kept copy follows.
 
+``--occupied F`` first holds about that share of the fleet's devices with leases that outlive
+the run (the workload's own mix, under a tenant of their own, never released), as a production
+pool is mostly busy: the loops are then measured with thousands of live leases in the ledger,
+the scheduler's copy and the lease-manager's gauges.
+
 ``--serial-costs`` also logs every Redis command during the serial run (SLOWLOG at 0 µs) and
 reports Redis's own time per job by command and ledger script; each process's CPU per serial job
 is always reported.
@@ -475,6 +480,49 @@ class Load:
         return self.latencies
 
 
+OCCUPANT = "bench-occupant"
+
+
+async def occupy(
+    client: XpupoolClient,
+    make_job: Callable[[str, int], JobRequested],
+    devices: int,
+    share: float,
+    concurrency: int = 32,
+) -> dict[str, float]:
+    """Hold about ``share`` of ``devices`` with leases that outlive the run: the workload's
+    jobs, under ``OCCUPANT``, with a term of an hour, never released, until that many devices
+    hold at least one of them (or 100 requests in a row found no room)."""
+    held: set[str] = set()
+    leases = 0
+    misses = 0
+    n = 0
+    started = time.perf_counter()
+
+    async def worker() -> None:
+        nonlocal leases, misses, n
+        while len(held) < share * devices and misses < 100:
+            i, n = n, n + 1
+            request = msgspec.structs.replace(
+                make_job(f"occupant-{i:07d}", i), tenant=OCCUPANT, lease_ttl_s=3600, max_wait_s=1
+            )
+            outcome = await client.submit_and_wait(request, timeout_s=60)
+            if isinstance(outcome, AllocationGranted):
+                leases += 1
+                misses = 0
+                held.update(s.device_id for s in outcome.slices)
+            else:
+                misses += 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return {
+        "leases": leases,
+        "devices_held": len(held),
+        "share_held": len(held) / max(devices, 1),
+        "seconds": time.perf_counter() - started,
+    }
+
+
 async def rate_in_window(
     step: Callable[[], Awaitable[bool]], concurrency: int, duration_s: float
 ) -> float:
@@ -665,6 +713,16 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 workload.make_job,
                 by_request=args.submit == "request",
             )
+            if args.occupied > 0:
+                result["occupied"] = occupied = await occupy(
+                    client, workload.make_job, workload.devices, args.occupied
+                )
+                print(
+                    f"  {sc.name}: {occupied['leases']:.0f} leases hold "
+                    f"{occupied['devices_held']:.0f} devices "
+                    f"({100 * occupied['share_held']:.0f} %) for the whole run",
+                    flush=True,
+                )
             await load.closed(4, 1.0)  # warm-up: caches, first snapshot, JIT of connections
             pids = {f"{p.name}-{i}": p.process.pid for i, p in enumerate(stack.services)}
             # The servers too: what one grant costs them says when one of them is the limit.
@@ -956,6 +1014,12 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=0.0,
         help="share of each node's devices reporting a moving utilisation every heartbeat",
+    )
+    parser.add_argument(
+        "--occupied",
+        type=float,
+        default=0.0,
+        help="share of the fleet's devices held by leases that outlive the run (a busy pool)",
     )
     parser.add_argument("--profile", type=Path, default=None, help="py-spy profiles to DIR")
     parser.add_argument(
