@@ -678,7 +678,7 @@ def place_host_only(
     cands = np.flatnonzero(fits)
     if len(cands) == 0:
         return None
-    idle_dev = np.array(pool.dev_ok, dtype=np.bool_) & (arr.holders == 0) & ~arr.exclusive
+    idle_dev = pool.devices_ok & (arr.holders == 0) & ~arr.exclusive
     idle = np.bincount(
         np.array(pool.dev_node, dtype=np.int64), weights=idle_dev, minlength=n
     ).astype(np.int64)[cands]

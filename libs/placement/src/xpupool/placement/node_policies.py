@@ -211,7 +211,7 @@ class NodeView:
         # for a pool's life, so it is converted once per pool.
         arr = pool.arrays()
         if self._ok_of is not pool:
-            self._ok = np.fromiter(pool.dev_ok, dtype=np.bool_, count=len(pool.devices))
+            self._ok = pool.devices_ok
             self._ok_of = pool
         devices, nodes = pool.counter_changes
         at = self._counters_at
@@ -516,16 +516,14 @@ class TracePolicy(DelegatedJudgements):
 
 def _share_fits(pool: WorkingPool, demand: Demand, classes: Sequence[int]) -> BoolArray:
     """Devices of ``classes`` that one slice of the share ``demand`` fits on now (MiB, %)."""
-    n = len(pool.devices)
     need_mem = np.full(len(pool.classes), np.iinfo(np.int64).max, dtype=np.int64)
     need_comp = np.full(len(pool.classes), 101, dtype=np.int64)
     for ci in classes:
         need_mem[ci], need_comp[ci] = demand.share(pool.classes[ci])
-    dev_class = np.fromiter(pool.dev_class, dtype=np.int64, count=n)
-    ok = np.fromiter(pool.dev_ok, dtype=np.bool_, count=n)
+    dev_class = pool.device_classes
     arr = pool.arrays()
     return (
-        ok
+        pool.devices_ok
         & ~arr.exclusive
         & (arr.mem_free >= need_mem[dev_class])
         & (arr.compute_free >= need_comp[dev_class])

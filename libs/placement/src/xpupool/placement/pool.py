@@ -25,7 +25,8 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Protocol
+from functools import cached_property
+from typing import Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -54,6 +55,7 @@ __all__ = [
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
+_A = TypeVar("_A", bound=np.ndarray)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +186,11 @@ _REFRESHED = frozenset({"memory_free_mib", "compute_free_pct", "exclusive", "hol
 _layout_key = operator.attrgetter(
     *(f.name for f in fields(DeviceState) if f.name not in _REFRESHED)
 )
+
+
+def _read_only(array: _A) -> _A:
+    array.flags.writeable = False
+    return array
 
 
 class WorkingPool:
@@ -336,6 +343,17 @@ class WorkingPool:
     # ------------------------------------------------------------------------------------------
     # numpy mirrors for the vectorized placement path.
     # ------------------------------------------------------------------------------------------
+
+    @cached_property
+    def device_classes(self) -> IntArray:
+        """``dev_class`` as a read-only array: a device's class is fixed for the pool's life."""
+        return _read_only(np.fromiter(self.dev_class, dtype=np.int64, count=len(self.devices)))
+
+    @cached_property
+    def devices_ok(self) -> BoolArray:
+        """``dev_ok`` as a read-only array: health and draining are fixed for the pool's life (a
+        change to either makes a new pool, see ``refresh``)."""
+        return _read_only(np.fromiter(self.dev_ok, dtype=np.bool_, count=len(self.devices)))
 
     def arrays(self) -> PoolArrays:
         """The counters as numpy arrays, brought up to date with every change logged since the

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -121,6 +122,7 @@ class SnapshotCache:
         self._node_ids: list[str] = []
         self._node_position: dict[str, int] = {}  # a node's place in _node_ids and _node_tuple
         self._lease_ids: list[str] = []
+        self._lease_list: list[LeaseState] = []  # in _lease_ids order
         self._node_tuple: tuple[NodeState, ...] = ()
         self._lease_tuple: tuple[LeaseState, ...] = ()
         self._lock = asyncio.Lock()
@@ -472,7 +474,8 @@ class SnapshotCache:
         self._node_ids, self._lease_ids = sorted(self._nodes), sorted(self._leases)
         self._node_position = {node_id: i for i, node_id in enumerate(self._node_ids)}
         self._node_tuple = tuple(self._nodes[i] for i in self._node_ids)
-        self._lease_tuple = tuple(self._leases[i] for i in self._lease_ids)
+        self._lease_list = [self._leases[i] for i in self._lease_ids]
+        self._lease_tuple = tuple(self._lease_list)
 
     def _update_nodes(self, records: Iterable[tuple[str, NodeRecord | None]]) -> None:
         changed: list[str] = []
@@ -506,14 +509,25 @@ class SnapshotCache:
             self._node_tuple = tuple(nodes)
 
     def _update_leases(self, records: Iterable[tuple[str, LeaseRecord | None]]) -> None:
-        changed = members = False
+        # The id-ordered list is edited in place (a bisection and a move of pointers per
+        # change): sorting the ids and rebuilding the list on every read cost milliseconds per
+        # read with thousands of live leases, which a busy pool has.
+        ids, states = self._lease_ids, self._lease_list
+        changed = False
         for lease_id, record in records:
-            old = self._leases.pop(lease_id, None)
-            if record is not None:
-                self._leases[lease_id] = lease_state(record)
+            at = bisect_left(ids, lease_id)
+            present = at < len(ids) and ids[at] == lease_id
+            if record is None:
+                self._leases.pop(lease_id, None)
+                if present:
+                    del ids[at], states[at]
+            else:
+                state = self._leases[lease_id] = lease_state(record)
+                if present:
+                    states[at] = state
+                else:
+                    ids.insert(at, lease_id)
+                    states.insert(at, state)
             changed = True
-            members = members or (old is None) != (record is None)
-        if members:
-            self._lease_ids = sorted(self._leases)
         if changed:
-            self._lease_tuple = tuple(self._leases[i] for i in self._lease_ids)
+            self._lease_tuple = tuple(states)
