@@ -7,10 +7,13 @@ learned default policy and the trace policies), its reservation is taken back ou
 it: the grant as a lease, and the previous job's lease ended. So each decision follows a node or
 two that changed, as in the end-to-end bench's serial run. Reports the p50 / mean / p90 of the
 decision after a warm-up. ``--dump PATH`` writes every decision, one per line, for comparing
-two versions of the placement code decision by decision.
+two versions of the placement code decision by decision. ``--fill F`` first holds that share of
+the devices with leases the same decisions placed (never released): a pool as busy as a
+production one, filled the way the scheduler fills it, cheapest classes first, so that those
+classes are full when the timed decisions try them.
 
     uv run python services/scheduler/bench/bench_serial_decide.py [--devices 10000]
-        [--jobs 3000] [--mix e2e|mixed|share] [--dump PATH]
+        [--jobs 3000] [--mix e2e|mixed|share] [--dump PATH] [--fill F]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,18 +47,17 @@ from xpupool.scheduler.settings import SchedulerSettings  # noqa: E402
 WARM_UP = 200
 
 
-def run(devices: int, jobs: int, mix: str, dump: Path | None) -> str:
+def run(devices: int, jobs: int, mix: str, dump: Path | None, fill: float = 0.0) -> str:
     rng = random.Random(1)
     config = default_config()
     pool = WorkingPool(bd.occupy(bd.synthetic_nodes(devices, rng), 0.3, rng), config)
     settings = SchedulerSettings()
     extra = trace_policies(settings)
     default = DefaultPolicy.create(half_life=settings.placement_shape_half_life)
-    live: list[str] = []
-    seconds: list[float] = []
-    decisions: list[str] = []
-    for i, item in enumerate(bd.MIXES[mix](jobs, rng)):
-        started = time.perf_counter()
+
+    def decide(item: PendingRequest) -> tuple[str, list[Reserve]]:
+        """One lone decision, its reservation taken back out (as ``SnapshotCache.deciding``
+        does): what it decided, and the reservations to hold."""
         registry = default.cycle_registry(config.placement, extra)
         out = decide_batch(
             [PendingRequest(item.request, bd.NOW)], pool, config, history=None, policies=registry
@@ -62,26 +65,37 @@ def run(devices: int, jobs: int, mix: str, dump: Path | None) -> str:
         reserved = [d for _, d in out if isinstance(d, Reserve)]
         for decision in reserved:
             pool.release(f"reservation:{decision.job_id}")
+        return repr(out), reserved
+
+    def hold(decision: Reserve, lease_id: str) -> None:
+        slices = tuple(
+            LeaseSlice(s.device_id, s.memory_mib, s.compute_pct, s.whole) for s in decision.slices
+        )
+        pool.add_lease(
+            LeaseState(
+                lease_id=lease_id,
+                job_id=decision.job_id,
+                tenant=decision.tenant,
+                queue=decision.queue,
+                priority=decision.priority,
+                started_at_s=bd.NOW,
+                slices=slices,
+                capacity_units=decision.capacity_units,
+                host=decision.host,
+            )
+        )
+
+    filled = _fill(pool, fill, mix, rng, decide, hold)
+    live: list[str] = []
+    seconds: list[float] = []
+    decisions: list[str] = []
+    for i, item in enumerate(bd.MIXES[mix](jobs, rng)):
+        started = time.perf_counter()
+        decided, reserved = decide(item)
         seconds.append(time.perf_counter() - started)
-        decisions.append(repr(out))
+        decisions.append(decided)
         for decision in reserved:
-            slices = tuple(
-                LeaseSlice(s.device_id, s.memory_mib, s.compute_pct, s.whole)
-                for s in decision.slices
-            )
-            pool.add_lease(
-                LeaseState(
-                    lease_id=f"lease-{i}",
-                    job_id=decision.job_id,
-                    tenant=decision.tenant,
-                    queue=decision.queue,
-                    priority=decision.priority,
-                    started_at_s=bd.NOW,
-                    slices=slices,
-                    capacity_units=decision.capacity_units,
-                    host=decision.host,
-                )
-            )
+            hold(decision, f"lease-{i}")
             live.append(f"lease-{i}")
         if len(live) > 1:
             pool.release(live.pop(0))
@@ -89,9 +103,38 @@ def run(devices: int, jobs: int, mix: str, dump: Path | None) -> str:
         dump.write_text("\n".join(decisions) + "\n")
     timed = sorted(seconds[WARM_UP:])
     return (
-        f"{mix:<6} devices={devices:>6} p50={1e3 * timed[len(timed) // 2]:.3f}ms "
+        f"{mix:<6} devices={devices:>6}{filled} p50={1e3 * timed[len(timed) // 2]:.3f}ms "
         f"mean={1e3 * statistics.mean(timed):.3f}ms p90={1e3 * timed[int(0.9 * len(timed))]:.3f}ms"
     )
+
+
+def _fill(
+    pool: WorkingPool,
+    share: float,
+    mix: str,
+    rng: random.Random,
+    decide: Callable[[PendingRequest], tuple[str, list[Reserve]]],
+    hold: Callable[[Reserve, str], None],
+) -> str:
+    """Hold ``share`` of the devices with leases placed by the same decisions, never released:
+    a pool as busy as a production one, filled the way the scheduler fills it (the cheapest
+    classes first), not at random."""
+    if share <= 0:
+        return ""
+    held = sum(1 for i in range(len(pool.devices)) if pool.dev_holders[i] or pool.dev_exclusive[i])
+    n = 0
+    misses = 0
+    while held < share * len(pool.devices) and misses < 100:
+        for item in bd.MIXES[mix](100, rng):
+            _, reserved = decide(item)
+            misses = 0 if reserved else misses + 1
+            for decision in reserved:
+                hold(decision, f"occupant-{n}")
+                n += 1
+        held = sum(
+            1 for i in range(len(pool.devices)) if pool.dev_holders[i] or pool.dev_exclusive[i]
+        )
+    return f" held={held / len(pool.devices):.0%} by {n} more leases"
 
 
 def main() -> None:
@@ -100,8 +143,14 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=3_000)
     parser.add_argument("--mix", choices=sorted(bd.MIXES), default="e2e")
     parser.add_argument("--dump", type=Path, default=None)
+    parser.add_argument(
+        "--fill",
+        type=float,
+        default=0.0,
+        help="first hold this share of the devices with leases the same decisions placed",
+    )
     args = parser.parse_args()
-    print(run(args.devices, max(args.jobs, WARM_UP + 1), args.mix, args.dump))
+    print(run(args.devices, max(args.jobs, WARM_UP + 1), args.mix, args.dump, args.fill))
 
 
 if __name__ == "__main__":
