@@ -56,14 +56,16 @@ def can_preempt(
         return False
     if not ignore_min_runtime and now_s - st.started_at_s < config.preemption.min_runtime_s:
         return False
-    qc = config.queue(victim.queue)
-    if qc is not None and not qc.preemptible:
-        return False
     if victim.queue == queue:
-        return st.priority < priority
-    if victim.over_quota:
-        return in_quota or st.priority < priority
-    return False
+        allowed = st.priority < priority
+    elif victim.over_quota:
+        allowed = in_quota or st.priority < priority
+    else:
+        return False
+    # The queue's own setting last: a plan asks this of every lease in the pool, and most are
+    # ruled out above without a lookup.
+    qc = config.queue(victim.queue) if allowed else None
+    return allowed and (qc is None or qc.preemptible)
 
 
 def victim_key(v: PoolLease) -> tuple[int, int, float, float, str]:
