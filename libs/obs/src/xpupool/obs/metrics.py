@@ -9,12 +9,20 @@ service so an endpoint is only exposed when a deployment asks for it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
+from typing import Any, Final
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
 
-__all__ = ["serve_metrics"]
+__all__ = ["LOOP_LAG_PROBE_S", "LoopLag", "serve_metrics", "watch_loop_lag"]
+
+LOOP_LAG_PROBE_S: Final = 0.02
+"""How often the probe's timer is due: a stall of the loop this long or longer is always seen,
+a shorter one in proportion. (A timer every 20 ms cost about 0.3 % of a core on the dev machine,
+one every 10 ms more, for stalls that short.)"""
+_LOOP_LAG_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 @contextmanager
@@ -31,3 +39,43 @@ def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+class LoopLag:
+    """``xpupool_event_loop_lag_seconds``: how late the service's event loop ran a timer that
+    was due every ``LOOP_LAG_PROBE_S``. A callback that holds the loop (a long computation, a
+    large read decoded at once) delays every message the service serves by as much, and shows
+    here as a late timer; the histogram's upper buckets are those stalls."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.lag = Histogram(
+            "xpupool_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 20 ms (a stall of every message)",
+            buckets=_LOOP_LAG_BUCKETS,
+            registry=registry,
+        )
+
+    async def watch(self, stop: asyncio.Event, interval_s: float = LOOP_LAG_PROBE_S) -> None:
+        """Observe the lag of one timer after another until ``stop``: a bare timer chain, no
+        task or future per tick, since it runs on the same loop as the work it watches."""
+        loop = asyncio.get_running_loop()
+        handle: asyncio.TimerHandle | None = None
+
+        def tick(due: float) -> None:
+            nonlocal handle
+            now = loop.time()
+            self.lag.observe(max(0.0, now - due))
+            handle = loop.call_at(now + interval_s, tick, now + interval_s)
+
+        start = loop.time() + interval_s
+        handle = loop.call_at(start, tick, start)
+        try:
+            await stop.wait()
+        finally:
+            handle.cancel()
+
+
+def watch_loop_lag(lag: LoopLag | None, stop: asyncio.Event) -> list[Coroutine[Any, Any, None]]:
+    """The probe to run beside a service's loops: none where the service serves no metrics
+    (``lag`` None), since nobody would read what it observes."""
+    return [] if lag is None else [lag.watch(stop)]

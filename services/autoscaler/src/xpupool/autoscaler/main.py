@@ -38,6 +38,7 @@ from xpupool.bus.lifecycle import (
 from xpupool.contracts import access, subjects
 from xpupool.ledger import open_ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
+from xpupool.obs.metrics import LoopLag, watch_loop_lag
 
 SERVICE = "autoscaler"
 
@@ -97,6 +98,7 @@ async def run(
                 )
             )
             log.info("metrics_serving", addr=settings.autoscaler_metrics_addr, port=port)
+        loop_lag = LoopLag(metrics.registry) if settings.autoscaler_metrics_port else None
         state = AutoscalerState(ledger.redis, ledger.prefix, replica_name(settings))
         deps = AutoscalerDeps(
             ledger=ledger,
@@ -133,6 +135,7 @@ async def run(
                     watch_bus(bus.nc, run_stop),
                     autoscaler.keep_lease(run_stop),
                     autoscaler.run(run_stop),
+                    *watch_loop_lag(loop_lag, run_stop),
                 )
 
         try:

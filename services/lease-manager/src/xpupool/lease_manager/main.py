@@ -28,6 +28,7 @@ from xpupool.lease_manager.settings import LeaseManagerSettings
 from xpupool.ledger import Ledger, OutboxRelay, open_ledger
 from xpupool.ledger.usage import trim_usage
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
+from xpupool.obs.metrics import LoopLag, watch_loop_lag
 
 SERVICE = "lease-manager"
 # How many renewals, releases and lease queries one subject serves at once.
@@ -122,6 +123,7 @@ async def run(settings: LeaseManagerSettings) -> None:
             get_logger().info(
                 "metrics_serving", addr=settings.lease_manager_metrics_addr, port=port
             )
+        loop_lag = LoopLag(metrics.registry) if settings.lease_manager_metrics_port else None
 
         async def run_once(run_stop: asyncio.Event) -> None:
             # Everything on NATS lives here: a closed connection re-opens all of it (supervise).
@@ -192,6 +194,7 @@ async def run(settings: LeaseManagerSettings) -> None:
                     lease_metrics_loop(
                         ledger, metrics, settings.lease_manager_metrics_refresh_s, run_stop
                     ),
+                    *watch_loop_lag(loop_lag, run_stop),
                 )
 
         await supervise(run_once, stop)

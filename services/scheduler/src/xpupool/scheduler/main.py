@@ -28,6 +28,7 @@ from xpupool.bus.lifecycle import (
 from xpupool.contracts import NodeProvisioning, NodeReady, access, subjects
 from xpupool.ledger import FairShareView, Ledger, OutboxRelay, each_entry, open_ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
+from xpupool.obs.metrics import LoopLag, watch_loop_lag
 from xpupool.placement.default import DefaultPolicy
 from xpupool.placement.engine import PlacementPolicy
 from xpupool.placement.node_policies import make_trace_policies, parse_aliases
@@ -260,6 +261,7 @@ async def run(settings: SchedulerSettings) -> None:
                 )
             )
             get_logger().info("metrics_serving", addr=settings.scheduler_metrics_addr, port=port)
+        loop_lag = LoopLag(deps.metrics.registry) if settings.scheduler_metrics_port else None
 
         async def on_capacity_change(_: Any) -> None:
             handlers.wake_for_capacity(deps)
@@ -354,6 +356,7 @@ async def run(settings: SchedulerSettings) -> None:
                     cycle_loop(deps, bus.publisher, run_stop),
                     pool_metrics_loop(deps, run_stop),
                     *warm_copy_loops(deps, run_stop),
+                    *watch_loop_lag(loop_lag, run_stop),
                 )
 
         await supervise(run_once, stop)

@@ -23,6 +23,7 @@ from xpupool.devices.enforcement import running_share_limits
 from xpupool.devices.registry import create_backend
 from xpupool.ledger import open_ledger
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
+from xpupool.obs.metrics import LoopLag, watch_loop_lag
 from xpupool.telemetry_collector import handlers
 from xpupool.telemetry_collector.health import HealthModel
 from xpupool.telemetry_collector.metrics import CollectorMetrics, serve_metrics
@@ -83,6 +84,7 @@ async def run(settings: CollectorSettings) -> None:
                 serve_metrics(deps.metrics.registry, settings.metrics_port, settings.metrics_addr)
             )
             get_logger().info("metrics_serving", addr=settings.metrics_addr, port=port)
+        loop_lag = LoopLag(deps.metrics.registry) if settings.metrics_port else None
         name = f"{SERVICE}-{settings.node_id}"
 
         async def run_once(run_stop: asyncio.Event) -> None:
@@ -107,6 +109,7 @@ async def run(settings: CollectorSettings) -> None:
                     run_stop,
                     watch_bus(bus.nc, run_stop),
                     sample_loop(deps, bus.publisher, run_stop),
+                    *watch_loop_lag(loop_lag, run_stop),
                 )
 
         await supervise(run_once, stop)
