@@ -66,6 +66,11 @@ bench-scheduler: sync
 bench-serial-decide *ARGS: sync
     uv run --frozen python services/scheduler/bench/bench_serial_decide.py {{ARGS}}
 
+# How long the periodic gauge refreshes hold an event loop (10,000 devices, 10,000 leases), and the loop-lag probe's cost
+[group("bench")]
+bench-stalls *ARGS: sync
+    uv run --frozen python bench/e2e/bench_loop_stalls.py {{ARGS}}
+
 # Whole scheduling cycles at the trace's scale (1,213 nodes) against a real redis-server
 [group("bench")]
 bench-cycle: sync

@@ -20,8 +20,8 @@ __all__ = ["LOOP_LAG_PROBE_S", "LoopLag", "serve_metrics", "watch_loop_lag"]
 
 LOOP_LAG_PROBE_S: Final = 0.02
 """How often the probe's timer is due: a stall of the loop this long or longer is always seen,
-a shorter one in proportion. (A timer every 20 ms cost about 0.3 % of a core on the dev machine,
-one every 10 ms more, for stalls that short.)"""
+a shorter one in proportion. (A timer every 20 ms cost 0.35-0.7 % of a core in an otherwise idle
+process on the dev machine, ``just bench-stalls``; one every 10 ms more, for stalls that short.)"""
 _LOOP_LAG_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
