@@ -122,3 +122,97 @@ async def test_a_batch_knows_whether_it_followed_another_at_once() -> None:
     assert seen == [(2, False), (1, True), (0, True)]
     assert await commit.submit(9) == "r9"  # a new run: started by a lone call
     assert seen[-1] == (0, False)
+
+
+class Staged:
+    """A two-stage flush (``depth`` 2): it records each batch's start, hands off once its
+    ``sent`` gate opens, and finishes once its ``done`` gate opens."""
+
+    def __init__(self, commit: GroupCommit[int, str]) -> None:
+        self.commit = commit
+        self.started: list[list[int]] = []
+        self.sent: dict[int, asyncio.Event] = {}
+        self.done: dict[int, asyncio.Event] = {}
+
+    def gates(self, first: int) -> tuple[asyncio.Event, asyncio.Event]:
+        return self.sent.setdefault(first, asyncio.Event()), self.done.setdefault(
+            first, asyncio.Event()
+        )
+
+    async def flush(self, items: Sequence[int]) -> list[str]:
+        self.started.append(list(items))
+        sent, done = self.gates(items[0])
+        await sent.wait()
+        self.commit.hand_off()
+        await done.wait()
+        return [f"r{i}" for i in items]
+
+
+def _staged() -> tuple[GroupCommit[int, str], Staged]:
+    commit: GroupCommit[int, str] = GroupCommit(lambda items: staged.flush(items), depth=2)
+    staged = Staged(commit)
+    return commit, staged
+
+
+async def test_with_depth_two_the_next_batch_starts_once_the_running_one_hands_off() -> None:
+    """Pipelined: the next batch's flush waits for the running one's hand-off, not its end; a
+    third waits for the second's hand-off (never more than one batch ahead), and each batch
+    gets its own results."""
+    commit, staged = _staged()
+    first = asyncio.create_task(commit.submit(0))
+    await asyncio.sleep(0.01)
+    second = [asyncio.create_task(commit.submit(i)) for i in (1, 2)]
+    await asyncio.sleep(0.01)
+    assert staged.started == [[0]]  # no hand-off yet
+    staged.gates(0)[0].set()
+    await asyncio.sleep(0.01)
+    assert staged.started == [[0], [1, 2]]  # beside the first, which has not finished
+    third = asyncio.create_task(commit.submit(3))
+    await asyncio.sleep(0.01)
+    assert staged.started == [[0], [1, 2]]  # the second has not handed off
+    staged.gates(0)[1].set()
+    assert await first == "r0"
+    staged.gates(1)[0].set()
+    await asyncio.sleep(0.01)
+    assert staged.started == [[0], [1, 2], [3]]
+    for key in (1, 3):
+        staged.gates(key)[1].set()
+    staged.gates(3)[0].set()
+    assert [await t for t in second] == ["r1", "r2"]
+    assert await third == "r3"
+    assert commit._runner is not None
+    await asyncio.wait_for(commit._runner, 1)  # the run ends once nothing is left
+
+
+async def test_with_depth_two_a_flush_that_never_hands_off_is_waited_for() -> None:
+    """A flush that does not hand off (the scheduler's, when its commit carries no read) is
+    one batch at a time, as with ``depth`` 1; a failed batch fails only itself."""
+    recorder = Recorder()
+    recorder.gate.clear()
+    recorder.fail_next = ConnectionError("ledger away")
+    commit: GroupCommit[int, str] = GroupCommit(recorder.flush, depth=2)
+    first = asyncio.create_task(commit.submit(0))
+    await asyncio.sleep(0.01)
+    later = asyncio.create_task(commit.submit(1))
+    await asyncio.sleep(0.01)
+    assert recorder.batches == [[0]]
+    recorder.gate.set()
+    with pytest.raises(ConnectionError):
+        await first
+    assert await later == "r1"
+    assert recorder.batches == [[0], [1]]
+
+
+async def test_with_depth_two_cancelling_the_run_cancels_every_batch_in_flight() -> None:
+    commit, staged = _staged()
+    first = asyncio.create_task(commit.submit(0))
+    await asyncio.sleep(0.01)
+    staged.gates(0)[0].set()
+    second = asyncio.create_task(commit.submit(1))
+    await asyncio.sleep(0.01)
+    assert staged.started == [[0], [1]]
+    assert commit._runner is not None
+    commit._runner.cancel()
+    for task in (first, second):
+        with pytest.raises(asyncio.CancelledError):
+            await task
