@@ -208,13 +208,10 @@ def kept_copy_figures(before: dict[str, float], after: dict[str, float]) -> dict
     refused = after.get("changed", 0.0) - before.get("changed", 0.0)
     # Batches that decided on a read the previous batch's commit carried (read_along).
     carried = after.get("read_used", 0.0) - before.get("read_used", 0.0)
-    # Batches decided while the commit before them was still out (pipelined admissions).
-    ahead = after.get("read_ahead", 0.0) - before.get("read_ahead", 0.0)
     return {
         "decided_on_kept_copy": took + refused,
         "view_changed": refused,
         "decided_on_carried_read": carried,
-        "decided_ahead": ahead,
     }
 
 
@@ -793,10 +790,6 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 # Scheduling cycles the closed loop caused (one replica's; none while every
                 # request is placed on admission).
                 "cycles": counts1.get("cycles", 0.0) - counts0.get("cycles", 0.0),
-                # Admission batches decided while the commit before them was still out.
-                "decided_ahead": counts1.get("read_ahead", 0.0) - counts0.get("read_ahead", 0.0),
-                "carried_reads": counts1.get("read_carried", 0.0)
-                - counts0.get("read_carried", 0.0),
             }
             floor_serial_lat: list[float] = []
             if sc.open_loop:
@@ -935,15 +928,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{c['nats_in_msgs_per_grant'] + c['nats_out_msgs_per_grant']:>8.1f}  {cpu}"
         )
         if r["replicas"] == 1:
-            lines.append(
-                f"  closed loop: {c['cycles']:.0f} scheduling cycles"
-                + (
-                    f", {c['carried_reads']:.0f} commits carrying a read,"
-                    f" {c['decided_ahead']:.0f} batches decided beside the one before"
-                    if "decided_ahead" in c
-                    else ""
-                )
-            )
+            lines.append(f"  closed loop: {c['cycles']:.0f} scheduling cycles")
         for k, v in r.get("open", {}).items():
             name = f"{k} {v['arrivals']}" if v.get("arrivals") == "poisson" else k
             lines.append(
@@ -954,7 +939,6 @@ def table(results: list[dict[str, Any]]) -> str:
                     f"  kept copy {v['decided_on_kept_copy']:.0f}/{v['granted']}"
                     f" ({v['view_changed']:.0f} changed)"
                     f"  batches on a carried read {v.get('decided_on_carried_read', 0):.0f}"
-                    f"  ahead {v.get('decided_ahead', 0):.0f}"
                     if "decided_on_kept_copy" in v
                     else ""
                 )

@@ -197,15 +197,10 @@ async def test_a_batch_that_arrived_during_a_commit_decides_on_the_read_it_carri
     trip, and so does every batch that followed another at once; the next batch decides on that
     read instead of one of its own, or of the kept copy. One request per batch here: every
     commit carries a read, every batch but the first uses one, and each job is granted a whole
-    device of its own. (One batch at a time: pipelined, the next batch is decided before the
-    read comes; the test below.)"""
+    device of its own."""
     specs = [device_spec("n1", i) for i in range(5)]
     assert (await ledger.register_node("n1", specs, 64_000, 256_000)).ok
-    deps = SchedulerDeps(
-        ledger=ledger,
-        settings=SchedulerSettings(pipeline_admissions=False),
-        config=ConfigSource(None),
-    )
+    deps = SchedulerDeps(ledger=ledger, settings=SchedulerSettings(), config=ConfigSource(None))
     deps.admissions.max_batch = 1
     deps.snapshots.note_change(True)  # the feed is up: a current kept copy comes second
     reads = deps.snapshots.reads
@@ -227,60 +222,6 @@ async def test_a_batch_that_arrived_during_a_commit_decides_on_the_read_it_carri
     [alone] = await asyncio.gather(deps.admissions.submit(_arrival("alone")))
     assert alone.outcome == "granted"
     assert (_carried(deps, "carried"), _carried(deps, "used")) == (4.0, 3.0)
-    assert await audit(ledger) == []
-
-
-async def test_a_batch_is_decided_while_the_one_before_commits(ledger: Ledger) -> None:
-    """Pipelined admissions: once a batch's commit (carrying a read) is out, the next batch is
-    decided beside it, on the pool of the last read with that commit's placements held in it,
-    so it never takes their room. One request per batch, five whole devices for four jobs:
-    every batch after the first is decided ahead, every job gets a device of its own, nothing
-    is refused for a view, no job waits and the ledger audit is clean."""
-    specs = [device_spec("n1", i) for i in range(5)]
-    assert (await ledger.register_node("n1", specs, 64_000, 256_000)).ok
-    deps = SchedulerDeps(ledger=ledger, settings=SchedulerSettings(), config=ConfigSource(None))
-    deps.admissions.max_batch = 1
-    deps.snapshots.note_change(True)
-    reads = deps.snapshots.reads
-    arrivals = [
-        Arrival(JobRequested(job_id=f"w{i}", tenant="t"), 500, AdmissionLimits(), {})
-        for i in range(4)
-    ]
-    results = await asyncio.gather(*(deps.admissions.submit(a) for a in arrivals))
-    assert all(r.ok and r.outcome == "granted" for r in results), results
-    leases = [await ledger.get_lease(r.lease_id) for r in results]
-    devices = [s.device_id for lease in leases if lease is not None for s in lease.slices]
-    assert len(devices) == len(set(devices)) == 4
-    assert (_carried(deps, "carried"), _carried(deps, "ahead")) == (4.0, 3.0)
-    assert _views(deps, "kept") + _views(deps, "changed") == 0.0
-    assert deps.snapshots.reads == reads + 1 + 4
-    # Every hold went with the read that brought its lease in: the pool is the ledger's.
-    _, _, pool = await deps.snapshots.read_pool(ledger, deps.config.current())
-    assert not [lease for lease in pool.leases if lease.startswith("reservation:")]
-    assert sorted(pool.leases) == sorted(r.lease_id for r in results)
-    assert await audit(ledger) == []
-
-
-async def test_a_batch_decided_ahead_of_a_full_pool_waits_and_is_decided_again(
-    ledger: Ledger,
-) -> None:
-    """The held placements count as taken: with two devices and three single-device jobs in
-    three pipelined batches, the third is decided ahead on a pool whose devices are both held
-    and waits (a cycle places it once a device is free), rather than being placed on a held
-    device and refused by the ledger."""
-    specs = [device_spec("n1", i) for i in range(2)]
-    assert (await ledger.register_node("n1", specs, 64_000, 256_000)).ok
-    deps = SchedulerDeps(ledger=ledger, settings=SchedulerSettings(), config=ConfigSource(None))
-    deps.admissions.max_batch = 1
-    deps.snapshots.note_change(True)
-    arrivals = [
-        Arrival(JobRequested(job_id=f"w{i}", tenant="t"), 500, AdmissionLimits(), {})
-        for i in range(3)
-    ]
-    results = await asyncio.gather(*(deps.admissions.submit(a) for a in arrivals))
-    assert [r.outcome for r in results] == ["granted", "granted", "pending"]
-    assert results[2].reason == ""  # not placed: nothing offered to the ledger to refuse
-    assert _carried(deps, "ahead") == 2.0
     assert await audit(ledger) == []
 
 

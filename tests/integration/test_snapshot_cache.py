@@ -31,7 +31,6 @@ from xpupool.ledger import (
 from xpupool.ledger.ledger import SCRIPTS, script_source
 from xpupool.placement.node_policies import NodeView
 from xpupool.scheduler.domain import (
-    LeaseState,
     PoolSnapshot,
     Reserve,
     SchedulerConfig,
@@ -795,97 +794,3 @@ async def test_an_announcement_of_a_change_the_read_saw_leaves_the_kept_pool_off
     assert await cache.kept_pool(config) is not None
     cache.note_change(True, 0)  # the feed came up again
     assert await cache.kept_pool(config) is None and cache.wants_read()
-
-
-def _with_holds(
-    snapshot: PoolSnapshot, config: SchedulerConfig, holds: list[LeaseState]
-) -> WorkingPool:
-    """A pool built from ``snapshot`` with ``holds`` charged to it: what the kept pool must be
-    while those reservations are on their way to the ledger."""
-    pool = WorkingPool(snapshot, config)
-    for state in holds:
-        pool.add_lease(state)
-    return pool
-
-
-@pytest.mark.parametrize("seed", [91, 92])
-async def test_held_reservations_stay_charged_through_refreshes_and_rebuilds(
-    ledger: Ledger, seed: int
-) -> None:
-    """Pipelined admissions hold a batch's reservations in the kept pool until the read its
-    commit carries (``deciding(keep=True)``). Whatever the ledger does meanwhile (someone
-    else's grants and ends, health changes and registrations that build the pool anew), each
-    read leaves the pool equal to a fresh one with the held reservations charged to it; the
-    read that comes with their commit gives them up, and the pool is the ledger's again."""
-    work, cache, config = Workload(ledger, seed), SnapshotCache(full_every=1_000), default_config()
-    rng = random.Random(seed)
-    await work.register()
-    _, _, pool = await cache.read_pool(ledger, config)
-    requests = [
-        JobRequested(job_id=f"held-{i}", tenant="t", count=rng.choice((1, 2))) for i in range(4)
-    ]
-    with cache.deciding(pool, keep=True) as settle:
-        decisions = settle(decide_batch(requests, pool, config))
-    held_ids = [f"reservation:{d.job_id}" for _, d in decisions if isinstance(d, Reserve)]
-    assert held_ids and all(cache.holds(h) for h in held_ids)
-    held = [pool.leases[h].state for h in held_ids]
-    builds = cache.pool_builds
-    for k in range(40):
-        step = await work.step()
-        snapshot, _, pool = await cache.read_pool(ledger, config)
-        assert _pool_state(pool) == _pool_state(_with_holds(snapshot, config, held)), f"{k}: {step}"
-    assert cache.pool_builds > builds  # some steps built the pool anew, holds and all
-
-    async def read_only(
-        cursor: ChangeCursor | None, max_records: int, known: Mapping[str, NodeRecord]
-    ) -> tuple[list[ScriptResult], LedgerChanges | None]:
-        return await ledger.admit_and_read([], cursor, max_records, known)
-
-    async def nothing(results: list[ScriptResult]) -> None:
-        return None
-
-    await work.step()
-    await cache.read_along(ledger, config, read_only, nothing, holds=held_ids)
-    assert not any(cache.holds(h) for h in held_ids)
-    recent = await cache.recent_pool(config)
-    assert recent is not None
-    snapshot, _, pool = recent
-    assert _pool_state(pool) == _pool_state(WorkingPool(snapshot, config))
-
-
-async def test_a_commit_out_offers_its_pool_ahead_until_holds_go_without_a_read(
-    ledger: Ledger,
-) -> None:
-    """``pool_ahead`` offers the kept pool, holds and all, only while a commit that carries a
-    read is out; once holds were given up without a read (the commit's read failed), the pool
-    lacks their grants and nothing is offered until the next read."""
-    work, cache, config = Workload(ledger, 93), SnapshotCache(), default_config()
-    await work.register()
-    _, _, pool = await cache.read_pool(ledger, config)
-    assert cache.pool_ahead(config) is None  # no commit out
-    with cache.deciding(pool, keep=True) as settle:
-        decisions = settle(decide_batch([JobRequested(job_id="h", tenant="t")], pool, config))
-    assert isinstance(decisions[0][1], Reserve)
-    offered: list[tuple[bool, bool]] = []  # a pool offered, the hold in it
-
-    async def without_read(
-        cursor: ChangeCursor | None, max_records: int, known: Mapping[str, NodeRecord]
-    ) -> tuple[str, LedgerChanges | None]:
-        ahead = cache.pool_ahead(config)
-        offered.append(
-            (ahead is not None, ahead is not None and "reservation:h" in ahead[2].leases)
-        )
-        return "committed", None
-
-    async def nothing(result: str) -> None:
-        return None
-
-    await cache.read_along(ledger, config, without_read, nothing, holds=["reservation:h"])
-    assert offered == [(True, True)]
-    assert "reservation:h" not in pool.leases and not cache.holds("reservation:h")
-    offered.clear()
-    await cache.read_along(ledger, config, without_read, nothing)
-    assert offered == [(False, False)]  # behind: the pool lacks what the first commit did
-    await cache.read_pool(ledger, config)
-    await cache.read_along(ledger, config, without_read, nothing)
-    assert offered == [(False, False), (True, False)]

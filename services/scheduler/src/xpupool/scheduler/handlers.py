@@ -181,10 +181,7 @@ class SchedulerDeps:
     direct: DirectOutbox = field(init=False)
 
     def __post_init__(self) -> None:
-        self.admissions = GroupCommit(
-            lambda batch: admit_arrivals(batch, self),
-            depth=2 if self.settings.pipeline_admissions else 1,
-        )
+        self.admissions = GroupCommit(lambda batch: admit_arrivals(batch, self))
         self.direct = DirectOutbox(self.ledger)
 
 
@@ -364,27 +361,16 @@ def _admissions(
 
 
 async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> list[ScriptResult]:
-    # Under load the commit carries the next batch's read, and its placements are held in the
-    # working pool until then: the next batch is decided beside this commit (``pool_ahead``).
-    along = _reads_along(deps)
-    placements, view = await place_on_arrival(arrivals, deps, ahead=along)
-    results = await _commit(
-        arrivals, _admissions(arrivals, placements, view), deps, along=along, holds=placements
-    )
+    placements, view = await place_on_arrival(arrivals, deps)
+    results = await _commit(arrivals, _admissions(arrivals, placements, view), deps)
     if view is not None:
         changed = any(r.reason == VIEW_CHANGED for r in results)
         deps.metrics.admission_view("changed" if changed else "kept")
         if changed:
             # Decided on a copy the ledger has moved past; nothing was written (not even the
             # admission): decided again, on a read, as any batch is.
-            placements, _ = await place_on_arrival(arrivals, deps, kept=False, ahead=along)
-            results = await _commit(
-                arrivals,
-                _admissions(arrivals, placements, None),
-                deps,
-                along=along,
-                holds=placements,
-            )
+            placements, _ = await place_on_arrival(arrivals, deps, kept=False)
+            results = await _commit(arrivals, _admissions(arrivals, placements, None), deps)
     waiting = False
     for arrival, result in zip(arrivals, results, strict=True):
         placed = placements.pop(arrival.request.job_id, None)
@@ -404,22 +390,15 @@ async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> l
 
 
 async def _commit(
-    arrivals: Sequence[Arrival],
-    admissions: Sequence[Admission],
-    deps: SchedulerDeps,
-    *,
-    along: bool,
-    holds: Iterable[str] = (),
+    arrivals: Sequence[Arrival], admissions: Sequence[Admission], deps: SchedulerDeps
 ) -> list[ScriptResult]:
     """Commit a batch's admissions and publish the grants they made.
 
-    Under load (``along``: more requests arrived meanwhile, or this batch followed another at
-    once: the next batch, which will place on arrival too, is on its way), the change log is
-    read in the same round trip, right after the admissions (``SnapshotCache.read_along``).
-    That batch then decides on it (``recent_pool``) instead of reading first: a round trip less
-    on the way of every batch under load. The read is applied after the grants are out. Once
-    the commit is sent, the next batch may be decided beside it (``GroupCommit.hand_off``), on
-    the pool where this batch's placements (``holds``, by job id) are held until that read."""
+    Under load (more requests arrived meanwhile, or this batch followed another at once: the
+    next batch, which will place on arrival too, is on its way), the change log is read in the
+    same round trip, right after the admissions (``SnapshotCache.read_along``). That batch then
+    decides on it (``recent_pool``) instead of reading first: a round trip less on the way of
+    every batch under load. The read is applied after the grants are out."""
 
     async def settle(results: list[ScriptResult]) -> None:
         for result in results:
@@ -430,8 +409,7 @@ async def _commit(
         # their requests) now, not after this batch's bookkeeping and whatever else is ready.
         await asyncio.sleep(0)
 
-    if not along:
-        # No hand-off: the next batch would decide on a pool that lacks this one's placements.
+    if not _reads_along(deps):
         results = await deps.ledger.admit_many(admissions)
         await settle(results)
         return results
@@ -439,18 +417,10 @@ async def _commit(
     async def commit(
         cursor: ChangeCursor | None, max_records: int, known: Mapping[str, NodeRecord]
     ) -> tuple[list[ScriptResult], LedgerChanges | None]:
-        pending = deps.ledger.admit_and_read(admissions, cursor, max_records, known)
-        deps.admissions.hand_off()
-        return await pending
+        return await deps.ledger.admit_and_read(admissions, cursor, max_records, known)
 
     deps.metrics.carried_read("carried")
-    return await deps.snapshots.read_along(
-        deps.ledger,
-        deps.config.current(),
-        commit,
-        settle,
-        holds=[f"reservation:{job_id}" for job_id in holds],
-    )
+    return await deps.snapshots.read_along(deps.ledger, deps.config.current(), commit, settle)
 
 
 def _reads_along(deps: SchedulerDeps) -> bool:
@@ -494,7 +464,7 @@ async def publish_grants(
 
 
 async def place_on_arrival(
-    arrivals: Sequence[Arrival], deps: SchedulerDeps, *, kept: bool = True, ahead: bool = False
+    arrivals: Sequence[Arrival], deps: SchedulerDeps, *, kept: bool = True
 ) -> tuple[dict[str, tuple[Reserve, Reservation]], ChangeCursor | None]:
     """Where each new request would go now, by job id, for those that fit: decided together
     on the cycles' snapshot by the same ``decide_batch`` a cycle runs, as if they were all that
@@ -512,38 +482,21 @@ async def place_on_arrival(
     own, without a view to check: at that rate a release between the read and the commit is
     likely, and the check would refuse the placement); a batch reads for itself when there is
     neither.
-
-    With ``ahead`` (the commit will carry a read: ``_commit``), the placements stay held in the
-    pool until that read, and while the commit before this batch is still out, the batch is
-    decided on the pool of the last read with that commit's placements held in it
-    (``SnapshotCache.pool_ahead``) instead of waiting for it: the two overlap. A job whose
-    placement is held for a commit on its way (a duplicate request) is not decided again.
     """
     settings = deps.settings
     if not _places_on_arrival(deps):
         return {}, None
     view = None
-    snapshots = deps.snapshots
     try:
         config = deps.config.current()
-        unique = {
-            a.request.job_id: a.request
-            for a in arrivals
-            if not snapshots.holds(f"reservation:{a.request.job_id}")
-        }
-        if not unique:
-            return {}, None
-        # Under load, the pool ahead of the commit out (its placements held), or the read the
-        # last commit carried (a view check would refuse what a release meanwhile made stale);
-        # else, for a lone arrival, the kept copy; else a read.
-        keep = ahead and settings.pipeline_admissions
-        recent = snapshots.pool_ahead(config) if keep and kept else None
-        if recent is not None:
-            deps.metrics.carried_read("ahead")
-        elif kept and settings.decide_on_kept_copy:
-            recent = await snapshots.recent_pool(config)
-            if recent is not None:
-                deps.metrics.carried_read("used")
+        unique = {a.request.job_id: a.request for a in arrivals}
+        # Under load, the read the last commit carried (a view check would refuse what a
+        # release meanwhile made stale); else, for a lone arrival, the kept copy; else a read.
+        recent = (
+            await deps.snapshots.recent_pool(config)
+            if kept and settings.decide_on_kept_copy
+            else None
+        )
         copy = (
             await deps.snapshots.kept_pool(config)
             if recent is None and kept and len(unique) == 1 and settings.decide_on_kept_copy
@@ -551,12 +504,13 @@ async def place_on_arrival(
         )
         if recent is not None:
             _, now_ms, pool = recent
+            deps.metrics.carried_read("used")
         elif copy is not None:
             _, now_ms, pool, view = copy
         else:
             _, now_ms, pool = await deps.snapshots.read_pool(deps.ledger, config)
         pending = [PendingRequest(request, now_ms / 1000) for request in unique.values()]
-        decisions = _decide(deps, pending, pool, config, growable=deps.growable[1], keep=keep)
+        decisions = _decide(deps, pending, pool, config, growable=deps.growable[1])
         memory_total = device_memory(pool, (d for _, d in decisions))
     except Exception as error:  # noqa: BLE001  (the cycle decides them instead)
         get_logger().warning("placement_on_admission_failed", error=repr(error))
@@ -814,14 +768,12 @@ def _decide(
     *,
     incoming: frozenset[str] = frozenset(),
     growable: Sequence[NodeState] = (),
-    keep: bool = False,
 ) -> list[tuple[str, Decision]]:
     """``decide_batch`` with the scheduler's policies on the pool the snapshot cache keeps, the
-    batch's decisions taken back out of it afterwards, or with ``keep`` held there until their
-    commit's read (``SnapshotCache.deciding``)."""
+    batch's decisions taken back out of it afterwards (``SnapshotCache.deciding``)."""
     # The learned default (kept across cycles) takes the classic ``xpupool`` policy's place.
     registry = deps.default_policy.cycle_registry(config.placement, deps.extra_policies)
-    with deps.snapshots.deciding(pool, keep=keep) as settle:
+    with deps.snapshots.deciding(pool) as settle:
         return settle(
             decide_batch(
                 pending,

@@ -20,9 +20,8 @@ outbox and usage series, so no series is exported by two services.
   ledger kept from the last read and admitted so (``kept``), and those the ledger refused
   because it had changed since (``changed``; decided again on a read);
 - ``xpupool_scheduler_carried_reads_total{step}``: change-log reads a batch's commit carried in
-  its round trip because more requests had arrived meanwhile (``carried``), the batches that
-  decided on such a read instead of reading themselves (``used``), and those decided while the
-  commit before them was still out, on its pool with its placements held (``ahead``);
+  its round trip because more requests had arrived meanwhile (``carried``), and the batches that
+  decided on such a read instead of reading themselves (``used``);
 - ``xpupool_scheduler_submit_to_grant_seconds``: histogram from a request's admission to its
   committed reservation; ``xpupool_scheduler_cycle_duration_seconds``: one cycle.
 
@@ -274,8 +273,8 @@ class SchedulerMetrics:
         )
         self.carried_reads = Counter(
             "xpupool_scheduler_carried_reads",
-            "Change-log reads a commit carried for the next batch (carried), the batches "
-            "that decided on one (used), and those decided beside the commit before (ahead)",
+            "Change-log reads a commit carried for the next batch (carried), and the batches "
+            "that decided on one (used)",
             ("step",),
             registry=r,
         )
@@ -296,7 +295,7 @@ class SchedulerMetrics:
             self.rejections.labels(reason.value)
         for view in ("kept", "changed"):
             self.admission_views.labels(view)
-        for step in ("carried", "used", "ahead"):
+        for step in ("carried", "used"):
             self.carried_reads.labels(step)
         self._queues: set[str] = set()
 
@@ -327,8 +326,7 @@ class SchedulerMetrics:
         self.admission_views.labels(view).inc()
 
     def carried_read(self, step: str) -> None:
-        """Count a change-log read a commit carried (``carried``) or a batch used (``used``),
-        or a batch decided beside the commit before it (``ahead``)."""
+        """Count a change-log read a commit carried (``carried``) or a batch used (``used``)."""
         self.carried_reads.labels(step).inc()
 
     def granted(self, queue: str, waited_s: float) -> None:

@@ -35,10 +35,6 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     # reading first, while the ledger's change feed announced nothing since; the ledger checks
     # that it still shows that view when it grants. Off: every admission reads the change log.
     decide_on_kept_copy: bool = True
-    # Under load, decide the next batch of arrivals while the ledger commits this one, on the
-    # pool with this batch's placements held in it (the ledger re-checks every placement). Off:
-    # one batch at a time, each decided once the one before is committed and read back.
-    pipeline_admissions: bool = True
     # How long a reservation waits for the lease-manager before the ledger takes it back.
     reservation_hold_s: float = 60.0
     # Pending requests are retried on every capacity event and at least this often.

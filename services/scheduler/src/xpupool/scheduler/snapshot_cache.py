@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from bisect import bisect_left
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
@@ -64,10 +64,6 @@ RECENT_READ_S = 0.005
 """How old a read carried by a commit (``SnapshotCache.read_along``) may be for the next batch
 to decide on it instead of reading: that batch arrived while the commit was out and starts as
 soon as it is done, so its read is a millisecond or two old; older, the batch reads for itself."""
-
-AHEAD_READ_S = 0.1
-"""How old the last read may be for a batch to be decided ahead, while the commit before it is
-out (``SnapshotCache.pool_ahead``): one batch's commit and publishing, under load."""
 
 Committed = TypeVar("Committed")
 
@@ -153,13 +149,6 @@ class SnapshotCache:
         """How many reads there were (full or not)."""
         self.changed = asyncio.Event()
         """Set on every announced change (``keep_warm`` reads then, when nothing else is)."""
-        # Reservations decided and on their way to the ledger, by hold id (``reservation:<job>``),
-        # kept in the working pool until the read that brings their leases in (``hold``); how
-        # many commits that carry a read are out (``read_along``); and whether holds were given
-        # up without such a read since the last one (the pool then lacks their grants).
-        self._holds: dict[str, LeaseState] = {}
-        self._reads_out = 0
-        self._behind = False
 
     def invalidate(self) -> None:
         """Make the next read a full one."""
@@ -290,7 +279,6 @@ class SnapshotCache:
         whatever they do not carry."""
         started = start.started
         self._recent_at = None
-        self._behind = False
         if changes.complete:
             node_ids = set(changes.nodes)
             for device_id in changes.devices:
@@ -372,13 +360,9 @@ class SnapshotCache:
 
     def _pool_of(self, snapshot: PoolSnapshot, config: SchedulerConfig) -> WorkingPool:
         """The working pool of the snapshot just read: the kept one refreshed with what changed,
-        or one built anew; with the reservations still on their way to the ledger (``hold``)
-        charged to it again."""
+        or one built anew."""
         pool = self._pool
         nodes, leases = self._pending_nodes, self._pending_leases
-        # A refresh takes a changed node's counters from the ledger, which does not count the
-        # holds yet: those on changed nodes are given back first and charged again after.
-        lifted = self._lift_holds(pool, nodes)
         if (
             pool is None
             or nodes is None
@@ -387,74 +371,8 @@ class SnapshotCache:
         ):
             pool = self._pool = WorkingPool(snapshot, config)
             self.pool_builds += 1
-            lifted = list(self._holds.values())
-        for state in lifted:
-            pool.add_lease(state)
         self._pending_nodes, self._pending_leases = {}, {}
         return pool
-
-    def _lift_holds(
-        self, pool: WorkingPool | None, nodes: Mapping[str, NodeState | None] | None
-    ) -> list[LeaseState]:
-        """Give back the holds on the changed ``nodes`` (all of them for None) from ``pool``."""
-        if pool is None or not self._holds:
-            return []
-        changed = (
-            None if nodes is None else {pool.node_index[n] for n in nodes if n in pool.node_index}
-        )
-        lifted = []
-        for hold_id, state in self._holds.items():
-            held = pool.leases.get(hold_id)
-            if held is None:
-                continue
-            if changed is None or not changed.isdisjoint(held.nodes):
-                pool.release(hold_id)
-                lifted.append(state)
-        return lifted
-
-    def hold(self, pool: WorkingPool, hold_ids: Iterable[str]) -> None:
-        """Keep these reservations, made on ``pool`` by a batch whose commit carries a read
-        (``read_along``), in the pool until that read brings their leases in: the next batch,
-        decided while this one commits (``pool_ahead``), must not take the same room."""
-        if pool is not self._pool:
-            return
-        for hold_id in hold_ids:
-            held = pool.leases.get(hold_id)
-            if held is not None:
-                self._holds[hold_id] = held.state
-
-    def holds(self, hold_id: str) -> bool:
-        """Whether this reservation is held for a commit on its way."""
-        return hold_id in self._holds
-
-    def _drop_holds(self, hold_ids: Iterable[str], *, read: bool) -> None:
-        """These holds' commit is done: they are given back to the pool. With ``read``, the
-        read that commit carried is applied next and brings their leases in; without, the pool
-        lacks their grants until the next read."""
-        pool = self._pool
-        dropped = False
-        for hold_id in hold_ids:
-            if self._holds.pop(hold_id, None) is None:
-                continue
-            dropped = True
-            if pool is not None:
-                pool.release(hold_id)
-        if dropped and not read:
-            self._behind = True
-            self._recent_at = None
-
-    def pool_ahead(
-        self, config: SchedulerConfig, max_age_s: float = AHEAD_READ_S
-    ) -> tuple[PoolSnapshot, int, WorkingPool] | None:
-        """While a commit that carries a read is out (``read_along``), the working pool of the
-        last read with every reservation on its way held in it: what the next batch decides on
-        without waiting for that commit (the ledger re-checks every placement it takes). None
-        when no such commit is out, the pool lacks a grant (holds given up without a read), or
-        the last read is older than ``max_age_s``. Takes no lock: it is the one the commit
-        holds, and the pool is changed only between awaits."""
-        if not self._reads_out or self._behind or self.since_read_s() > max_age_s:
-            return None
-        return self._pool_as_read(config)
 
     async def read_along(
         self,
@@ -465,7 +383,6 @@ class SnapshotCache:
             Awaitable[tuple[Committed, LedgerChanges | None]],
         ],
         after: Callable[[Committed], Awaitable[None]],
-        holds: Sequence[str] = (),
     ) -> Committed:
         """A read that rides on a commit's round trip (``Ledger.admit_and_read``): ``commit``
         is given the cursor, ``max_records`` and the known nodes to read with, and answers its
@@ -473,38 +390,25 @@ class SnapshotCache:
         stays as it was). ``after`` runs on the result before the read is applied, so what the
         commit must do next (publish its grants) does not wait for it. The pool read this way
         is kept for the next batch of arrivals (``recent_pool``). A failure to apply the read
-        is logged, not raised: the commit stands, and the next batch reads on its own.
-
-        ``holds``: the commit's own reservations, held in the pool (``hold``) until its read is
-        applied; while it is out, the next batch may decide on the pool (``pool_ahead``)."""
+        is logged, not raised: the commit stands, and the next batch reads on its own."""
         async with self._lock:
             start = self._begin_read()
-            self._reads_out += 1
             try:
-                try:
-                    result, changes = await commit(start.cursor, self.max_records, self._records)
-                except BaseException:
-                    self._abandon_read(start)
-                    raise
-                if changes is None:
-                    self._abandon_read(start)
-                try:
-                    await after(result)
-                finally:
-                    if changes is not None:
-                        await self._apply_read_along(ledger, config, start, changes, holds)
+                result, changes = await commit(start.cursor, self.max_records, self._records)
+            except BaseException:
+                self._abandon_read(start)
+                raise
+            if changes is None:
+                self._abandon_read(start)
+            try:
+                await after(result)
             finally:
-                self._reads_out -= 1
-                self._drop_holds(holds, read=False)  # only those the read did not take
+                if changes is not None:
+                    await self._apply_read_along(ledger, config, start, changes)
         return result
 
     async def _apply_read_along(
-        self,
-        ledger: Ledger,
-        config: SchedulerConfig,
-        start: _ReadStart,
-        changes: LedgerChanges,
-        holds: Sequence[str],
+        self, ledger: Ledger, config: SchedulerConfig, start: _ReadStart, changes: LedgerChanges
     ) -> None:
         try:
             snapshot, _ = await self._finish_read(ledger, start, changes)
@@ -512,9 +416,6 @@ class SnapshotCache:
             self._abandon_read(start)
             get_logger().warning("snapshot_read_along_failed", error=repr(error))
             return
-        # The read brings the holds' leases in (or shows they were refused): they go now, in
-        # the same step as the pool takes the read.
-        self._drop_holds(holds, read=True)
         self._pool_of(snapshot, config)
         self._recent_at = time.monotonic()
 
@@ -533,12 +434,11 @@ class SnapshotCache:
 
     @contextmanager
     def deciding(
-        self, pool: WorkingPool, *, keep: bool = False
+        self, pool: WorkingPool
     ) -> Iterator[Callable[[list[tuple[str, Decision]]], list[tuple[str, Decision]]]]:
         """Around a batch of decisions on ``pool`` (from ``read_pool``): the function it gives
         takes the batch's decisions back out of the pool (each Reserve's reservation) and
-        returns them, or with ``keep`` holds them there (``hold``) until the read their commit
-        carries. The pool is shared, so this happens before the next await. A pool that
+        returns them. The pool is shared, so this happens before the next await. A pool that
         preempted (victims released, not restorable from here), or whose batch failed midway,
         is dropped instead, and the next ``read_pool`` builds one anew."""
         settled = False
@@ -552,15 +452,9 @@ class SnapshotCache:
                 if isinstance(decision, Preempt):
                     self._pool = None
                     return decisions
-            reserved = [
-                f"reservation:{decision.job_id}"
-                for _, decision in decisions
-                if isinstance(decision, Reserve)
-            ]
-            if keep:
-                self.hold(pool, reserved)
-            else:
-                pool.release_many(reserved)
+            for _, decision in decisions:
+                if isinstance(decision, Reserve):
+                    pool.release(f"reservation:{decision.job_id}")
             return decisions
 
         try:
