@@ -22,6 +22,7 @@ from xpupool.ledger.ledger import (
     SliceMeta,
     TakenSlice,
     UsageClaim,
+    WaitingJobs,
     new_lease_secret,
     open_ledger,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "FairShareView",
     "HostClaim",
     "JobRecord",
+    "WaitingJobs",
     "Ledger",
     "LeaseRecord",
     "LedgerChanges",

@@ -96,12 +96,14 @@ from xpupool.scheduler.domain import (
     Reject,
     Reserve,
     SchedulerConfig,
+    TimedOut,
     Wait,
     WorkingPool,
     current_usage,
     decide_batch,
     update_history,
 )
+from xpupool.scheduler.domain.passing import WaitingJudgement
 from xpupool.scheduler.incoming import IncomingCapacity
 from xpupool.scheduler.metrics import SchedulerMetrics, queue_rows
 from xpupool.scheduler.settings import SchedulerSettings
@@ -173,8 +175,10 @@ class SchedulerDeps:
     growable: tuple[list[PoolShape], tuple[NodeState, ...]] = ([], ())
     metrics: SchedulerMetrics = field(default_factory=SchedulerMetrics)
     # How many requests the last cycle found pending (the cycle lock is kept while there are;
-    # placement on admission waits until a cycle finds none).
+    # placement on admission waits until a cycle finds none, but for what ``waiting`` allows).
     last_pending: int = 0
+    # What the jobs the last cycle left waiting could use (None: not judged, nothing passes).
+    waiting: WaitingJudgement | None = None
     # Arrivals admitted in batches (``admit_arrivals``).
     admissions: GroupCommit[Arrival, ScriptResult] = field(init=False)
     # Grants made on admission, published by the scheduler itself (``publish_grants``).
@@ -338,11 +342,19 @@ async def admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> li
         return await _admit_arrivals(arrivals, deps)
 
 
-def _admissions(
-    arrivals: Sequence[Arrival],
-    placements: Mapping[str, tuple[Reserve, Reservation]],
-    view: ChangeCursor | None,
-) -> list[Admission]:
+@dataclass
+class Placements:
+    """Where new requests go on arrival (``place_on_arrival``), by job id; the view they were
+    decided on, for a lone arrival decided on the kept copy; and the pending sequence at which
+    they were judged to take nothing a waiting job could use, when jobs wait."""
+
+    by_job: dict[str, tuple[Reserve, Reservation]] = field(default_factory=dict)
+    view: ChangeCursor | None = None
+    waiting_seq: int | None = None
+
+
+def _admissions(arrivals: Sequence[Arrival], placements: Placements) -> list[Admission]:
+    by_job, view = placements.by_job, placements.view
     return [
         Admission(
             a.request.job_id,
@@ -353,40 +365,54 @@ def _admissions(
             tenant=a.request.tenant or "",
             limits=a.limits,
             trace=a.trace,
-            placement=placements[a.request.job_id][1] if a.request.job_id in placements else None,
-            placement_view=view if a.request.job_id in placements else None,
+            placement=by_job[a.request.job_id][1] if a.request.job_id in by_job else None,
+            placement_view=view if a.request.job_id in by_job else None,
+            waiting_seq=placements.waiting_seq if a.request.job_id in by_job else None,
         )
         for a in arrivals
     ]
 
 
 async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> list[ScriptResult]:
-    placements, view = await place_on_arrival(arrivals, deps)
-    results = await _commit(arrivals, _admissions(arrivals, placements, view), deps)
-    if view is not None:
+    placements = await place_on_arrival(arrivals, deps)
+    results = await _commit(arrivals, _admissions(arrivals, placements), deps)
+    if placements.view is not None:
         changed = any(r.reason == VIEW_CHANGED for r in results)
         deps.metrics.admission_view("changed" if changed else "kept")
         if changed:
             # Decided on a copy the ledger has moved past; nothing was written (not even the
             # admission): decided again, on a read, as any batch is.
-            placements, _ = await place_on_arrival(arrivals, deps, kept=False)
-            results = await _commit(arrivals, _admissions(arrivals, placements, None), deps)
+            placements = await place_on_arrival(arrivals, deps, kept=False)
+            results = await _commit(arrivals, _admissions(arrivals, placements), deps)
     waiting = False
     for arrival, result in zip(arrivals, results, strict=True):
-        placed = placements.pop(arrival.request.job_id, None)
+        placed = placements.by_job.pop(arrival.request.job_id, None)
         granted = result.ok and result.outcome == "granted"
         if placed is not None:
             decision = placed[0]
             if granted:
                 deps.metrics.granted(decision.queue, 0.0)
+            if placements.waiting_seq is not None:
+                deps.metrics.waiting_pass("placed" if granted else "refused")
             # A placement the ledger did not take is a refused commit: the job waits instead.
             committed = result if granted else ScriptResult(ok=False, reason=result.reason)
             record_decision(arrival.request, decision, committed, arrival.trace, "admission")
-        waiting = waiting or (result.ok and not granted)
+        if result.ok and result.outcome == "pending":
+            waiting = True
+            _note_wait(deps, arrival.request, result)
     if waiting:
         deps.last_pending = max(deps.last_pending, 1)
         deps.wake.set()
     return results
+
+
+def _note_wait(deps: SchedulerDeps, request: JobRequested, result: ScriptResult) -> None:
+    """A new job started waiting: the judgement of what waiting jobs could use takes it in
+    when its wait came right after the judged ones (nobody else's in between); otherwise it is
+    dropped until a cycle reads the queue again."""
+    judged = deps.waiting
+    if judged is not None:
+        deps.waiting = judged.extended(request, result.pending_seq)
 
 
 async def _commit(
@@ -436,10 +462,15 @@ def _reads_along(deps: SchedulerDeps) -> bool:
 
 
 def _places_on_arrival(deps: SchedulerDeps) -> bool:
-    """Whether new requests are placed as they are admitted: it is on, and no job waits (the
-    ledger would queue them behind it anyway)."""
+    """Whether new requests are placed as they are admitted: it is on, and no job waits, or
+    the last cycle judged what the waiting jobs could use (``WaitingJudgement``: a new request
+    is placed only where none of them could go; the ledger queues the others behind them)."""
     settings = deps.settings
-    return settings.place_on_admission and settings.grant_at_reserve and not deps.last_pending
+    return (
+        settings.place_on_admission
+        and settings.grant_at_reserve
+        and (not deps.last_pending or (settings.pass_waiting_jobs and deps.waiting is not None))
+    )
 
 
 async def publish_grants(
@@ -465,11 +496,13 @@ async def publish_grants(
 
 async def place_on_arrival(
     arrivals: Sequence[Arrival], deps: SchedulerDeps, *, kept: bool = True
-) -> tuple[dict[str, tuple[Reserve, Reservation]], ChangeCursor | None]:
+) -> Placements:
     """Where each new request would go now, by job id, for those that fit: decided together
     on the cycles' snapshot by the same ``decide_batch`` a cycle runs, as if they were all that
-    waits. Nothing is decided while jobs wait (the ledger would queue these behind them anyway)
-    or when placement on admission is off; a failure here only leaves the requests to a cycle.
+    waits. While jobs wait, only a placement that takes nothing any of them could use is kept
+    (``WaitingJudgement``, judged at a pending sequence the ledger checks); without such a
+    judgement nothing is decided (the ledger would queue these behind them anyway), nor when
+    placement on admission is off; a failure here only leaves the requests to a cycle.
 
     A lone arrival is decided on the kept copy without reading the ledger first when the change
     feed announced nothing since the last read (``SnapshotCache.kept_pool``; not with
@@ -485,7 +518,8 @@ async def place_on_arrival(
     """
     settings = deps.settings
     if not _places_on_arrival(deps):
-        return {}, None
+        return Placements()
+    judged = deps.waiting if deps.last_pending else None
     view = None
     try:
         config = deps.config.current()
@@ -514,7 +548,13 @@ async def place_on_arrival(
         memory_total = device_memory(pool, (d for _, d in decisions))
     except Exception as error:  # noqa: BLE001  (the cycle decides them instead)
         get_logger().warning("placement_on_admission_failed", error=repr(error))
-        return {}, None
+        return Placements()
+    reserves = [(job_id, d) for job_id, d in decisions if isinstance(d, Reserve)]
+    if judged is not None:
+        passing = [(job_id, d) for job_id, d in reserves if judged.may_pass(d, pool, config)]
+        for _ in range(len(reserves) - len(passing)):
+            deps.metrics.waiting_pass("contested")
+        reserves = passing
     placements = {
         job_id: (
             decision,
@@ -527,10 +567,9 @@ async def place_on_arrival(
                 new_lease_secret(),
             ),
         )
-        for job_id, decision in decisions
-        if isinstance(decision, Reserve)
+        for job_id, decision in reserves
     }
-    return placements, view
+    return Placements(placements, view, None if judged is None else judged.seq)
 
 
 _CANCEL_ERRORS: Final = {e.value: e for e in CancelError}
@@ -791,8 +830,9 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
     """Decide every pending request against one ledger snapshot and commit the outcomes."""
     ledger = deps.ledger
     started = time.perf_counter()
-    jobs = await ledger.pending_jobs(deps.settings.batch_limit, time_out_first=True)
+    seq, jobs, complete = await ledger.waiting(deps.settings.batch_limit, time_out_first=True)
     deps.last_pending = len(jobs)
+    deps.waiting = None
     if not jobs:
         deps.metrics.observe_queues(())
         return []
@@ -804,12 +844,19 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
         links=lambda: links_to([job.trace for _, job in jobs]),
         attributes={"xpupool.pending": len(jobs)},
     ):
-        return await _decide_and_commit(deps, jobs, started)
+        events, config, left = await _decide_and_commit(deps, jobs, started)
+    # Every job that waits was read (a cycle that read only the queue's first ``limit`` may
+    # have left others unread): new requests may pass them where none of them could go.
+    if complete:
+        deps.waiting = WaitingJudgement(seq, config, left)
+    return events
 
 
 async def _decide_and_commit(
     deps: SchedulerDeps, jobs: list[tuple[bytes | str, JobRecord]], started: float
-) -> Sequence[msgspec.Struct]:
+) -> tuple[Sequence[msgspec.Struct], SchedulerConfig, list[JobRequested]]:
+    """Decide the pending ``jobs`` and commit the outcomes: the events to publish, the config
+    the cycle decided with and the requests of the jobs it left waiting."""
     ledger, log = deps.ledger, get_logger()
     config = deps.config.current()
     # The working pool is kept across cycles and admission batches (``SnapshotCache``).
@@ -928,7 +975,14 @@ async def _decide_and_commit(
         commit_s=round(time.perf_counter() - decided, 4),
     )
     deps.metrics.cycle_seconds.observe(time.perf_counter() - started)
-    return events
+    done = {
+        job_id
+        for job_id, decision in decisions
+        if isinstance(decision, Reject | TimedOut)
+        or (isinstance(decision, Reserve) and committed[job_id].ok)
+    }
+    left = [request for job_id, (_, request) in records.items() if job_id not in done]
+    return events, config, left
 
 
 async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgspec.Struct]:

@@ -22,6 +22,10 @@ outbox and usage series, so no series is exported by two services.
 - ``xpupool_scheduler_carried_reads_total{step}``: change-log reads a batch's commit carried in
   its round trip because more requests had arrived meanwhile (``carried``), and the batches that
   decided on such a read instead of reading themselves (``used``);
+- ``xpupool_scheduler_waiting_passes_total{outcome}``: new requests decided on arrival while
+  jobs waited: placed past them (``placed``: nothing any of them could use), left to wait
+  because what they would take a waiting job could use (``contested``), or refused by the
+  ledger because a job started waiting since the judgement (``refused``, or no room by then);
 - ``xpupool_scheduler_submit_to_grant_seconds``: histogram from a request's admission to its
   committed reservation; ``xpupool_scheduler_cycle_duration_seconds``: one cycle.
 
@@ -278,6 +282,14 @@ class SchedulerMetrics:
             ("step",),
             registry=r,
         )
+        self.waiting_passes = Counter(
+            "xpupool_scheduler_waiting_passes",
+            "New requests decided on arrival while jobs waited: placed past them (placed), "
+            "left to wait for taking what a waiting job could use (contested), refused by the "
+            "ledger (refused)",
+            ("outcome",),
+            registry=r,
+        )
         self.grant_latency = Histogram(
             "xpupool_scheduler_submit_to_grant_seconds",
             "From a request's admission to its committed reservation",
@@ -297,6 +309,8 @@ class SchedulerMetrics:
             self.admission_views.labels(view)
         for step in ("carried", "used"):
             self.carried_reads.labels(step)
+        for outcome in ("placed", "contested", "refused"):
+            self.waiting_passes.labels(outcome)
         self._queues: set[str] = set()
 
     async def observe_pool(self, snapshot: PoolSnapshot) -> None:
@@ -328,6 +342,10 @@ class SchedulerMetrics:
     def carried_read(self, step: str) -> None:
         """Count a change-log read a commit carried (``carried``) or a batch used (``used``)."""
         self.carried_reads.labels(step).inc()
+
+    def waiting_pass(self, outcome: str) -> None:
+        """Count a new request decided on arrival while jobs waited, by ``outcome``."""
+        self.waiting_passes.labels(outcome).inc()
 
     def granted(self, queue: str, waited_s: float) -> None:
         """Count one committed reservation and how long its request waited for it. A queue
