@@ -220,10 +220,10 @@ def kept_copy_figures(before: dict[str, float], after: dict[str, float]) -> dict
 
 def passes(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """New requests decided on arrival while jobs waited, between two scrapes: placed past
-    them, left to wait (a waiting job could use what they would take), refused by the ledger."""
+    them, batches left to a cycle (a waiting job would be placed now), refused by the ledger."""
     return {
         f"passed_{outcome}": after.get(f"pass_{outcome}", 0.0) - before.get(f"pass_{outcome}", 0.0)
-        for outcome in ("placed", "contested", "refused")
+        for outcome in ("placed", "held_back", "refused")
     }
 
 
@@ -931,12 +931,15 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
 
 def _passes_text(figures: dict[str, Any]) -> str:
     """Arrivals decided while jobs waited (``passes``), when there were any."""
-    placed, contested, refused = (
-        figures.get(f"passed_{o}", 0.0) for o in ("placed", "contested", "refused")
+    placed, held_back, refused = (
+        figures.get(f"passed_{o}", 0.0) for o in ("placed", "held_back", "refused")
     )
-    if not (placed or contested or refused):
+    if not (placed or held_back or refused):
         return ""
-    return f"  past waiting jobs {placed:.0f} ({contested:.0f} contested, {refused:.0f} refused)"
+    return (
+        f"  past waiting jobs {placed:.0f}"
+        f" ({held_back:.0f} batches held back, {refused:.0f} refused)"
+    )
 
 
 def table(results: list[dict[str, Any]]) -> str:

@@ -55,26 +55,44 @@ async def _two_models(ledger: Ledger) -> SchedulerDeps:
     [gang] = await admit_arrivals([_arrival("gang", "A100", count=2)], deps)
     assert gang.outcome == "pending" and deps.last_pending
     await schedule_cycle(deps)
-    assert deps.waiting is not None and [r.job_id for r in deps.waiting.requests] == ["gang"]
+    assert deps.waiting is not None
+    assert [p.request.job_id for p in deps.waiting.waiting] == ["gang"]
     return deps
 
 
-async def test_an_arrival_no_waiting_job_could_use_passes_them(ledger: Ledger) -> None:
-    """A T4 job is granted on arrival while the A100 gang waits; an A100 job, though a device
-    is free for it, waits behind the gang (the gang could use that node) and joins the
-    judgement, so the next T4 job still passes both."""
+async def test_arrivals_are_placed_past_a_gang_that_still_waits(ledger: Ledger) -> None:
+    """While the A100 gang waits (it cannot fit: one of the two A100s is held), arrivals are
+    decided after it, as a cycle would, and placed at once: a T4 job and an A100 job, the
+    latter on the A100 the gang cannot use yet. Nothing else is left pending."""
     deps = await _two_models(ledger)
     [t4] = await admit_arrivals([_arrival("t4", "T4")], deps)
     assert t4.ok and t4.outcome == "granted", t4
     [a100] = await admit_arrivals([_arrival("a100", "A100")], deps)
-    assert a100.outcome == "pending" and a100.reason == ""  # not even offered to the ledger
+    assert a100.outcome == "granted", a100
+    lease = await ledger.get_lease(a100.lease_id)
+    assert lease is not None and [s.device_id for s in lease.slices] == ["a/gpu1"]
+    assert _passes(deps, "placed") == 2.0
+    assert [job.job_id for _, job in await ledger.pending_jobs()] == ["gang"]
+    assert await audit(ledger) == []
+
+
+async def test_a_gang_that_would_now_fit_holds_arrivals_back_for_its_cycle(
+    ledger: Ledger,
+) -> None:
+    """The held A100 is released: the gang would now fit, so an arrival is not placed (it
+    waits, and joins the jobs arrivals are decided with); the cycle it wakes grants the gang
+    first, then the arrival on what is left."""
+    deps = await _two_models(ledger)
+    assert (await ledger.end("lease-held", "released")).ok
+    deps.snapshots.invalidate()  # no change feed here: the next read sees the release
+    [t4] = await admit_arrivals([_arrival("t4", "T4")], deps)
+    assert t4.outcome == "pending" and t4.reason == "", t4
+    assert _passes(deps, "held_back") == 1.0 and deps.wake.is_set()
     assert deps.waiting is not None
-    assert [r.job_id for r in deps.waiting.requests] == ["gang", "a100"]
-    [again] = await admit_arrivals([_arrival("t4-again", "T4")], deps)
-    assert again.outcome == "granted", again
-    assert (_passes(deps, "placed"), _passes(deps, "contested")) == (2.0, 1.0)
-    pending = [job.job_id for _, job in await ledger.pending_jobs()]
-    assert pending == ["gang", "a100"]
+    assert [p.request.job_id for p in deps.waiting.waiting] == ["gang", "t4"]
+    await schedule_cycle(deps)
+    assert await ledger.pending_jobs() == []
+    assert deps.waiting is not None and deps.waiting.waiting == ()
     assert await audit(ledger) == []
 
 
@@ -94,9 +112,8 @@ async def test_a_job_that_started_waiting_unseen_is_never_overtaken(ledger: Ledg
     pending = [job.job_id for _, job in await ledger.pending_jobs()]
     assert pending == ["gang", "unseen", "late"]
     # A cycle reads the queue again and places what fits, in order: the two T4s go to
-    # "unseen" (a gang of two T4s, first in line), "late" waits behind it, the gang still
-    # waits; a new T4 request finds nothing free, an A100 request is contested.
+    # "unseen" (a gang of two T4s, first in line); the gang and "late" still wait.
     await schedule_cycle(deps)
     assert deps.waiting is not None
-    assert sorted(r.job_id for r in deps.waiting.requests) == ["gang", "late"]
+    assert sorted(p.request.job_id for p in deps.waiting.waiting) == ["gang", "late"]
     assert await audit(ledger) == []

@@ -1,126 +1,121 @@
-"""Placing a new request past waiting jobs (``domain.passing``): only where none could go."""
+"""Placing new requests on arrival while jobs wait (``domain.passing``): as a cycle would."""
 
 from __future__ import annotations
 
-from domain_builders import job, node, snapshot
+from domain_builders import job, lease, node, snapshot
 
 from xpupool.contracts.payloads import GangSpec
 from xpupool.scheduler.domain import (
-    QueueConfig,
+    PendingRequest,
     Reserve,
-    SchedulerConfig,
+    TimedOut,
+    Wait,
     WorkingPool,
-    decide,
+    decide_batch,
     default_config,
 )
-from xpupool.scheduler.domain.config import with_queues
-from xpupool.scheduler.domain.passing import WaitingJudgement, contested_by
+from xpupool.scheduler.domain.passing import (
+    MAX_JUDGED,
+    WaitingJudgement,
+    arrivals_past,
+    judged_after_cycle,
+    nominated,
+)
+
+NOW = 10_000.0
 
 
-def _pool(config: SchedulerConfig) -> WorkingPool:
-    """Eight A100s on ``big``, two A100s on ``small``, four T4s on ``t4``."""
+def _pool() -> WorkingPool:
+    """Eight A100s on ``big`` (one held), four T4s on ``t4``."""
     return WorkingPool(
-        snapshot(node("big", "A100", 8), node("small", "A100", 2), node("t4", "T4", 4)), config
-    )
-
-
-def _nodes(pool: WorkingPool, indices: frozenset[int]) -> set[str]:
-    return {pool.nodes[i].node_id for i in indices}
-
-
-def _reserve_on(pool: WorkingPool, config: SchedulerConfig, node_id: str, **kw: object) -> Reserve:
-    """What a request pinned to ``node_id``'s first device is decided (to test a placement
-    there), as a cycle or an arrival would decide it."""
-    decision = decide(job("arrival", device_ids=[f"{node_id}/0"], **kw), pool, config)
-    assert isinstance(decision, Reserve), decision
-    return decision
-
-
-def test_a_waiting_job_contests_the_nodes_its_selectors_accept() -> None:
-    config = default_config()
-    pool = _pool(config)
-    t4_only = contested_by([job("w", models=["T4"])], pool, config)
-    assert _nodes(pool, t4_only.nodes) == {"t4"} and not t4_only.host_anywhere
-    anything = contested_by([job("w")], pool, config)
-    assert _nodes(pool, anything.nodes) == {"big", "small", "t4"}
-    pinned = contested_by([job("w", device_ids=["small/1"])], pool, config)
-    assert _nodes(pool, pinned.nodes) == {"small"}
-
-
-def test_a_gang_on_one_node_contests_only_nodes_that_could_hold_it() -> None:
-    """Eight devices on one node: only ``big`` could ever hold the gang; four on one node:
-    ``big`` and ``t4``; a gang across nodes could use any node with one device."""
-    config = default_config()
-    pool = _pool(config)
-    eight = contested_by([job("w", count=8, gang=GangSpec(same_node=True))], pool, config)
-    assert _nodes(pool, eight.nodes) == {"big"}
-    four = contested_by([job("w", count=4, gang=GangSpec(same_node=True))], pool, config)
-    assert _nodes(pool, four.nodes) == {"big", "t4"}
-    spread = contested_by([job("w", count=4, gang=GangSpec(same_node=False))], pool, config)
-    assert _nodes(pool, spread.nodes) == {"big", "small", "t4"}
-
-
-def test_a_waiting_request_without_devices_contests_every_nodes_host_resources() -> None:
-    config = default_config()
-    pool = _pool(config)
-    judged = WaitingJudgement(7, config, [job("cpu-only", count=0, cpu_milli=4000)])
-    assert judged.contested(pool).host_anywhere and not judged.contested(pool).nodes
-    assert judged.may_pass(_reserve_on(pool, config, "t4"), pool, config)
-    with_host = _reserve_on(pool, config, "t4", cpu_milli=1000)
-    assert not judged.may_pass(with_host, pool, config)
-
-
-def test_an_arrival_passes_only_where_no_waiting_job_could_go() -> None:
-    """A whole-node gang of A100s waits: a T4 placement and one on the two-A100 node pass it
-    (the gang can never go there), one on the eight-A100 node does not, nor does one whose
-    host charge lands there."""
-    config = default_config()
-    pool = _pool(config)
-    judged = WaitingJudgement(3, config, [job("gang", count=8, gang=GangSpec(same_node=True))])
-    assert judged.may_pass(_reserve_on(pool, config, "t4"), pool, config)
-    assert judged.may_pass(_reserve_on(pool, config, "small", cpu_milli=500), pool, config)
-    assert not judged.may_pass(_reserve_on(pool, config, "big"), pool, config)
-    # Decided with another config (a reload since the cycle): nothing is judged for it.
-    other = default_config()
-    assert not judged.may_pass(_reserve_on(pool, other, "t4"), pool, other)
-
-
-def test_an_arrival_charging_a_limited_queue_a_waiting_job_charges_does_not_pass() -> None:
-    """Quota a waiting job could need: a queue with a limit on both jobs' paths. A queue
-    without a limit, or one the waiting job does not charge, is no obstacle."""
-    config = with_queues(
+        snapshot(node("big", "A100", 8), node("t4", "T4", 4), leases=(lease("l", ["big/0"]),)),
         default_config(),
-        QueueConfig(name="limited", limit_units=4.0),
-        QueueConfig(name="free"),
     )
-    pool = _pool(config)
-    judged = WaitingJudgement(
-        1, config, [job("w", tenant="a", queue="limited", models=["T4"], count=1)]
-    )
-    assert judged.contested(pool).queues == frozenset({"limited"})
-    same = _reserve_on(pool, config, "small", tenant="b", queue="limited")
-    assert not judged.may_pass(same, pool, config)
-    elsewhere = _reserve_on(pool, config, "small", tenant="b", queue="free")
-    assert judged.may_pass(elsewhere, pool, config)
 
 
-def test_a_judgement_takes_in_a_wait_that_came_right_after_and_no_other() -> None:
+def _gang(waited_s: float) -> PendingRequest:
+    """A gang of eight A100s on one node, waiting for ``waited_s``."""
+    request = job("gang", count=8, gang=GangSpec(same_node=True), models=["A100"])
+    return PendingRequest(request, NOW - waited_s)
+
+
+def test_arrivals_are_placed_as_a_cycle_would_while_every_waiting_job_still_waits() -> None:
+    """The gang cannot fit (a device of its only node is held): decided first, it waits, and
+    the arrival behind it is placed where a cycle would place it, on the gang's node too."""
+    pool = _pool()
+    gang = _gang(waited_s=5)
+    arrival = PendingRequest(job("a", models=["A100"]), NOW)
+    decided = decide_batch([gang, arrival], pool, default_config(), now_s=NOW)
+    past = arrivals_past(decided, [gang])
+    assert past is not None and [job_id for job_id, _ in past] == ["a"]
+    [(_, placed)] = past
+    assert isinstance(placed, Reserve) and placed.slices[0].device_id.startswith("big/")
+
+
+def test_a_starved_waiting_job_keeps_its_node_from_arrivals() -> None:
+    """Waiting past the starvation threshold, the gang holds its node (``decide_batch``'s
+    anti-starvation hold): the arrival behind it goes elsewhere, or waits, as in a cycle."""
+    pool = _pool()
+    gang = _gang(waited_s=default_config().starvation.after_s + 1)
+    anywhere = PendingRequest(job("a"), NOW)
+    a100_only = PendingRequest(job("b", models=["A100"]), NOW)
+    decided = decide_batch([gang, anywhere, a100_only], pool, default_config(), now_s=NOW)
+    past = dict(arrivals_past(decided, [gang]) or [])
+    placed = past["a"]
+    assert isinstance(placed, Reserve) and placed.slices[0].device_id.startswith("t4/")
+    assert isinstance(past["b"], Wait)
+
+
+def test_nothing_passes_when_a_waiting_job_would_now_be_placed_or_end() -> None:
+    """Capacity freed since the cycle: the gang now fits, so the batch is the cycle's to do
+    (it places the gang first); a waiting job past its maximum wait ends in a cycle too."""
+    free = WorkingPool(snapshot(node("big", "A100", 8), node("t4", "T4", 4)), default_config())
+    gang = _gang(waited_s=5)
+    arrival = PendingRequest(job("a"), NOW)
+    decided = decide_batch([gang, arrival], free, default_config(), now_s=NOW)
+    assert isinstance(dict(decided)["gang"], Reserve)
+    assert arrivals_past(decided, [gang]) is None
+    expired = PendingRequest(job("old", models=["A100"], count=8, max_wait_s=1), NOW - 5)
+    decided = decide_batch([expired, arrival], _pool(), default_config(), now_s=NOW)
+    assert isinstance(dict(decided)["old"], TimedOut)
+    assert arrivals_past(decided, [expired]) is None
+
+
+def test_a_judgement_follows_each_wait_that_came_right_after_and_no_other() -> None:
     config = default_config()
-    pool = _pool(config)
-    judged = WaitingJudgement(5, config, [job("t4-only", models=["T4"])])
-    assert _nodes(pool, judged.contested(pool).nodes) == {"t4"}
-    grown = judged.extended(job("gang", count=8, gang=GangSpec(same_node=True)), 6)
-    assert grown is not None and grown.seq == 6
-    assert _nodes(pool, grown.contested(pool).nodes) == {"t4", "big"}
-    assert contested_by(grown.requests, pool, config) == grown.contested(pool)
-    # Someone else's wait (sequence 6) came between: no judgement until a cycle reads again.
-    assert judged.extended(job("late"), 7) is None
+    judged = WaitingJudgement(5, config, (_gang(1),))
+    later = PendingRequest(job("later"), NOW)
+    grown = judged.extended(later, 6)
+    assert grown is not None and (grown.seq, grown.added) == (6, 1)
+    assert [p.request.job_id for p in grown.waiting] == ["gang", "later"]
+    # Someone else's wait (sequence 6) came between: nothing judged until a cycle reads again.
+    assert judged.extended(later, 7) is None
+    assert grown.since(5) == (later,) and grown.since(6) == ()
+    assert grown.since(4) is None and grown.since(7) is None
 
 
-def test_with_nothing_waiting_every_placement_passes() -> None:
-    """A cycle that left nothing waiting judges an empty queue: arrivals pass (the ledger
-    still refuses them once a job starts waiting)."""
+def test_a_cycle_keeps_the_waits_that_came_after_its_read() -> None:
+    """A cycle read the queue at sequence 6; meanwhile this replica saw a job start waiting
+    (sequence 7): the cycle's judgement is the jobs it left plus that one, at 7."""
     config = default_config()
-    pool = _pool(config)
-    judged = WaitingJudgement(9, config, [])
-    assert judged.may_pass(_reserve_on(pool, config, "big", cpu_milli=500), pool, config)
+    left = [_gang(1)]
+    before = WaitingJudgement(5, config, (_gang(1),))
+    first = before.extended(PendingRequest(job("x"), NOW), 6)
+    assert first is not None
+    newer = first.extended(PendingRequest(job("y"), NOW), 7)
+    assert newer is not None
+    after = judged_after_cycle(6, config, left, newer)
+    assert after.seq == 7 and [p.request.job_id for p in after.waiting] == ["gang", "y"]
+    # Nothing followed, or it fell behind the read: the cycle's own judgement.
+    assert judged_after_cycle(6, config, left, None).seq == 6
+    assert judged_after_cycle(9, config, left, newer).seq == 9
+
+
+def test_a_judgement_is_used_only_with_its_config_few_jobs_and_no_preemption() -> None:
+    config = default_config()
+    assert WaitingJudgement(1, config, (_gang(1),)).usable(config)
+    assert not WaitingJudgement(1, config, (_gang(1),)).usable(default_config())
+    assert not WaitingJudgement(1, config, (nominated(_gang(1)),)).usable(config)
+    many = tuple(PendingRequest(job(f"j{i}"), NOW) for i in range(MAX_JUDGED + 1))
+    assert not WaitingJudgement(1, config, many).usable(config)
+    assert WaitingJudgement(1, config, ()).usable(config)  # nothing left waiting

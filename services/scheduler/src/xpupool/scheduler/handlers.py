@@ -103,7 +103,12 @@ from xpupool.scheduler.domain import (
     decide_batch,
     update_history,
 )
-from xpupool.scheduler.domain.passing import WaitingJudgement
+from xpupool.scheduler.domain.passing import (
+    WaitingJudgement,
+    arrivals_past,
+    judged_after_cycle,
+    nominated,
+)
 from xpupool.scheduler.incoming import IncomingCapacity
 from xpupool.scheduler.metrics import SchedulerMetrics, queue_rows
 from xpupool.scheduler.settings import SchedulerSettings
@@ -407,12 +412,14 @@ async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> l
 
 
 def _note_wait(deps: SchedulerDeps, request: JobRequested, result: ScriptResult) -> None:
-    """A new job started waiting: the judgement of what waiting jobs could use takes it in
-    when its wait came right after the judged ones (nobody else's in between); otherwise it is
-    dropped until a cycle reads the queue again."""
+    """A new job started waiting: the waiting jobs arrivals are decided with take it in when
+    its wait came right after theirs (nobody else's in between); otherwise there are none
+    until a cycle reads the queue again."""
     judged = deps.waiting
     if judged is not None:
-        deps.waiting = judged.extended(request, result.pending_seq)
+        deps.waiting = judged.extended(
+            PendingRequest(request, result.since_ms / 1000), result.pending_seq
+        )
 
 
 async def _commit(
@@ -463,8 +470,8 @@ def _reads_along(deps: SchedulerDeps) -> bool:
 
 def _places_on_arrival(deps: SchedulerDeps) -> bool:
     """Whether new requests are placed as they are admitted: it is on, and no job waits, or
-    the last cycle judged what the waiting jobs could use (``WaitingJudgement``: a new request
-    is placed only where none of them could go; the ledger queues the others behind them)."""
+    the waiting jobs are known (``WaitingJudgement``: arrivals are decided after them, as a
+    cycle would, and placed only while they all still wait)."""
     settings = deps.settings
     return (
         settings.place_on_admission
@@ -499,10 +506,11 @@ async def place_on_arrival(
 ) -> Placements:
     """Where each new request would go now, by job id, for those that fit: decided together
     on the cycles' snapshot by the same ``decide_batch`` a cycle runs, as if they were all that
-    waits. While jobs wait, only a placement that takes nothing any of them could use is kept
-    (``WaitingJudgement``, judged at a pending sequence the ledger checks); without such a
-    judgement nothing is decided (the ledger would queue these behind them anyway), nor when
-    placement on admission is off; a failure here only leaves the requests to a cycle.
+    waits. While jobs wait, they are decided first, as a cycle orders them (``passing``), and
+    the arrivals are placed only when every waiting job still waits (the ledger checks that no
+    job started waiting since the ones decided); when one of them would now be placed, or they
+    are not known, nothing is placed (the ledger would queue these behind them anyway), nor
+    when placement on admission is off; a failure here only leaves the requests to a cycle.
 
     A lone arrival is decided on the kept copy without reading the ledger first when the change
     feed announced nothing since the last read (``SnapshotCache.kept_pool``; not with
@@ -523,7 +531,14 @@ async def place_on_arrival(
     view = None
     try:
         config = deps.config.current()
-        unique = {a.request.job_id: a.request for a in arrivals}
+        if judged is not None and not judged.usable(config):
+            return Placements()
+        waiting = judged.waiting if judged is not None else ()
+        waiting_ids = {p.request.job_id for p in waiting}
+        # A request for a job that waits already is a duplicate: the ledger answers it.
+        unique = {
+            a.request.job_id: a.request for a in arrivals if a.request.job_id not in waiting_ids
+        }
         # Under load, the read the last commit carried (a view check would refuse what a
         # release meanwhile made stale); else, for a lone arrival, the kept copy; else a read.
         recent = (
@@ -544,17 +559,18 @@ async def place_on_arrival(
         else:
             _, now_ms, pool = await deps.snapshots.read_pool(deps.ledger, config)
         pending = [PendingRequest(request, now_ms / 1000) for request in unique.values()]
-        decisions = _decide(deps, pending, pool, config, growable=deps.growable[1])
-        memory_total = device_memory(pool, (d for _, d in decisions))
+        decided = _decide(deps, [*waiting, *pending], pool, config, growable=deps.growable[1])
+        decisions = decided if judged is None else arrivals_past(decided, waiting)
+        memory_total = device_memory(pool, (d for _, d in decided))
     except Exception as error:  # noqa: BLE001  (the cycle decides them instead)
         get_logger().warning("placement_on_admission_failed", error=repr(error))
         return Placements()
+    if decisions is None:
+        # A waiting job would now be placed (or preempt, or end): the cycle's to do, first.
+        deps.metrics.waiting_pass("held_back")
+        deps.wake.set()
+        return Placements()
     reserves = [(job_id, d) for job_id, d in decisions if isinstance(d, Reserve)]
-    if judged is not None:
-        passing = [(job_id, d) for job_id, d in reserves if judged.may_pass(d, pool, config)]
-        for _ in range(len(reserves) - len(passing)):
-            deps.metrics.waiting_pass("contested")
-        reserves = passing
     placements = {
         job_id: (
             decision,
@@ -832,8 +848,8 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
     started = time.perf_counter()
     seq, jobs, complete = await ledger.waiting(deps.settings.batch_limit, time_out_first=True)
     deps.last_pending = len(jobs)
-    deps.waiting = None
     if not jobs:
+        deps.waiting = None
         deps.metrics.observe_queues(())
         return []
     # One cycle serves many jobs: its span links each job's trace rather than joining one, and
@@ -845,18 +861,19 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
         attributes={"xpupool.pending": len(jobs)},
     ):
         events, config, left = await _decide_and_commit(deps, jobs, started)
-    # Every job that waits was read (a cycle that read only the queue's first ``limit`` may
-    # have left others unread): new requests may pass them where none of them could go.
-    if complete:
-        deps.waiting = WaitingJudgement(seq, config, left)
+    # Arrivals are decided with the jobs left waiting when every waiting job was read (a cycle
+    # that read only the queue's first ``limit`` may have left others unread), and with those
+    # seen to start waiting since the read.
+    deps.waiting = judged_after_cycle(seq, config, left, deps.waiting) if complete else None
     return events
 
 
 async def _decide_and_commit(
     deps: SchedulerDeps, jobs: list[tuple[bytes | str, JobRecord]], started: float
-) -> tuple[Sequence[msgspec.Struct], SchedulerConfig, list[JobRequested]]:
+) -> tuple[Sequence[msgspec.Struct], SchedulerConfig, list[PendingRequest]]:
     """Decide the pending ``jobs`` and commit the outcomes: the events to publish, the config
-    the cycle decided with and the requests of the jobs it left waiting."""
+    the cycle decided with and the jobs it left waiting (nominated: a preemption is under way
+    for it)."""
     ledger, log = deps.ledger, get_logger()
     config = deps.config.current()
     # The working pool is kept across cycles and admission batches (``SnapshotCache``).
@@ -975,13 +992,15 @@ async def _decide_and_commit(
         commit_s=round(time.perf_counter() - decided, 4),
     )
     deps.metrics.cycle_seconds.observe(time.perf_counter() - started)
-    done = {
-        job_id
-        for job_id, decision in decisions
-        if isinstance(decision, Reject | TimedOut)
-        or (isinstance(decision, Reserve) and committed[job_id].ok)
-    }
-    left = [request for job_id, (_, request) in records.items() if job_id not in done]
+    outcome = dict(decisions)
+    left = [
+        nominated(p) if isinstance(outcome.get(p.request.job_id), Preempt) else p
+        for p in pending
+        if not isinstance(outcome.get(p.request.job_id), Reject | TimedOut)
+        and not (
+            isinstance(outcome.get(p.request.job_id), Reserve) and committed[p.request.job_id].ok
+        )
+    ]
     return events, config, left
 
 

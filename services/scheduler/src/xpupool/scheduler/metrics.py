@@ -23,9 +23,10 @@ outbox and usage series, so no series is exported by two services.
   its round trip because more requests had arrived meanwhile (``carried``), and the batches that
   decided on such a read instead of reading themselves (``used``);
 - ``xpupool_scheduler_waiting_passes_total{outcome}``: new requests decided on arrival while
-  jobs waited: placed past them (``placed``: nothing any of them could use), left to wait
-  because what they would take a waiting job could use (``contested``), or refused by the
-  ledger because a job started waiting since the judgement (``refused``, or no room by then);
+  jobs waited (after them, as a cycle orders them): placed past them while they all still
+  waited (``placed``), batches left to a cycle because a waiting job would now be placed,
+  preempt or time out (``held_back``), or placements the ledger refused because a job started
+  waiting since the ones decided (``refused``, or no room by then);
 - ``xpupool_scheduler_submit_to_grant_seconds``: histogram from a request's admission to its
   committed reservation; ``xpupool_scheduler_cycle_duration_seconds``: one cycle.
 
@@ -285,8 +286,8 @@ class SchedulerMetrics:
         self.waiting_passes = Counter(
             "xpupool_scheduler_waiting_passes",
             "New requests decided on arrival while jobs waited: placed past them (placed), "
-            "left to wait for taking what a waiting job could use (contested), refused by the "
-            "ledger (refused)",
+            "batches left to a cycle that would place a waiting job now (held_back), "
+            "placements the ledger refused (refused)",
             ("outcome",),
             registry=r,
         )
@@ -309,7 +310,7 @@ class SchedulerMetrics:
             self.admission_views.labels(view)
         for step in ("carried", "used"):
             self.carried_reads.labels(step)
-        for outcome in ("placed", "contested", "refused"):
+        for outcome in ("placed", "held_back", "refused"):
             self.waiting_passes.labels(outcome)
         self._queues: set[str] = set()
 

@@ -35,9 +35,9 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     # reading first, while the ledger's change feed announced nothing since; the ledger checks
     # that it still shows that view when it grants. Off: every admission reads the change log.
     decide_on_kept_copy: bool = True
-    # While jobs wait, place a new request on arrival where none of them could go (other nodes,
-    # no limited queue they charge), judged by the last cycle at a pending sequence the ledger
-    # checks. Off: while any job waits, every new request waits behind it for a cycle.
+    # While jobs wait, decide new requests on arrival after them, as a cycle would, and place
+    # them while every waiting job still waits (the ledger checks that no job started waiting
+    # since the ones decided). Off: while any job waits, every new request waits for a cycle.
     pass_waiting_jobs: bool = True
     # How long a reservation waits for the lease-manager before the ledger takes it back.
     reservation_hold_s: float = 60.0

@@ -1,144 +1,109 @@
-"""Placing a new request past the jobs that wait, when it cannot delay any of them.
+"""Placing new requests on arrival while jobs wait, exactly as a scheduling cycle would.
 
 A job that waits is decided again by the scheduling cycles, in queue order, whenever capacity
-frees up. A new request placed on arrival meanwhile must not take what one of them is waiting
-for: the cycles' order (priorities, fair share) would no longer be what decides. So while jobs
-wait, a new request is placed on arrival only where no waiting job could ever be placed: on
-nodes none of them could use, charging no quota with a limit that one of them also charges.
+frees up; a cycle that finds it still does not fit decides the jobs behind it on what is left
+(and, once it has waited long, holds nodes for it so that they do not take its room:
+``decide_batch``'s anti-starvation holds). So a new request need not wait for a cycle to be
+decided that way: the scheduler decides it on arrival together with the jobs that wait, in the
+same order and on the same pool a cycle would use, and places it when every waiting job still
+waits. When one of them would now be placed, preempt or time out, nothing is placed on arrival
+and a cycle does it all.
 
-What a waiting job could use is judged per node, conservatively:
-
-- a device request could go to every node with a device of a class its selectors accept (device
-  ids narrow that), and a gang on one node only to nodes with as many such devices; it would
-  take host CPU and memory there too;
-- a request without devices could take host CPU and memory on any node.
-
-The ledger holds the other half of the rule: the judgement is made on the jobs waiting at one
-pending sequence (``Ledger.waiting``; every job that starts waiting bumps it), and the admission
-script takes the placement past the waiting jobs only while that sequence is still the current
-one (``Admission.waiting_seq``): a job that started waiting since, which the judgement did not
-see, is never overtaken.
+The waiting jobs are the ones a cycle read, the whole queue at one pending sequence
+(``Ledger.waiting``; every job that starts waiting bumps it), and those this replica saw start
+waiting right after. The admission script takes such a placement only while that sequence is
+still the current one (``Admission.waiting_seq``): a job that started waiting since, which the
+decision did not include, is never overtaken. With more than ``MAX_JUDGED`` jobs waiting, or a
+preemption under way for one of them, new requests wait for the cycles as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
-from xpupool.contracts import JobRequested
-from xpupool.placement.demand import make_demand
-from xpupool.placement.pool import WorkingPool
-from xpupool.scheduler.domain.config import ROOT, SchedulerConfig
-from xpupool.scheduler.domain.decide import Reserve
+from xpupool.scheduler.domain.config import SchedulerConfig
+from xpupool.scheduler.domain.decide import Decision, PendingRequest, Wait
+
+MAX_JUDGED = 16
+"""The most waiting jobs decided again with every batch of arrivals (each costs a decision)."""
 
 
 @dataclass(frozen=True)
-class Contested:
-    """What the waiting jobs could use, on one pool: node indices, whether host resources on
-    every node (a request without devices waits), and the limited queues they charge."""
-
-    nodes: frozenset[int]
-    host_anywhere: bool
-    queues: frozenset[str]
-
-    def joined(self, other: Contested) -> Contested:
-        return Contested(
-            self.nodes | other.nodes,
-            self.host_anywhere or other.host_anywhere,
-            self.queues | other.queues,
-        )
-
-
-def contested_by(
-    requests: Iterable[JobRequested], pool: WorkingPool, config: SchedulerConfig
-) -> Contested:
-    """Everything these waiting requests could use on ``pool`` (see the module docstring)."""
-    nodes: set[int] = set()
-    host_anywhere = False
-    queues: set[str] = set()
-    for request in requests:
-        # A queue it may not use (it will be rejected) leaves only the root to contest.
-        leaf = config.resolve_queue(request.tenant or "", request.queue)
-        for name in config.path(leaf) if leaf is not None else config.path(ROOT):
-            queue = config.queue(name)
-            if queue is not None and (queue.limit_units is not None or queue.limit_devices):
-                queues.add(name)
-        if not request.count:
-            host_anywhere = True
-            continue
-        demand = make_demand(request, pool)
-        per_node: dict[int, int] = {}
-        for ci in demand.classes:
-            for ni, devices in pool.class_nodes[ci].items():
-                usable = (
-                    len(devices)
-                    if demand.allowed is None
-                    else sum(i in demand.allowed for i in devices)
-                )
-                per_node[ni] = per_node.get(ni, 0) + usable
-        # One node must hold a gang on one node (and any request of one device) whole.
-        least = demand.count if demand.scope == "node" else 1
-        nodes.update(ni for ni, usable in per_node.items() if usable >= least)
-    return Contested(frozenset(nodes), host_anywhere, frozenset(queues))
-
-
-def takes_nothing_contested(
-    reserve: Reserve, pool: WorkingPool, contested: Contested, config: SchedulerConfig
-) -> bool:
-    """Whether ``reserve`` leaves alone everything the waiting jobs could use."""
-    for s in reserve.slices:
-        i = pool.dev_index.get(s.device_id)
-        if i is None or pool.dev_node[i] in contested.nodes:
-            return False
-    for charge in reserve.host:
-        if not (charge.cpu_milli or charge.memory_mib):
-            continue
-        ni = pool.node_index.get(charge.node_id)
-        if contested.host_anywhere or ni is None or ni in contested.nodes:
-            return False
-    return not any(name in contested.queues for name in config.path(reserve.queue))
-
-
-@dataclass
 class WaitingJudgement:
-    """The jobs waiting at pending sequence ``seq`` as a cycle read them (every one of them:
-    a cycle that read only part of the queue makes none), for ``config``; extended by each job
-    this replica saw start waiting right after (``extended``)."""
+    """The jobs waiting at pending sequence ``seq``, as a cycle read them with ``config`` (all
+    of them: a cycle that read only part of the queue makes none), the last ``added`` of them
+    seen to start waiting since, one sequence number each."""
 
     seq: int
     config: SchedulerConfig
-    requests: Sequence[JobRequested]
-    _contested: tuple[WorkingPool, Contested] | None = field(default=None, repr=False)
+    waiting: tuple[PendingRequest, ...]
+    added: int = 0
 
-    def contested(self, pool: WorkingPool) -> Contested:
-        """What the waiting jobs could use on ``pool`` (kept while the pool is the same: its
-        nodes and their devices' classes are fixed for its life)."""
-        kept = self._contested
-        if kept is not None and kept[0] is pool:
-            return kept[1]
-        found = contested_by(self.requests, pool, self.config)
-        self._contested = (pool, found)
-        return found
-
-    def may_pass(self, reserve: Reserve, pool: WorkingPool, config: SchedulerConfig) -> bool:
-        """Whether ``reserve``, decided on ``pool`` with ``config``, may be placed past the
-        waiting jobs (the ledger still checks that none started waiting since ``seq``)."""
-        return config is self.config and takes_nothing_contested(
-            reserve, pool, self.contested(pool), config
+    def usable(self, config: SchedulerConfig) -> bool:
+        """Whether arrivals decided with ``config`` may be placed past these jobs: the cycle's
+        config, few enough jobs to decide again with every batch, and no preemption under way
+        (a nominated job's victims are ending for it)."""
+        return (
+            config is self.config
+            and len(self.waiting) <= MAX_JUDGED
+            and not any(p.nominated for p in self.waiting)
         )
 
-    def extended(self, request: JobRequested, seq: int) -> WaitingJudgement | None:
-        """The judgement with ``request`` waiting too, its wait having bumped the pending
-        sequence to ``seq``; None when another job started waiting in between (one this
-        replica does not know: only a cycle's read of the queue judges anew)."""
+    def extended(self, pending: PendingRequest, seq: int) -> WaitingJudgement | None:
+        """With ``pending`` waiting too, its wait having bumped the pending sequence to ``seq``;
+        None when another job started waiting in between (one this replica does not know:
+        only a cycle's read of the queue judges anew)."""
         if seq != self.seq + 1:
             return None
-        judged = WaitingJudgement(seq, self.config, [*self.requests, request])
-        kept = self._contested
-        if kept is not None:
-            pool, found = kept
-            judged._contested = (pool, found.joined(contested_by([request], pool, self.config)))
-        return judged
+        return WaitingJudgement(seq, self.config, (*self.waiting, pending), self.added + 1)
+
+    def since(self, seq: int) -> tuple[PendingRequest, ...] | None:
+        """The jobs seen to start waiting after pending sequence ``seq``; None when that is not
+        known (``seq`` is older than what this judgement followed, or newer than it)."""
+        later = self.seq - seq
+        if later < 0 or later > self.added:
+            return None
+        return self.waiting[len(self.waiting) - later :]
 
 
-__all__ = ["Contested", "WaitingJudgement", "contested_by", "takes_nothing_contested"]
+def judged_after_cycle(
+    seq: int,
+    config: SchedulerConfig,
+    left: Sequence[PendingRequest],
+    followed: WaitingJudgement | None,
+) -> WaitingJudgement:
+    """The judgement a cycle leaves: the jobs it left waiting, read at pending sequence
+    ``seq``, and those the judgement followed meanwhile (``followed``) saw start waiting after
+    that read, so that arrivals need not wait for another cycle to be placed past them."""
+    later = followed.since(seq) if followed is not None else None
+    if not later:
+        return WaitingJudgement(seq, config, tuple(left))
+    assert followed is not None
+    return WaitingJudgement(followed.seq, config, (*left, *later), len(later))
+
+
+def arrivals_past(
+    decisions: Sequence[tuple[str, Decision]], waiting: Sequence[PendingRequest]
+) -> list[tuple[str, Decision]] | None:
+    """The arrivals' decisions out of a batch decided with the ``waiting`` jobs first (as a
+    cycle orders them), when every waiting job still waits; None when one of them would now be
+    placed, preempt or time out (a cycle's to do, and what it does changes what is left)."""
+    waiting_ids = {p.request.job_id for p in waiting}
+    if any(job_id in waiting_ids and not isinstance(d, Wait) for job_id, d in decisions):
+        return None
+    return [(job_id, d) for job_id, d in decisions if job_id not in waiting_ids]
+
+
+def nominated(pending: PendingRequest) -> PendingRequest:
+    """``pending`` with a preemption under way for it."""
+    return replace(pending, nominated=True)
+
+
+__all__ = [
+    "MAX_JUDGED",
+    "WaitingJudgement",
+    "arrivals_past",
+    "judged_after_cycle",
+    "nominated",
+]
