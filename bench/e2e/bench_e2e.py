@@ -195,8 +195,6 @@ def admission_views(port: int) -> dict[str, float]:
                 counts[sample.labels["view"]] = sample.value
             elif sample.name == "xpupool_scheduler_carried_reads_total":
                 counts["read_" + sample.labels["step"]] = sample.value
-            elif sample.name == "xpupool_scheduler_waiting_passes_total":
-                counts["pass_" + sample.labels["outcome"]] = sample.value
             elif sample.name == "xpupool_scheduler_cycle_duration_seconds_count":
                 counts["cycles"] = sample.value
     return counts
@@ -214,16 +212,6 @@ def kept_copy_figures(before: dict[str, float], after: dict[str, float]) -> dict
         "decided_on_kept_copy": took + refused,
         "view_changed": refused,
         "decided_on_carried_read": carried,
-        **passes(before, after),
-    }
-
-
-def passes(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """New requests decided on arrival while jobs waited, between two scrapes: placed past
-    them, batches left to a cycle (a waiting job would be placed now), refused by the ledger."""
-    return {
-        f"passed_{outcome}": after.get(f"pass_{outcome}", 0.0) - before.get(f"pass_{outcome}", 0.0)
-        for outcome in ("placed", "held_back", "refused")
     }
 
 
@@ -802,10 +790,6 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 # Scheduling cycles the closed loop caused (one replica's; none while every
                 # request is placed on admission).
                 "cycles": counts1.get("cycles", 0.0) - counts0.get("cycles", 0.0),
-                # Admission commits that carried the next batch's read (batches under load).
-                "carried_reads": counts1.get("read_carried", 0.0)
-                - counts0.get("read_carried", 0.0),
-                **passes(counts0, counts1),
             }
             floor_serial_lat: list[float] = []
             if sc.open_loop:
@@ -929,19 +913,6 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
     return result
 
 
-def _passes_text(figures: dict[str, Any]) -> str:
-    """Arrivals decided while jobs waited (``passes``), when there were any."""
-    placed, held_back, refused = (
-        figures.get(f"passed_{o}", 0.0) for o in ("placed", "held_back", "refused")
-    )
-    if not (placed or held_back or refused):
-        return ""
-    return (
-        f"  past waiting jobs {placed:.0f}"
-        f" ({held_back:.0f} batches held back, {refused:.0f} refused)"
-    )
-
-
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
         f"{'scenario':<14}{'devices':>8}{'floor/s':>9}{'grants/s':>10}{'ratio':>7}"
@@ -957,15 +928,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{c['nats_in_msgs_per_grant'] + c['nats_out_msgs_per_grant']:>8.1f}  {cpu}"
         )
         if r["replicas"] == 1:
-            lines.append(
-                f"  closed loop: {c['cycles']:.0f} scheduling cycles"
-                + (
-                    f", {c['carried_reads']:.0f} admission batches carrying a read"
-                    if "carried_reads" in c
-                    else ""
-                )
-                + _passes_text(c)
-            )
+            lines.append(f"  closed loop: {c['cycles']:.0f} scheduling cycles")
         for k, v in r.get("open", {}).items():
             name = f"{k} {v['arrivals']}" if v.get("arrivals") == "poisson" else k
             lines.append(
@@ -976,7 +939,6 @@ def table(results: list[dict[str, Any]]) -> str:
                     f"  kept copy {v['decided_on_kept_copy']:.0f}/{v['granted']}"
                     f" ({v['view_changed']:.0f} changed)"
                     f"  batches on a carried read {v.get('decided_on_carried_read', 0):.0f}"
-                    + _passes_text(v)
                     if "decided_on_kept_copy" in v
                     else ""
                 )

@@ -183,36 +183,6 @@ async def test_no_job_overtakes_one_that_waits(ledger: Ledger) -> None:
     assert await audit(ledger) == []
 
 
-async def test_a_placement_judged_at_the_current_pending_sequence_passes_waiting_jobs(
-    ledger: Ledger,
-) -> None:
-    """The scheduler read the pending sequence with the queue and judged that no waiting job
-    could use what the placement takes: while no job started waiting since, the placement is
-    taken past the waiting ones; once one did (its wait bumped the sequence, as every wait
-    does), a placement judged before it waits behind it (``jobs_waiting``)."""
-    await _two_gpus(ledger)
-    [waits] = await ledger.admit_many([_admission("waiting")])
-    assert waits.outcome == "pending" and waits.pending_seq >= 1
-    seq, jobs, complete = await ledger.waiting()
-    assert complete and seq == waits.pending_seq and [j.job_id for _, j in jobs] == ["waiting"]
-    fits = _placed("passes", SliceClaim("n1/nvidia0", whole=True))
-    [passed] = await ledger.admit_many([_admission("passes", fits, waiting_seq=seq)])
-    assert passed.outcome == "granted", passed
-    [later] = await ledger.admit_many([_admission("later")])
-    assert later.outcome == "pending" and later.pending_seq == seq + 1
-    stale = _placed("stale", SliceClaim("n1/nvidia1", whole=True))
-    [behind] = await ledger.admit_many([_admission("stale", stale, waiting_seq=seq)])
-    assert behind.outcome == "pending" and behind.reason == "jobs_waiting"
-    assert behind.pending_seq == seq + 2
-    assert [j.job_id for _, j in await ledger.pending_jobs()] == ["waiting", "later", "stale"]
-    # Judged at the current sequence again, a placement still has its capacity checked.
-    seq, _, _ = await ledger.waiting()
-    taken = _placed("taken", SliceClaim("n1/nvidia0", whole=True))
-    [refused] = await ledger.admit_many([_admission("taken", taken, waiting_seq=seq)])
-    assert refused.outcome == "pending" and refused.reason == "insufficient_capacity"
-    assert await audit(ledger) == []
-
-
 async def test_a_batch_is_decided_in_order_each_atomically(ledger: Ledger) -> None:
     """Sent together: the first takes the device; the second's placement on the same device is
     refused, so it waits; the third, though its placement fits, waits behind the second."""

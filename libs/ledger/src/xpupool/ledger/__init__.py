@@ -22,7 +22,6 @@ from xpupool.ledger.ledger import (
     SliceMeta,
     TakenSlice,
     UsageClaim,
-    WaitingJobs,
     new_lease_secret,
     open_ledger,
 )
@@ -42,7 +41,6 @@ __all__ = [
     "FairShareView",
     "HostClaim",
     "JobRecord",
-    "WaitingJobs",
     "Ledger",
     "LeaseRecord",
     "LedgerChanges",

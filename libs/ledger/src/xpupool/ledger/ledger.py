@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 import msgspec
 from redis.asyncio import Redis
@@ -94,8 +94,6 @@ class ScriptResult(msgspec.Struct, frozen=True):
     """A grant on admission: the lease's hash as HGETALL answers it (``granted_lease``)."""
     change_seq: int = 0
     """A grant on admission: the change sequence it was logged (and announced) under."""
-    pending_seq: int = 0
-    """An admission that waits: the pending sequence its wait bumped (``Ledger.waiting``)."""
 
 
 _LIST_FIELDS = ("added", "removed", "lost", "ended", "lease")
@@ -218,11 +216,6 @@ class Admission:
     """The ledger view the placement was decided on, when the scheduler decided on its kept copy
     without reading the change log first: if anything changed since, the admission is refused
     before anything is written (``VIEW_CHANGED``), for the scheduler to decide again."""
-    waiting_seq: int | None = None
-    """With a placement while jobs wait: the pending sequence (``Ledger.waiting``) at which the
-    scheduler judged that no waiting job could use what the placement takes. The ledger takes
-    the placement past the waiting jobs only while no job started waiting since; without it,
-    not while any job waits."""
 
     def script_args(self) -> list[ScriptArg]:
         return [
@@ -240,7 +233,6 @@ class Admission:
             self.trace.get("tracestate", ""),
             b"" if self.placement is None else msgspec.json.encode(self.placement),
             "" if self.placement_view is None else self.placement_view.view,
-            "" if self.waiting_seq is None else self.waiting_seq,
         ]
 
 
@@ -390,17 +382,6 @@ class JobRecord:
     nominated: bool = False
     trace: dict[str, str] = field(default_factory=dict)
     """The job's W3C trace context (``traceparent``, ``tracestate``), empty when it has none."""
-
-
-class WaitingJobs(NamedTuple):
-    """The pending queue as ``Ledger.waiting`` read it."""
-
-    seq: int
-    """The pending sequence before the read: every job that started waiting since bumped it."""
-    jobs: list[tuple[bytes | str, JobRecord]]
-    """The requests in queue order with their job records."""
-    complete: bool
-    """Whether every waiting job was read (the queue held fewer than the limit)."""
 
 
 def _int(value: Any, default: int = 0) -> int:
@@ -671,32 +652,20 @@ class Ledger:
         """The pending requests in score order with what the ledger knows of each job, in two
         round trips; with ``time_out_first``, those past their max wait are ended first
         (:meth:`time_out_pending`, in the first of them)."""
-        return (await self.waiting(limit, time_out_first=time_out_first)).jobs
-
-    async def waiting(self, limit: int = 1000, *, time_out_first: bool = False) -> WaitingJobs:
-        """``pending_jobs``, with the pending sequence read before the queue (every job that
-        started waiting since was counted after it: ``Admission.waiting_seq``) and whether the
-        queue was read whole (it held fewer than ``limit``)."""
         async with self._redis.pipeline(transaction=False) as pipe:
             if time_out_first:
                 pipe.evalsha(self._scripts["time_out_pending"].sha, 1, self.prefix, 100)
-            pipe.get(self.key("pending-seq"))
             pipe.zrange(self.key("pending"), 0, limit - 1)
             listed = await pipe.execute(raise_on_error=False)
         if time_out_first and isinstance(listed[0], NoScriptError):
             await self.time_out_pending()  # loads the script; the listing may have changed
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.get(self.key("pending-seq"))
-                pipe.zrange(self.key("pending"), 0, limit - 1)
-                listed = [None, *await pipe.execute()]
+            listed = [None, await self._redis.zrange(self.key("pending"), 0, limit - 1)]
         for item in listed:
             if isinstance(item, Exception):
                 raise item
-        seq = _int(listed[-2])
         job_ids = [_str(j) for j in listed[-1]]
-        complete = len(job_ids) < limit
         if not job_ids:
-            return WaitingJobs(seq, [], complete)
+            return []
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.mget([self.key("pending-req", j) for j in job_ids])
             for job_id in job_ids:
@@ -727,7 +696,7 @@ class Ledger:
                     ),
                 )
             )
-        return WaitingJobs(seq, jobs, complete)
+        return jobs
 
     async def note_pending(
         self, job_id: str, reason: str, detail: str = "", nominated: bool | None = None

@@ -96,18 +96,11 @@ from xpupool.scheduler.domain import (
     Reject,
     Reserve,
     SchedulerConfig,
-    TimedOut,
     Wait,
     WorkingPool,
     current_usage,
     decide_batch,
     update_history,
-)
-from xpupool.scheduler.domain.passing import (
-    WaitingJudgement,
-    arrivals_past,
-    judged_after_cycle,
-    nominated,
 )
 from xpupool.scheduler.incoming import IncomingCapacity
 from xpupool.scheduler.metrics import SchedulerMetrics, queue_rows
@@ -180,10 +173,8 @@ class SchedulerDeps:
     growable: tuple[list[PoolShape], tuple[NodeState, ...]] = ([], ())
     metrics: SchedulerMetrics = field(default_factory=SchedulerMetrics)
     # How many requests the last cycle found pending (the cycle lock is kept while there are;
-    # placement on admission waits until a cycle finds none, but for what ``waiting`` allows).
+    # placement on admission waits until a cycle finds none).
     last_pending: int = 0
-    # What the jobs the last cycle left waiting could use (None: not judged, nothing passes).
-    waiting: WaitingJudgement | None = None
     # Arrivals admitted in batches (``admit_arrivals``).
     admissions: GroupCommit[Arrival, ScriptResult] = field(init=False)
     # Grants made on admission, published by the scheduler itself (``publish_grants``).
@@ -347,19 +338,11 @@ async def admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> li
         return await _admit_arrivals(arrivals, deps)
 
 
-@dataclass
-class Placements:
-    """Where new requests go on arrival (``place_on_arrival``), by job id; the view they were
-    decided on, for a lone arrival decided on the kept copy; and the pending sequence at which
-    they were judged to take nothing a waiting job could use, when jobs wait."""
-
-    by_job: dict[str, tuple[Reserve, Reservation]] = field(default_factory=dict)
-    view: ChangeCursor | None = None
-    waiting_seq: int | None = None
-
-
-def _admissions(arrivals: Sequence[Arrival], placements: Placements) -> list[Admission]:
-    by_job, view = placements.by_job, placements.view
+def _admissions(
+    arrivals: Sequence[Arrival],
+    placements: Mapping[str, tuple[Reserve, Reservation]],
+    view: ChangeCursor | None,
+) -> list[Admission]:
     return [
         Admission(
             a.request.job_id,
@@ -370,56 +353,40 @@ def _admissions(arrivals: Sequence[Arrival], placements: Placements) -> list[Adm
             tenant=a.request.tenant or "",
             limits=a.limits,
             trace=a.trace,
-            placement=by_job[a.request.job_id][1] if a.request.job_id in by_job else None,
-            placement_view=view if a.request.job_id in by_job else None,
-            waiting_seq=placements.waiting_seq if a.request.job_id in by_job else None,
+            placement=placements[a.request.job_id][1] if a.request.job_id in placements else None,
+            placement_view=view if a.request.job_id in placements else None,
         )
         for a in arrivals
     ]
 
 
 async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> list[ScriptResult]:
-    placements = await place_on_arrival(arrivals, deps)
-    results = await _commit(arrivals, _admissions(arrivals, placements), deps)
-    if placements.view is not None:
+    placements, view = await place_on_arrival(arrivals, deps)
+    results = await _commit(arrivals, _admissions(arrivals, placements, view), deps)
+    if view is not None:
         changed = any(r.reason == VIEW_CHANGED for r in results)
         deps.metrics.admission_view("changed" if changed else "kept")
         if changed:
             # Decided on a copy the ledger has moved past; nothing was written (not even the
             # admission): decided again, on a read, as any batch is.
-            placements = await place_on_arrival(arrivals, deps, kept=False)
-            results = await _commit(arrivals, _admissions(arrivals, placements), deps)
+            placements, _ = await place_on_arrival(arrivals, deps, kept=False)
+            results = await _commit(arrivals, _admissions(arrivals, placements, None), deps)
     waiting = False
     for arrival, result in zip(arrivals, results, strict=True):
-        placed = placements.by_job.pop(arrival.request.job_id, None)
+        placed = placements.pop(arrival.request.job_id, None)
         granted = result.ok and result.outcome == "granted"
         if placed is not None:
             decision = placed[0]
             if granted:
                 deps.metrics.granted(decision.queue, 0.0)
-            if placements.waiting_seq is not None:
-                deps.metrics.waiting_pass("placed" if granted else "refused")
             # A placement the ledger did not take is a refused commit: the job waits instead.
             committed = result if granted else ScriptResult(ok=False, reason=result.reason)
             record_decision(arrival.request, decision, committed, arrival.trace, "admission")
-        if result.ok and result.outcome == "pending":
-            waiting = True
-            _note_wait(deps, arrival.request, result)
+        waiting = waiting or (result.ok and not granted)
     if waiting:
         deps.last_pending = max(deps.last_pending, 1)
         deps.wake.set()
     return results
-
-
-def _note_wait(deps: SchedulerDeps, request: JobRequested, result: ScriptResult) -> None:
-    """A new job started waiting: the waiting jobs arrivals are decided with take it in when
-    its wait came right after theirs (nobody else's in between); otherwise there are none
-    until a cycle reads the queue again."""
-    judged = deps.waiting
-    if judged is not None:
-        deps.waiting = judged.extended(
-            PendingRequest(request, result.since_ms / 1000), result.pending_seq
-        )
 
 
 async def _commit(
@@ -469,15 +436,10 @@ def _reads_along(deps: SchedulerDeps) -> bool:
 
 
 def _places_on_arrival(deps: SchedulerDeps) -> bool:
-    """Whether new requests are placed as they are admitted: it is on, and no job waits, or
-    the waiting jobs are known (``WaitingJudgement``: arrivals are decided after them, as a
-    cycle would, and placed only while they all still wait)."""
+    """Whether new requests are placed as they are admitted: it is on, and no job waits (the
+    ledger would queue them behind it anyway)."""
     settings = deps.settings
-    return (
-        settings.place_on_admission
-        and settings.grant_at_reserve
-        and (not deps.last_pending or (settings.pass_waiting_jobs and deps.waiting is not None))
-    )
+    return settings.place_on_admission and settings.grant_at_reserve and not deps.last_pending
 
 
 async def publish_grants(
@@ -503,14 +465,11 @@ async def publish_grants(
 
 async def place_on_arrival(
     arrivals: Sequence[Arrival], deps: SchedulerDeps, *, kept: bool = True
-) -> Placements:
+) -> tuple[dict[str, tuple[Reserve, Reservation]], ChangeCursor | None]:
     """Where each new request would go now, by job id, for those that fit: decided together
     on the cycles' snapshot by the same ``decide_batch`` a cycle runs, as if they were all that
-    waits. While jobs wait, they are decided first, as a cycle orders them (``passing``), and
-    the arrivals are placed only when every waiting job still waits (the ledger checks that no
-    job started waiting since the ones decided); when one of them would now be placed, or they
-    are not known, nothing is placed (the ledger would queue these behind them anyway), nor
-    when placement on admission is off; a failure here only leaves the requests to a cycle.
+    waits. Nothing is decided while jobs wait (the ledger would queue these behind them anyway)
+    or when placement on admission is off; a failure here only leaves the requests to a cycle.
 
     A lone arrival is decided on the kept copy without reading the ledger first when the change
     feed announced nothing since the last read (``SnapshotCache.kept_pool``; not with
@@ -526,19 +485,11 @@ async def place_on_arrival(
     """
     settings = deps.settings
     if not _places_on_arrival(deps):
-        return Placements()
-    judged = deps.waiting if deps.last_pending else None
+        return {}, None
     view = None
     try:
         config = deps.config.current()
-        if judged is not None and not judged.usable(config):
-            return Placements()
-        waiting = judged.waiting if judged is not None else ()
-        waiting_ids = {p.request.job_id for p in waiting}
-        # A request for a job that waits already is a duplicate: the ledger answers it.
-        unique = {
-            a.request.job_id: a.request for a in arrivals if a.request.job_id not in waiting_ids
-        }
+        unique = {a.request.job_id: a.request for a in arrivals}
         # Under load, the read the last commit carried (a view check would refuse what a
         # release meanwhile made stale); else, for a lone arrival, the kept copy; else a read.
         recent = (
@@ -559,18 +510,11 @@ async def place_on_arrival(
         else:
             _, now_ms, pool = await deps.snapshots.read_pool(deps.ledger, config)
         pending = [PendingRequest(request, now_ms / 1000) for request in unique.values()]
-        decided = _decide(deps, [*waiting, *pending], pool, config, growable=deps.growable[1])
-        decisions = decided if judged is None else arrivals_past(decided, waiting)
-        memory_total = device_memory(pool, (d for _, d in decided))
+        decisions = _decide(deps, pending, pool, config, growable=deps.growable[1])
+        memory_total = device_memory(pool, (d for _, d in decisions))
     except Exception as error:  # noqa: BLE001  (the cycle decides them instead)
         get_logger().warning("placement_on_admission_failed", error=repr(error))
-        return Placements()
-    if decisions is None:
-        # A waiting job would now be placed (or preempt, or end): the cycle's to do, first.
-        deps.metrics.waiting_pass("held_back")
-        deps.wake.set()
-        return Placements()
-    reserves = [(job_id, d) for job_id, d in decisions if isinstance(d, Reserve)]
+        return {}, None
     placements = {
         job_id: (
             decision,
@@ -583,9 +527,10 @@ async def place_on_arrival(
                 new_lease_secret(),
             ),
         )
-        for job_id, decision in reserves
+        for job_id, decision in decisions
+        if isinstance(decision, Reserve)
     }
-    return Placements(placements, view, None if judged is None else judged.seq)
+    return placements, view
 
 
 _CANCEL_ERRORS: Final = {e.value: e for e in CancelError}
@@ -846,10 +791,9 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
     """Decide every pending request against one ledger snapshot and commit the outcomes."""
     ledger = deps.ledger
     started = time.perf_counter()
-    seq, jobs, complete = await ledger.waiting(deps.settings.batch_limit, time_out_first=True)
+    jobs = await ledger.pending_jobs(deps.settings.batch_limit, time_out_first=True)
     deps.last_pending = len(jobs)
     if not jobs:
-        deps.waiting = None
         deps.metrics.observe_queues(())
         return []
     # One cycle serves many jobs: its span links each job's trace rather than joining one, and
@@ -860,20 +804,12 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
         links=lambda: links_to([job.trace for _, job in jobs]),
         attributes={"xpupool.pending": len(jobs)},
     ):
-        events, config, left = await _decide_and_commit(deps, jobs, started)
-    # Arrivals are decided with the jobs left waiting when every waiting job was read (a cycle
-    # that read only the queue's first ``limit`` may have left others unread), and with those
-    # seen to start waiting since the read.
-    deps.waiting = judged_after_cycle(seq, config, left, deps.waiting) if complete else None
-    return events
+        return await _decide_and_commit(deps, jobs, started)
 
 
 async def _decide_and_commit(
     deps: SchedulerDeps, jobs: list[tuple[bytes | str, JobRecord]], started: float
-) -> tuple[Sequence[msgspec.Struct], SchedulerConfig, list[PendingRequest]]:
-    """Decide the pending ``jobs`` and commit the outcomes: the events to publish, the config
-    the cycle decided with and the jobs it left waiting (nominated: a preemption is under way
-    for it)."""
+) -> Sequence[msgspec.Struct]:
     ledger, log = deps.ledger, get_logger()
     config = deps.config.current()
     # The working pool is kept across cycles and admission batches (``SnapshotCache``).
@@ -992,16 +928,7 @@ async def _decide_and_commit(
         commit_s=round(time.perf_counter() - decided, 4),
     )
     deps.metrics.cycle_seconds.observe(time.perf_counter() - started)
-    outcome = dict(decisions)
-    left = [
-        nominated(p) if isinstance(outcome.get(p.request.job_id), Preempt) else p
-        for p in pending
-        if not isinstance(outcome.get(p.request.job_id), Reject | TimedOut)
-        and not (
-            isinstance(outcome.get(p.request.job_id), Reserve) and committed[p.request.job_id].ok
-        )
-    ]
-    return events, config, left
+    return events
 
 
 async def build_events(fields: dict[str, str], ledger: Ledger) -> Sequence[msgspec.Struct]:

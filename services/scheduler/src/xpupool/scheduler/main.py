@@ -120,7 +120,6 @@ async def cycle_loop(
             if not lock.held and not await deps.ledger.any_pending():
                 # Nothing waits (placement on admission granted what arrived): no lock, no cycle.
                 deps.last_pending = 0
-                deps.waiting = None
                 deps.metrics.observe_queues(())
                 continue
             if not await lock.take():
@@ -190,11 +189,7 @@ async def keep_warm(deps: handlers.SchedulerDeps, stop: asyncio.Event) -> None:
         # loops are cancelled when it stops.
         await cache.changed.wait()
         cache.changed.clear()
-        # While jobs wait, arrivals are placed only past them (``deps.waiting``): kept warm then.
-        waiting = deps.last_pending and (
-            deps.waiting is None or not deps.settings.pass_waiting_jobs
-        )
-        if deps.admissions.busy or waiting or not cache.wants_read():
+        if deps.admissions.busy or deps.last_pending or not cache.wants_read():
             continue
         if cache.load_only_unread():
             wait = LOAD_CATCH_UP_S - cache.since_read_s()

@@ -22,11 +22,6 @@ outbox and usage series, so no series is exported by two services.
 - ``xpupool_scheduler_carried_reads_total{step}``: change-log reads a batch's commit carried in
   its round trip because more requests had arrived meanwhile (``carried``), and the batches that
   decided on such a read instead of reading themselves (``used``);
-- ``xpupool_scheduler_waiting_passes_total{outcome}``: new requests decided on arrival while
-  jobs waited (after them, as a cycle orders them): placed past them while they all still
-  waited (``placed``), batches left to a cycle because a waiting job would now be placed,
-  preempt or time out (``held_back``), or placements the ledger refused because a job started
-  waiting since the ones decided (``refused``, or no room by then);
 - ``xpupool_scheduler_submit_to_grant_seconds``: histogram from a request's admission to its
   committed reservation; ``xpupool_scheduler_cycle_duration_seconds``: one cycle.
 
@@ -283,14 +278,6 @@ class SchedulerMetrics:
             ("step",),
             registry=r,
         )
-        self.waiting_passes = Counter(
-            "xpupool_scheduler_waiting_passes",
-            "New requests decided on arrival while jobs waited: placed past them (placed), "
-            "batches left to a cycle that would place a waiting job now (held_back), "
-            "placements the ledger refused (refused)",
-            ("outcome",),
-            registry=r,
-        )
         self.grant_latency = Histogram(
             "xpupool_scheduler_submit_to_grant_seconds",
             "From a request's admission to its committed reservation",
@@ -310,8 +297,6 @@ class SchedulerMetrics:
             self.admission_views.labels(view)
         for step in ("carried", "used"):
             self.carried_reads.labels(step)
-        for outcome in ("placed", "held_back", "refused"):
-            self.waiting_passes.labels(outcome)
         self._queues: set[str] = set()
 
     async def observe_pool(self, snapshot: PoolSnapshot) -> None:
@@ -343,10 +328,6 @@ class SchedulerMetrics:
     def carried_read(self, step: str) -> None:
         """Count a change-log read a commit carried (``carried``) or a batch used (``used``)."""
         self.carried_reads.labels(step).inc()
-
-    def waiting_pass(self, outcome: str) -> None:
-        """Count a new request decided on arrival while jobs waited, by ``outcome``."""
-        self.waiting_passes.labels(outcome).inc()
 
     def granted(self, queue: str, waited_s: float) -> None:
         """Count one committed reservation and how long its request waited for it. A queue

@@ -35,10 +35,6 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     # reading first, while the ledger's change feed announced nothing since; the ledger checks
     # that it still shows that view when it grants. Off: every admission reads the change log.
     decide_on_kept_copy: bool = True
-    # While jobs wait, decide new requests on arrival after them, as a cycle would, and place
-    # them while every waiting job still waits (the ledger checks that no job started waiting
-    # since the ones decided). Off: while any job waits, every new request waits for a cycle.
-    pass_waiting_jobs: bool = True
     # How long a reservation waits for the lease-manager before the ledger takes it back.
     reservation_hold_s: float = 60.0
     # Pending requests are retried on every capacity event and at least this often.

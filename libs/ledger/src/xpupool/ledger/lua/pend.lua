@@ -15,11 +15,6 @@
 -- refused before anything is written (view_changed) and the scheduler decides it again on a
 -- read. (Live load moves every few seconds on every busy device; a decision is as good on a
 -- sample a few milliseconds older, and capacity is checked here anyway.)
--- waiting_seq ('' = none): the pending sequence (pending-seq, bumped whenever a job starts
--- waiting) at which the scheduler judged that the placement takes nothing any waiting job could
--- use (other nodes, other quotas): while it is still the current one, no job started waiting
--- since, and the placement is taken past the waiting jobs. Without it, or once a job started
--- waiting since, a placement is not taken while any job waits (jobs_waiting).
 -- The score orders by priority, then arrival in seconds (both exact in a double).
 -- A new request of a tenant over its rate (a token bucket kept as its theoretical arrival time,
 -- GCRA) or at its maximum of pending requests is refused before anything is written. A
@@ -81,17 +76,13 @@ redis.call('ZREMRANGEBYSCORE', tk, '-inf', since - RETAIN_S * 1000)
 redis.call('ZREMRANGEBYRANK', tk, 0, -1001)
 redis.call('EXPIRE', tk, RETAIN_S)
 -- Placed on admission: the job is granted here, in the same atomic step, when the scheduler
--- found room for it and no other job waits (one placed ahead of the queue would overtake those),
--- or the scheduler judged the waiting jobs it knew could not use that room and no job started
--- waiting since (waiting_seq).
+-- found room for it and no other job waits (one placed ahead of the queue would overtake those).
 -- A placement the ledger refuses (decided on a view that is stale by now) is not an error: the
 -- job waits like any other and a scheduling cycle decides it again.
 -- Why a placement was not taken is answered with the job's admission (``reason``).
 local not_placed = ''
 if placement then
-  local judged = (ARGV[15] or '') ~= ''
-    and (redis.call('GET', k('pending-seq')) or '0') == ARGV[15]
-  if not judged and redis.call('ZCARD', k('pending')) > 0 then
+  if redis.call('ZCARD', k('pending')) > 0 then
     not_placed = 'jobs_waiting'
   else
     local taken, refusal = take_reservation(placement, 'direct')
@@ -104,11 +95,10 @@ if placement then
   end
 end
 redis.call('ZADD', k('pending'), 'NX', -tonumber(ARGV[2]) * 1e10 + since / 1000, ARGV[1])
-local pending_seq = redis.call('INCR', k('pending-seq'))
 redis.call('HINCRBY', k('pending-count'), tenant, 1)
 redis.call('SET', k('pending-req', ARGV[1]), ARGV[3])
 if ARGV[4] ~= '' then
   redis.call('ZADD', k('pending-deadline'), 'NX', since + tonumber(ARGV[4]), ARGV[1])
 end
 return cjson.encode({ok = true, outcome = 'pending', reason = not_placed, since_ms = since,
-  now_ms = now, pending_seq = pending_seq})
+  now_ms = now})
