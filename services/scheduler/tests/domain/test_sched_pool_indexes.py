@@ -86,10 +86,12 @@ def test_indexes_and_incremental_quota_flags_match_a_full_pass_after_random_chan
 
 
 def test_no_victims_only_when_no_lease_may_be_preempted() -> None:
-    """Whenever the shortcut skips the preemption plan, no lease passes ``can_preempt``."""
+    """Whenever the shortcut skips the preemption plan, no lease passes ``can_preempt``; it
+    skips it too for a request out of quota while other queues hold leases of no lower
+    priority (a busy pool's usual case: the plan used to pass over every lease for nothing)."""
     cfg = _config()
-    skipped = 0
-    for seed in range(40):
+    skipped = beside_other_queues = 0
+    for seed in range(80):
         rng = random.Random(seed)
         queues = rng.sample(QUEUES, rng.randint(1, 2))
         leases = tuple(
@@ -105,22 +107,25 @@ def test_no_victims_only_when_no_lease_may_be_preempted() -> None:
         pool = WorkingPool(snapshot(node("n", "A100", 8), leases=leases), cfg)
         refresh_over_quota(pool, cfg)
         queue, priority = rng.choice(QUEUES), rng.choice((100, 500, 900))
-        if _no_victims(pool, queue, priority):
+        for in_quota in (False, True):
+            if not _no_victims(pool, queue, priority, in_quota):
+                continue
             skipped += 1
-            for in_quota in (False, True):
-                assert not any(
-                    can_preempt(
-                        pl,
-                        queue=queue,
-                        priority=priority,
-                        in_quota=in_quota,
-                        config=cfg,
-                        now_s=pool.now_s,
-                        ignore_min_runtime=True,
-                    )
-                    for pl in pool.leases.values()
+            others = any(lids for q, lids in pool.queue_leases.items() if q != queue)
+            beside_other_queues += others and not in_quota
+            assert not any(
+                can_preempt(
+                    pl,
+                    queue=queue,
+                    priority=priority,
+                    in_quota=in_quota,
+                    config=cfg,
+                    now_s=pool.now_s,
+                    ignore_min_runtime=True,
                 )
-    assert skipped > 0
+                for pl in pool.leases.values()
+            )
+    assert skipped > 0 and beside_other_queues > 0
 
 
 def test_a_full_pool_still_preempts_a_lower_priority_lease_of_its_queue() -> None:

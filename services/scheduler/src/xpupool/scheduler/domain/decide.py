@@ -437,11 +437,15 @@ def _ending(pool: WorkingPool) -> list[str]:
     return [lid for lid, pl in pool.leases.items() if pl.state.terminating]
 
 
-def _no_victims(pool: WorkingPool, queue: str, priority: int) -> bool:
-    """True when no lease can be a preemption victim of (``queue``, ``priority``): only its own
-    queue holds leases, and none of lower priority. ``can_preempt`` takes from another queue only
-    an over-quota lease and from one's own only a lower priority, so the plan would be empty; this
-    saves the plan's pass over every lease, the scheduler path's tail on a full pool."""
+def _no_victims(pool: WorkingPool, queue: str, priority: int, in_quota: bool) -> bool:
+    """True when no lease can be a preemption victim of (``queue``, ``priority``, ``in_quota``).
+    ``can_preempt`` takes from one's own queue only a lower priority, and from another queue
+    only an over-quota lease, of any priority for a request in quota, else of a lower one. So a
+    request out of quota has no victim when no lease anywhere is of lower priority, and one in
+    quota when, besides, no other queue holds leases. The plan would be empty; this saves its
+    pass over every lease, which a cycle on a busy pool made for every job that waits."""
+    if not in_quota:
+        return all(p >= priority for counts in pool.queue_priorities.values() for p in counts)
     if any(lids for q, lids in pool.queue_leases.items() if q != queue):
         return False
     return all(p >= priority for p in pool.queue_priorities.get(queue, {}))
@@ -527,7 +531,11 @@ def _why_not(
     )
     eligible: dict[str, PoolLease] = {}
     young: dict[str, PoolLease] = {}
-    plan = None if _no_victims(pool, queue, priority) else plan_for(ready=eligible, young=young)
+    plan = (
+        None
+        if _no_victims(pool, queue, priority, in_quota)
+        else plan_for(ready=eligible, young=young)
+    )
     if plan is not None:
         iq = check_quota(pool, cfg, queue, demand, plan.placement.class_index).in_quota
         reserve = _reserve(pool, req, queue, priority, plan.placement, iq)
