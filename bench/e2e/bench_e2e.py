@@ -790,6 +790,9 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 # Scheduling cycles the closed loop caused (one replica's; none while every
                 # request is placed on admission).
                 "cycles": counts1.get("cycles", 0.0) - counts0.get("cycles", 0.0),
+                # Admission commits that carried the next batch's read (batches under load).
+                "carried_reads": counts1.get("read_carried", 0.0)
+                - counts0.get("read_carried", 0.0),
             }
             floor_serial_lat: list[float] = []
             if sc.open_loop:
@@ -928,7 +931,14 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{c['nats_in_msgs_per_grant'] + c['nats_out_msgs_per_grant']:>8.1f}  {cpu}"
         )
         if r["replicas"] == 1:
-            lines.append(f"  closed loop: {c['cycles']:.0f} scheduling cycles")
+            lines.append(
+                f"  closed loop: {c['cycles']:.0f} scheduling cycles"
+                + (
+                    f", {c['carried_reads']:.0f} admission batches carrying a read"
+                    if "carried_reads" in c
+                    else ""
+                )
+            )
         for k, v in r.get("open", {}).items():
             name = f"{k} {v['arrivals']}" if v.get("arrivals") == "poisson" else k
             lines.append(
