@@ -932,12 +932,8 @@ def table(results: list[dict[str, Any]]) -> str:
         )
         if r["replicas"] == 1:
             lines.append(
-                f"  closed loop: {c['cycles']:.0f} scheduling cycles"
-                + (
-                    f", {c['carried_reads']:.0f} admission batches carrying a read"
-                    if "carried_reads" in c
-                    else ""
-                )
+                f"  closed loop: {c['cycles']:.0f} scheduling cycles,"
+                f" {c['carried_reads']:.0f} admission batches carrying a read"
             )
         for k, v in r.get("open", {}).items():
             name = f"{k} {v['arrivals']}" if v.get("arrivals") == "poisson" else k
