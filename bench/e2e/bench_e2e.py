@@ -86,7 +86,7 @@ from xpupool.contracts import (
 )
 from xpupool.contracts import subjects as s
 from xpupool.devices.simulated import parse_profile
-from xpupool.devstack.servers import NatsServer, RedisServer, free_port
+from xpupool.devstack.servers import NatsServer, RedisServer, free_port, free_ports
 from xpupool.devstack.stack import ServiceProcess, Stack
 from xpupool.ledger import Ledger
 from xpupool.ledger.audit import audit
@@ -134,7 +134,11 @@ uvloop.run(main())
 class MonitoredNats(NatsServer):
     """nats-server with the HTTP monitor (``/varz``) on its own port."""
 
-    monitor_port: int = field(default_factory=free_port)
+    monitor_port: int = 0  # 0: a free port other than the server's own
+
+    def __post_init__(self) -> None:
+        if not self.monitor_port:
+            self.monitor_port = next(port for port in free_ports(2) if port != self.port)
 
     def command(self) -> list[str]:
         return [*super().command(), "-m", str(self.monitor_port)]

@@ -23,7 +23,7 @@ from xpupool.autoscaler.metrics import AutoscalerMetrics
 from xpupool.autoscaler.status import PoolStatus, ScaleStatus
 from xpupool.client import connected
 from xpupool.contracts import AllocationGranted, DeviceDemand, JobReason, JobRejected, JobRequested
-from xpupool.devstack.servers import free_port
+from xpupool.devstack.servers import free_port, free_ports
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.placement.inventory import DeviceState, NodeState, PoolSnapshot
 from xpupool.scheduler.metrics import MIB, QueueRow, pool_rows, queue_rows
@@ -61,7 +61,7 @@ def promtool_check(text: str) -> tuple[int, str]:
 
 
 def start_stack(make_stack: Callable[..., Stack]) -> tuple[Stack, dict[str, int]]:
-    ports = {"collector": free_port(), "scheduler": free_port(), "lease-manager": free_port()}
+    ports = dict(zip(("collector", "scheduler", "lease-manager"), free_ports(3), strict=True))
     stack = make_stack(
         [NodeSpec("node-p", "2xA100-80GB")],
         extra_env={

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -37,11 +38,52 @@ class ServerUnavailable(RuntimeError):
     """The server binary is missing or would not start."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+# Below the kernel's usual ephemeral range (32768-60999), so that no client socket's local port
+# (a service's connection, a reconnect while a server restarts) can take a server's port between
+# choosing it and binding it, which the kernel's own pick (bind to port 0) cannot promise.
+_PORTS_BELOW_EPHEMERAL = range(20000, 32768)
+
+
+def _ephemeral_range() -> range:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that nobody listens on right now, outside the
+    kernel's ephemeral range where that range leaves room (else the kernel's own picks)."""
+    ephemeral = _ephemeral_range()
+    candidates = [port for port in _PORTS_BELOW_EPHEMERAL if port not in ephemeral]
+    chosen: list[int] = []
+    for port in random.sample(candidates, k=min(len(candidates), 64 * count)):
+        if len(chosen) == count:
+            break
+        if _bindable(port):
+            chosen.append(port)
+    while len(chosen) < count:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in chosen:
+            chosen.append(port)
+    return chosen
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now (see ``free_ports``)."""
+    return free_ports(1)[0]
 
 
 def _bundled_dirs() -> set[Path]:

@@ -34,7 +34,7 @@ from xpupool.contracts import access, subjects
 from xpupool.contracts.subjects import DURABLES, Durable
 from xpupool.devstack.readiness import wait_for_pulls
 from xpupool.devstack.secure import SecureMaterial
-from xpupool.devstack.servers import NatsServer, RedisServer, TlsFiles, free_port
+from xpupool.devstack.servers import NatsServer, RedisServer, TlsFiles, free_ports
 
 T = TypeVar("T")
 
@@ -122,7 +122,7 @@ class Stack:
     def _start_secure_servers(self) -> None:
         if self.nats_url is not None or self.redis_url is not None:
             raise ValueError("a secure stack starts its own servers: give no URLs")
-        nats_port, redis_port = free_port(), free_port()
+        nats_port, redis_port = free_ports(2)
         self.material = material = SecureMaterial.generate(
             self.workdir / "secure",
             self.tenants,
