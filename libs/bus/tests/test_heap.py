@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from xpupool.bus.lifecycle import freeze_heap, run_until_stopped
+from xpupool.bus.lifecycle import YOUNG_COLLECTION_THRESHOLD, freeze_heap, run_until_stopped
 
 
 class Node:
@@ -21,9 +21,11 @@ class Node:
 
 @pytest.fixture(autouse=True)
 def unfrozen() -> Iterator[None]:
+    thresholds = gc.get_threshold()
     gc.unfreeze()
     yield
     gc.unfreeze()
+    gc.set_threshold(*thresholds)
 
 
 def test_garbage_is_collected_before_the_heap_is_frozen() -> None:
@@ -49,3 +51,24 @@ async def test_a_service_freezes_its_start_up_state_before_running_its_loops() -
 
     await run_until_stopped(asyncio.Event(), loop())
     assert frozen_at_start and frozen_at_start[0] > 0
+
+
+def test_after_the_freeze_the_young_generation_is_collected_less_often() -> None:
+    """A burst of allocations as one admission batch makes (a few thousand live containers)
+    runs no collection once the heap is frozen; at CPython's default it ran several."""
+    gc.set_threshold(700, 10, 10)
+    freeze_heap()
+    assert gc.get_threshold() == (YOUNG_COLLECTION_THRESHOLD, 10, 10)
+    collections = 0
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        nonlocal collections
+        collections += phase == "start"
+
+    gc.callbacks.append(count)
+    try:
+        batch = [{"job": i, "slices": [i]} for i in range(YOUNG_COLLECTION_THRESHOLD // 4)]
+    finally:
+        gc.callbacks.remove(count)
+    assert len(batch) == YOUNG_COLLECTION_THRESHOLD // 4
+    assert collections == 0
