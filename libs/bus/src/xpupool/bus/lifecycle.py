@@ -73,22 +73,25 @@ def run_service(main: Coroutine[Any, Any, None]) -> None:
     asyncio.run(main)
 
 
-YOUNG_COLLECTION_THRESHOLD = 10_000
+YOUNG_COLLECTION_THRESHOLD = 2_000
 """Container objects allocated (net of those freed) between two collections of the youngest
-generation, once the heap is frozen; CPython's default is 700. A service's allocations are
-mostly a message's short-lived structs and dicts: at 700 the collector ran several times per
-admission batch, promoted what the batch still held to the older generations, and walked it
-again there. In the scheduler, over one ``just bench --devices 10000``, that was 2,557 young,
-231 middle and 22 full passes, 1.48 s of CPU (about a twentieth of the scheduler's), the full
-passes 34 ms each, a stall of every request in flight; at 10,000, 17-27 young passes, 1-2 of
-each older one, 0.14 s (``bench/e2e/PROFILE.md``). Cycles are still collected, only later: a
-few thousand more objects alive at a time, not a leak."""
+generation once the heap is frozen (CPython's default is 700): a message's short-lived structs
+and dicts mostly die by reference counting before a collection sees them, instead of being
+promoted to the older generations. Larger was measured and not taken: at 10,000 the collector's
+time fell further, but the serial submit-to-grant p50 rose by 0.2-0.4 ms in five of five
+alternating pairs (a larger young generation keeps more garbage cycles' memory out of reuse)."""
+FULL_COLLECTION_EVERY = 100
+"""Middle-generation collections between two full ones (CPython's default is 10). A full pass
+walks everything not frozen, 29-44 ms in the scheduler at 10,000 devices, a stall of every
+request in flight: at the defaults it came 18-26 times in one ``just bench --devices 10000``
+run and was half the collector's time (``bench/e2e/PROFILE.md``, "The cyclic collector,
+counted"). Garbage cycles that reach the oldest generation are still collected, later."""
 
 
 def freeze_heap() -> None:
     """Collect what is garbage now, then take every object still alive out of the cyclic
-    collector's view (``gc.freeze``), and collect the young generation less often from now on
-    (``YOUNG_COLLECTION_THRESHOLD``).
+    collector's view (``gc.freeze``), and collect less often from now on
+    (``YOUNG_COLLECTION_THRESHOLD``, ``FULL_COLLECTION_EVERY``).
 
     A full collection walks every tracked object, and a service's heap is mostly what lives as
     long as it does: modules, connections, and in the scheduler its copy of the ledger. At
@@ -100,8 +103,8 @@ def freeze_heap() -> None:
     """
     gc.collect()
     gc.freeze()
-    _, middle, oldest = gc.get_threshold()
-    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, middle, oldest)
+    _, middle, _ = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, middle, FULL_COLLECTION_EVERY)
 
 
 def stop_on_signals() -> asyncio.Event:
