@@ -654,8 +654,9 @@ class Scenario:
 
 async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     nats = MonitoredNats(work / sc.name / "nats")
-    redis_server = RedisServer(work / sc.name / "redis")
     nats.start()
+    # Made once NATS listens, so that Redis's free port cannot be the one NATS was given.
+    redis_server = RedisServer(work / sc.name / "redis")
     redis_server.start()
     # Started before any load is measured: blocking this loop for it costs nothing measured.
     responder = subprocess.Popen(  # noqa: ASYNC220

@@ -79,7 +79,8 @@ generation once the heap is frozen (CPython's default is 700): a message's short
 and dicts mostly die by reference counting before a collection sees them, instead of being
 promoted to the older generations. Larger was measured and not taken: at 10,000 the collector's
 time fell further, but the serial submit-to-grant p50 rose by 0.2-0.4 ms in five of five
-alternating pairs (a larger young generation keeps more garbage cycles' memory out of reuse)."""
+alternating pairs (likely because a larger young generation keeps more garbage cycles' memory
+out of reuse; not measured further)."""
 FULL_COLLECTION_EVERY = 100
 """Middle-generation collections between two full ones (CPython's default is 10). A full pass
 walks everything not frozen, 29-44 ms in the scheduler at 10,000 devices, a stall of every
