@@ -188,8 +188,9 @@ def _text(value: object) -> str:
 def admission_views(port: int) -> dict[str, float]:
     """The scheduler's lone arrivals placed on its kept copy, by view (``kept``/``changed``),
     its change-log reads carried by a commit and used by the next batch (``read_carried``,
-    ``read_used``), and how many scheduling cycles it has run (``cycles``: under load, a job
-    that had to wait turns placement on admission off until a cycle runs)."""
+    ``read_used``), how many scheduling cycles it has run (``cycles``: under load, a job
+    that had to wait turns placement on admission off until a cycle runs), and its cyclic
+    collector's passes by generation (``gc_0``, ``gc_1``, ``gc_2``)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     counts = {}
@@ -201,6 +202,8 @@ def admission_views(port: int) -> dict[str, float]:
                 counts["read_" + sample.labels["step"]] = sample.value
             elif sample.name == "xpupool_scheduler_cycle_duration_seconds_count":
                 counts["cycles"] = sample.value
+            elif sample.name == "python_gc_collections_total":
+                counts["gc_" + sample.labels["generation"]] = sample.value
     return counts
 
 
@@ -798,6 +801,9 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 # Admission commits that carried the next batch's read (batches under load).
                 "carried_reads": counts1.get("read_carried", 0.0)
                 - counts0.get("read_carried", 0.0),
+                # The scheduler's full passes of the cyclic collector (each a stall of every
+                # request in flight).
+                "full_collections": counts1.get("gc_2", 0.0) - counts0.get("gc_2", 0.0),
             }
             floor_serial_lat: list[float] = []
             if sc.open_loop:
@@ -938,7 +944,8 @@ def table(results: list[dict[str, Any]]) -> str:
         if r["replicas"] == 1:
             lines.append(
                 f"  closed loop: {c['cycles']:.0f} scheduling cycles,"
-                f" {c['carried_reads']:.0f} admission batches carrying a read"
+                f" {c['carried_reads']:.0f} admission batches carrying a read,"
+                f" {c['full_collections']:.0f} full collections"
             )
         for k, v in r.get("open", {}).items():
             name = f"{k} {v['arrivals']}" if v.get("arrivals") == "poisson" else k

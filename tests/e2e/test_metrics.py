@@ -125,6 +125,8 @@ async def test_every_service_exposition_passes_promtool(
     for service, port in ports.items():
         text = await asyncio.to_thread(fetch, f"http://127.0.0.1:{port}/metrics")
         assert "# TYPE" in text, service
+        if service != "collector":
+            assert 'python_gc_collections_total{generation="2"}' in text, service
         checked = await asyncio.to_thread(promtool_check, text)
         assert checked == (0, ""), service
 

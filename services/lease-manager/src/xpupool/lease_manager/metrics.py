@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector
 
 from xpupool.contracts import EndReason, LeaseEnded
 from xpupool.ledger import LeaseRecord, Ledger
@@ -81,6 +81,9 @@ class LeaseManagerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        # The cyclic collector's passes by generation (python_gc_collections_total): its full
+        # passes stall every request in flight (``xpupool.bus.lifecycle.freeze_heap``).
+        GCCollector(registry=self.registry)
         r = self.registry
         self.leases = Gauge(
             "xpupool_leases", "Live leases and reservations by state", ("state",), registry=r

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, Histogram
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from xpupool.contracts import JobReason
@@ -230,6 +230,9 @@ class SchedulerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        # The cyclic collector's passes by generation (python_gc_collections_total): its full
+        # passes stall every request in flight (``xpupool.bus.lifecycle.freeze_heap``).
+        GCCollector(registry=self.registry)
         r = self.registry
         self._pool = _PoolGauges()
         self._pool_summary = PoolSummary()
