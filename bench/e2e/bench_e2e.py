@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import hashlib
 import json
 import os
@@ -66,6 +67,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +78,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from xpupool.bus.connection import connect_client, ensure_streams
-from xpupool.bus.lifecycle import PARENT_PID_ENV
+from xpupool.bus.lifecycle import PARENT_PID_ENV, freeze_heap
 from xpupool.client import XpupoolClient, connected
 from xpupool.contracts import (
     AllocationGranted,
@@ -227,6 +229,60 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+REWRITE_STARTED = "Background append only file rewriting started"
+REWRITE_ENDED = "Background AOF rewrite terminated"
+
+
+def aof_rewrite_windows(log: Path, since: float, until: float) -> list[tuple[float, float]]:
+    """The AOF rewrites Redis's own log (its main process's lines, stamped to the millisecond
+    in local time, as ``datetime`` reads them) shows overlapping ``since``..``until`` (wall
+    clock), each clipped to it; one still running at ``until`` ends there."""
+    windows: list[tuple[float, float]] = []
+    started: float | None = None
+    for line in log.read_text(errors="replace").splitlines():
+        _, _, rest = line.partition(":M ")
+        stamp, _, message = rest.partition(" * ")
+        if not message.startswith((REWRITE_STARTED, REWRITE_ENDED)):
+            continue
+        try:
+            at = datetime.strptime(stamp.strip(), "%d %b %Y %H:%M:%S.%f").timestamp()
+        except ValueError:
+            continue
+        if message.startswith(REWRITE_STARTED):
+            started = at
+        elif started is not None:
+            windows.append((started, at))
+            started = None
+    if started is not None:
+        windows.append((started, until))
+    return [(max(a, since), min(b, until)) for a, b in windows if b > since and a < until]
+
+
+def outside_rewrites(
+    spans: list[tuple[float, float]], windows: list[tuple[float, float]]
+) -> list[float]:
+    """The latencies (seconds) of the jobs whose submit -> grant overlapped no rewrite."""
+    return [
+        end - start for start, end in spans if not any(start < b and end > a for a, b in windows)
+    ]
+
+
+def quiet_collector() -> int:
+    """Before a measured slice: collect now, then keep this process's heap (every job id
+    and latency of the run so far) out of the cyclic collector's view, as the services do
+    (``freeze_heap``). At CPython's defaults a full pass over that heap stalled the load
+    generator for 90-107 ms within measured phases: the replies of every job in flight waited
+    for it, and the open loop then sent the submissions due meanwhile as one burst, all of it
+    counted as the stack's latency. Returns the full passes so far (``full_passes_since``)."""
+    freeze_heap()
+    return gc.get_stats()[2]["collections"]
+
+
+def full_passes_since(mark: int) -> int:
+    """This process's full collections since ``quiet_collector`` returned ``mark``."""
+    return gc.get_stats()[2]["collections"] - mark
 
 
 def proc_usage(pid: int) -> tuple[float, int]:
@@ -438,6 +494,8 @@ class Load:
         self.tally = Tally()
         self.n = 0
         self.latencies: list[float] = []
+        self.spans: list[tuple[float, float]] = []
+        """Each granted job's submit and grant, wall-clock seconds (with ``latencies``)."""
         client.listen(self._on_event)
 
     def _on_event(self, event: object) -> None:
@@ -454,13 +512,14 @@ class Load:
         self.n += 1
         job_id = f"{self.prefix}-{i:07d}"
         self.tally.submitted.append(job_id)
-        t0 = time.perf_counter()
+        t0, wall0 = time.perf_counter(), time.time()
         outcome = await self.client.submit_and_wait(
             self.make_job(job_id, i), timeout_s=60, by_request=self.by_request
         )
         if not isinstance(outcome, AllocationGranted):
             return False
         self.latencies.append(time.perf_counter() - t0)
+        self.spans.append((wall0, time.time()))
         await self.client.release(outcome.lease_id, outcome.fencing_token)
         return True
 
@@ -473,7 +532,7 @@ class Load:
     ) -> list[float]:
         """Submit at ``rate`` (not slowed by the system): evenly spaced, or with ``poisson``
         exponential gaps of the same mean (many independent clients); grant latencies."""
-        self.latencies = []
+        self.latencies, self.spans = [], []
         tasks = []
         t0 = time.perf_counter()
         due = 0.0
@@ -756,6 +815,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
             # same machine: on a shared one its speed drifts by tens of percent within minutes.
             usage = Usage(pids, redis, nats)
             floor_rates, closed_rates = [], []
+            gc_mark = quiet_collector()
             for _ in range(rounds):
                 floor_rates.append(
                     await floor_rate(floor_nc, args.concurrency, args.floor_s / rounds)
@@ -802,8 +862,9 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 "carried_reads": counts1.get("read_carried", 0.0)
                 - counts0.get("read_carried", 0.0),
                 # The scheduler's full passes of the cyclic collector (each a stall of every
-                # request in flight).
+                # request in flight), and the load generator's own (floor slices included).
                 "full_collections": counts1.get("gc_2", 0.0) - counts0.get("gc_2", 0.0),
+                "load_generator_full_collections": full_passes_since(gc_mark),
             }
             floor_serial_lat: list[float] = []
             if sc.open_loop:
@@ -824,6 +885,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 usage = Usage(pids, redis, nats)
                 serial: list[bool] = []
                 lat: list[float] = []
+                gc_mark = quiet_collector()
                 for r in range(rounds):
                     floor_serial_lat += await floor_serial(
                         floor_nc, max(1, args.floor_serial_count // rounds)
@@ -851,6 +913,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     # serial loop is CPU-bound, so this is where its time goes.
                     "cpu_ms_per_job": usage.cpu_ms_per_job(len(serial)),
                     "syscalls_per_job": usage.syscalls_per_job(len(serial)),
+                    "load_generator_full_collections": full_passes_since(gc_mark),
                 }
                 if args.serial_costs:
                     opened["serial"]["redis_us_per_job"] = await redis_time_per_job(
@@ -870,10 +933,16 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                         if open_dir
                         else []
                     )
+                    gc_mark = quiet_collector()
                     await usage.start()
-                    started = time.monotonic()
+                    started, wall_started = time.monotonic(), time.time()
                     arrivals = random.Random(pct) if args.arrivals == "poisson" else None
                     lat = await load.open(rate * pct / 100, args.open_s, arrivals)
+                    load_gc = full_passes_since(gc_mark)
+                    rewriting = aof_rewrite_windows(
+                        redis_server.workdir / "server.log", wall_started, time.time()
+                    )
+                    calm = outside_rewrites(load.spans, rewriting)
                     await usage.stop()
                     await stop_profilers(open_profilers, open_dir)
                     elapsed = time.monotonic() - started
@@ -893,6 +962,15 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                         # Each AOF rewrite forks and its child takes a core for a second or
                         # so at this ledger size: the open loop's tail follows them.
                         "aof_rewrites": rewrites1 - rewrites0,
+                        # An AOF rewrite's child shares the machine's two cores for about a
+                        # second: the jobs that overlapped none, apart (their p99 beside the
+                        # phase's, which counts every job).
+                        "aof_rewrite_s": sum(b - a for a, b in rewriting),
+                        "jobs_during_aof_rewrites": len(lat) - len(calm),
+                        "p99_ms_outside_aof_rewrites": 1000 * percentile(calm, 0.99)
+                        if calm
+                        else None,
+                        "load_generator_full_collections": load_gc,
                         "cpu_ms_per_job": usage.cpu_ms_per_job(len(lat)),
                         "syscalls_per_job": usage.syscalls_per_job(len(lat)),
                         # Calls per job by command, those inside scripts included: small
@@ -946,6 +1024,7 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"  closed loop: {c['cycles']:.0f} scheduling cycles,"
                 f" {c['carried_reads']:.0f} admission batches carrying a read,"
                 f" {c['full_collections']:.0f} full collections"
+                f" (the load generator's {c.get('load_generator_full_collections', 0):.0f})"
             )
         for k, v in r.get("open", {}).items():
             name = f"{k} {v['arrivals']}" if v.get("arrivals") == "poisson" else k
@@ -961,7 +1040,18 @@ def table(results: list[dict[str, Any]]) -> str:
                     else ""
                 )
                 + (f"  AOF rewrites {v['aof_rewrites']}" if "aof_rewrites" in v else "")
+                + (
+                    f"  load generator's full collections {v['load_generator_full_collections']}"
+                    if "load_generator_full_collections" in v
+                    else ""
+                )
             )
+            if v.get("aof_rewrite_s") and v.get("p99_ms_outside_aof_rewrites") is not None:
+                lines.append(
+                    f"    {v['jobs_during_aof_rewrites']} jobs overlapped"
+                    f" {v['aof_rewrite_s']:.2f} s of AOF rewrite; the other jobs' p99"
+                    f" {v['p99_ms_outside_aof_rewrites']:.1f} ms"
+                )
             if "cpu_ms_per_job" in v:
                 per_job = ", ".join(f"{n}={ms:.2f}" for n, ms in v["cpu_ms_per_job"].items())
                 busy = f" ({v['cores_busy']:.2f} cores busy)" if "cores_busy" in v else ""

@@ -38,6 +38,7 @@ def test_bench_quick_runs_clean_with_every_figure(tmp_path: Path) -> None:
     assert result["floor"]["serial_p50_ms"] > 0
     assert closed["redis_commands_per_grant_by_name"]
     assert closed["cycles"] >= 0  # read from the scheduler's metrics
+    assert closed["load_generator_full_collections"] >= 0
     assert {"scheduler-1", "lease-manager-0"} <= set(closed["cpu_s_per_1000_grants"])
     assert set(result["open"]) == {"serial", "25%", "50%", "80%"}
     serial = result["open"]["serial"]
@@ -55,6 +56,10 @@ def test_bench_quick_runs_clean_with_every_figure(tmp_path: Path) -> None:
         assert 0 <= level["view_changed"] <= level["decided_on_kept_copy"] <= level["granted"]
         assert 0 <= level["decided_on_carried_read"] <= level["granted"]
         assert level["aof_rewrites"] >= 0
+        assert 0 <= level["jobs_during_aof_rewrites"] <= level["granted"]
+        assert level["aof_rewrite_s"] >= 0
+        # The load generator's own collector, kept out of the measured slices.
+        assert level["load_generator_full_collections"] >= 0
 
 
 @pytest.mark.skipif(
