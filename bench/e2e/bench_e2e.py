@@ -277,12 +277,12 @@ def quiet_collector() -> int:
     for it, and the open loop then sent the submissions due meanwhile as one burst, all of it
     counted as the stack's latency. Returns the full passes so far (``full_passes_since``)."""
     freeze_heap()
-    return gc.get_stats()[2]["collections"]
+    return int(gc.get_stats()[2]["collections"])
 
 
 def full_passes_since(mark: int) -> int:
     """This process's full collections since ``quiet_collector`` returned ``mark``."""
-    return gc.get_stats()[2]["collections"] - mark
+    return int(gc.get_stats()[2]["collections"]) - mark
 
 
 def proc_usage(pid: int) -> tuple[float, int]:
