@@ -4,15 +4,11 @@ Redis's own log, and the jobs that overlapped none of them, apart."""
 from __future__ import annotations
 
 import gc
-import importlib.util
-import sys
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "e2e" / "bench_e2e.py"
 
 # Lines as redis-server 7.0 writes them (pid:role, local time to the millisecond).
 LOG = """\
@@ -28,16 +24,6 @@ LOG = """\
 
 def at(stamp: str) -> float:
     return datetime.strptime(f"05 Dec 2026 {stamp}", "%d %b %Y %H:%M:%S.%f").timestamp()
-
-
-@pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_e2e_rewrites", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_windows_come_from_the_main_process_lines_clipped_to_the_phase(
