@@ -261,11 +261,14 @@ def aof_rewrite_windows(log: Path, since: float, until: float) -> list[tuple[flo
 
 
 def outside_rewrites(
-    spans: list[tuple[float, float]], windows: list[tuple[float, float]]
+    granted: list[tuple[float, float]], windows: list[tuple[float, float]]
 ) -> list[float]:
-    """The latencies (seconds) of the jobs whose submit -> grant overlapped no rewrite."""
+    """The latencies of the jobs (``Load.granted``: wall-clock submit, seconds to the grant)
+    whose submit -> grant overlapped no rewrite."""
     return [
-        end - start for start, end in spans if not any(start < b and end > a for a, b in windows)
+        latency
+        for start, latency in granted
+        if not any(start < b and start + latency > a for a, b in windows)
     ]
 
 
@@ -493,10 +496,15 @@ class Load:
         self.by_request = by_request
         self.tally = Tally()
         self.n = 0
-        self.latencies: list[float] = []
-        self.spans: list[tuple[float, float]] = []
-        """Each granted job's submit and grant, wall-clock seconds (with ``latencies``)."""
+        self.granted: list[tuple[float, float]] = []
+        """Each granted job since the last reset: its submit (wall clock, to set against Redis's
+        log) and its submit -> grant seconds (monotonic clock)."""
         client.listen(self._on_event)
+
+    @property
+    def latencies(self) -> list[float]:
+        """The submit -> grant seconds of the jobs granted since the last reset."""
+        return [latency for _, latency in self.granted]
 
     def _on_event(self, event: object) -> None:
         job_id = getattr(event, "job_id", None)
@@ -518,8 +526,7 @@ class Load:
         )
         if not isinstance(outcome, AllocationGranted):
             return False
-        self.latencies.append(time.perf_counter() - t0)
-        self.spans.append((wall0, time.time()))
+        self.granted.append((wall0, time.perf_counter() - t0))
         await self.client.release(outcome.lease_id, outcome.fencing_token)
         return True
 
@@ -532,7 +539,7 @@ class Load:
     ) -> list[float]:
         """Submit at ``rate`` (not slowed by the system): evenly spaced, or with ``poisson``
         exponential gaps of the same mean (many independent clients); grant latencies."""
-        self.latencies, self.spans = [], []
+        self.granted = []
         tasks = []
         t0 = time.perf_counter()
         due = 0.0
@@ -800,7 +807,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
             # And this process: the client's own share of the same cores.
             pids["load-generator"] = os.getpid()
             g0 = load.tally.kinds["AllocationGranted"]
-            load.latencies = []
+            load.granted = []
             profilers = (
                 start_profilers(
                     {k: v for k, v in services.items() if k not in SERVERS},
@@ -891,7 +898,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                         floor_nc, max(1, args.floor_serial_count // rounds)
                     )
                     jobs = args.serial_count // rounds + (r < args.serial_count % rounds)
-                    load.latencies = []
+                    load.granted = []
                     await usage.start()
                     serial += [await load.one() for _ in range(jobs)]
                     await usage.stop()
@@ -942,7 +949,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     rewriting = aof_rewrite_windows(
                         redis_server.workdir / "server.log", wall_started, time.time()
                     )
-                    calm = outside_rewrites(load.spans, rewriting)
+                    calm = outside_rewrites(load.granted, rewriting)
                     await usage.stop()
                     await stop_profilers(open_profilers, open_dir)
                     elapsed = time.monotonic() - started
@@ -1024,7 +1031,7 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"  closed loop: {c['cycles']:.0f} scheduling cycles,"
                 f" {c['carried_reads']:.0f} admission batches carrying a read,"
                 f" {c['full_collections']:.0f} full collections"
-                f" (the load generator's {c.get('load_generator_full_collections', 0):.0f})"
+                f" (the load generator's {c['load_generator_full_collections']:.0f})"
             )
         for k, v in r.get("open", {}).items():
             name = f"{k} {v['arrivals']}" if v.get("arrivals") == "poisson" else k
@@ -1040,11 +1047,7 @@ def table(results: list[dict[str, Any]]) -> str:
                     else ""
                 )
                 + (f"  AOF rewrites {v['aof_rewrites']}" if "aof_rewrites" in v else "")
-                + (
-                    f"  load generator's full collections {v['load_generator_full_collections']}"
-                    if "load_generator_full_collections" in v
-                    else ""
-                )
+                + f"  load generator's full collections {v['load_generator_full_collections']}"
             )
             if v.get("aof_rewrite_s") and v.get("p99_ms_outside_aof_rewrites") is not None:
                 lines.append(

@@ -44,8 +44,9 @@ def test_windows_come_from_the_main_process_lines_clipped_to_the_phase(
 
 def test_jobs_overlapping_a_rewrite_are_set_apart(bench: ModuleType) -> None:
     windows = [(10.0, 11.0)]
-    spans = [(9.0, 9.5), (9.9, 10.1), (10.5, 10.6), (10.95, 11.2), (11.0, 11.3), (12.0, 12.004)]
-    calm = bench.outside_rewrites(spans, windows)
+    # (submit, seconds to the grant)
+    granted = [(9.0, 0.5), (9.9, 0.2), (10.5, 0.1), (10.95, 0.25), (11.0, 0.3), (12.0, 0.004)]
+    calm = bench.outside_rewrites(granted, windows)
     assert calm == pytest.approx([0.5, 0.3, 0.004])
 
 
