@@ -48,6 +48,15 @@ def test_jobs_overlapping_a_rewrite_are_set_apart(bench: ModuleType) -> None:
     granted = [(9.0, 0.5), (9.9, 0.2), (10.5, 0.1), (10.95, 0.25), (11.0, 0.3), (12.0, 0.004)]
     calm = bench.outside_rewrites(granted, windows)
     assert calm == pytest.approx([0.5, 0.3, 0.004])
+    assert bench.p99_ms_outside_rewrites(granted, windows, counted=1) == pytest.approx(500)
+
+
+def test_no_figure_when_redis_counted_a_rewrite_its_log_did_not_show(bench: ModuleType) -> None:
+    """A server whose log words a rewrite otherwise must not pass the whole phase's p99 off as
+    the p99 outside rewrites."""
+    granted = [(9.0, 0.5), (12.0, 0.004)]
+    assert bench.p99_ms_outside_rewrites(granted, [], counted=1) is None
+    assert bench.p99_ms_outside_rewrites(granted, [], counted=0) == pytest.approx(500)
 
 
 def test_the_load_generator_heap_is_frozen_before_a_measured_slice(bench: ModuleType) -> None:
