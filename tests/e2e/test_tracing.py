@@ -83,7 +83,8 @@ async def test_submit_grant_renew_release_is_one_trace(
         context.detach(token)
 
     granted = "publish granted" if mode == "on-admission" else "relay granted"
-    steps = ["lease release", "relay ended", "lease renew", "relay renewed", granted]
+    # The holder's renewal and release publish their own events (the direct outbox).
+    steps = ["lease release", "publish ended", "lease renew", "publish renewed", granted]
     await eventually(lambda: all(receiver.named(trace_id, n) for n in steps), timeout_s=30)
     spans = receiver.of_trace(trace_id)
     names = {s.name for s in spans}
@@ -151,6 +152,22 @@ async def test_submit_grant_renew_release_is_one_trace(
     assert renew.service == "lease-manager"
     assert renew.attributes["xpupool.lease_id"] == outcome.lease_id
     assert renew.attributes["xpupool.outcome"] == "renewed"
+    # The holder's commands published their events themselves, under their own spans: the
+    # relay published neither.
+    by_id = {s.span_id: s for s in spans}
+    for command, published, subject in (
+        ("lease renew", "publish renewed", "xpupool.alloc.v1.renewed"),
+        ("lease release", "publish ended", "xpupool.alloc.v1.ended.released"),
+    ):
+        [span] = receiver.named(trace_id, published)
+        assert by_id[span.parent_id].name == command
+        assert subject in {
+            s.attributes.get("messaging.destination.name")
+            for s in spans
+            if s.kind == KIND_PRODUCER and s.parent_id == span.span_id
+        }
+    assert not receiver.named(trace_id, "relay ended")
+    assert not receiver.named(trace_id, "relay renewed")
 
 
 async def test_a_job_without_trace_context_gets_a_root(
@@ -210,7 +227,7 @@ async def test_a_job_submitted_by_request_is_one_trace(
     finally:
         context.detach(token)
 
-    steps = [SUBMITTED, "schedule decision", "publish granted", "lease release", "relay ended"]
+    steps = [SUBMITTED, "schedule decision", "publish granted", "lease release", "publish ended"]
     await eventually(lambda: all(receiver.named(trace_id, n) for n in steps), timeout_s=30)
     spans = receiver.of_trace(trace_id)
     assert not receiver.named(trace_id, REQUESTED), "the request went by the job stream"

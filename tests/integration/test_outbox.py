@@ -12,13 +12,21 @@ import pytest
 
 from tests.conftest import eventually
 from tests.integration.ledger_builders import device_spec, reservation
-from xpupool.contracts import JobCancelled
+from xpupool.contracts import (
+    JobCancelled,
+    LeaseEnded,
+    LeaseRenewed,
+    LeaseReply,
+    ReleaseLease,
+    RenewLease,
+)
 from xpupool.devstack.servers import RedisServer
-from xpupool.lease_manager.handlers import build_events
+from xpupool.lease_manager.handlers import build_events, release_lease, renew_lease
 from xpupool.lease_manager.metrics import OUTBOXES, outbox_lag
 from xpupool.ledger import (
     Admission,
     DirectOutbox,
+    Holder,
     Ledger,
     OutboxRelay,
     ScriptResult,
@@ -192,6 +200,139 @@ async def test_a_grant_its_writer_did_not_get_stored_is_published_by_the_sweep(
     await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
     stop.set()
     await asyncio.wait_for(asyncio.gather(confirming, patient, eager), 5)
+
+
+# ---- a holder's renewal and release: the lease-manager publishes their events itself --------
+
+
+async def _held_lease(ledger: Ledger) -> tuple[Holder, str]:
+    """A lease granted on admission whose grant was published (its entry confirmed), and the
+    holder that may renew or release it."""
+    assert (await ledger.register_node("n1", [device_spec("n1", 0)], 64_000, 256_000)).ok
+    secret = new_lease_secret()
+    placement = reservation("a", SliceClaim("n1/nvidia0", whole=True), secret=secret)
+    [result] = await ledger.admit_many(
+        [Admission("a", 500, b"{}", None, "queued", tenant="t", placement=placement)]
+    )
+    assert result.ok and result.outcome == "granted"
+    await ledger.confirm_direct([result.entry])
+    return Holder("t", secret, result.token), result.lease_id
+
+
+def _holder_command(kind: str, holder: Holder, lease_id: str) -> RenewLease | ReleaseLease:
+    command = RenewLease if kind == "renewed" else ReleaseLease
+    return command(lease_id=lease_id, lease_secret=holder.secret, fencing_token=holder.token)
+
+
+async def _command(
+    kind: str, command: RenewLease | ReleaseLease, ledger: Ledger, outbox: DirectOutbox | None
+) -> Sequence[msgspec.Struct]:
+    if isinstance(command, RenewLease):
+        return await renew_lease(command, ledger, tenant="t", outbox=outbox)
+    return await release_lease(command, ledger, tenant="t", outbox=outbox)
+
+
+def _relaying(ledger: Ledger, sent: list[msgspec.Struct], stale_ms: int) -> OutboxRelay:
+    async def relay_send(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
+        sent.append(event)
+        return [_stored()]
+
+    return OutboxRelay(
+        ledger,
+        "lease-manager",
+        functools.partial(build_events, ledger=ledger),
+        relay_send,
+        sweep_direct=True,
+        direct_stale_ms=stale_ms,
+    )
+
+
+@pytest.mark.parametrize("kind", ["renewed", "ended"])
+async def test_a_holder_command_publishes_its_event_before_its_reply_and_the_relay_never_does(
+    ledger: Ledger, kind: str
+) -> None:
+    """A renewal or release with the direct outbox sends its event from the script's answer,
+    before the handler returns its reply: the same event the relay would have built from the
+    lease, with nothing queued for the relay and the entry deleted once stored."""
+    holder, lease_id = await _held_lease(ledger)
+    sent: list[msgspec.Struct] = []
+
+    async def send(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
+        sent.append(event)
+        return [_stored()]
+
+    stop = asyncio.Event()
+    direct = DirectOutbox(ledger)
+    confirming = asyncio.create_task(direct.run(send, stop))
+    await asyncio.sleep(0)
+    [reply] = await _command(kind, _holder_command(kind, holder, lease_id), ledger, direct)
+    assert isinstance(reply, LeaseReply) and reply.ok
+    [event] = sent  # sent before the reply was returned
+    assert isinstance(event, LeaseRenewed if kind == "renewed" else LeaseEnded)
+    # What the relay builds for the same entry from the lease (a sweep, had the publish failed).
+    [[rebuilt]] = await build_events([{"kind": kind, "lease_id": lease_id}], ledger)
+    assert event == rebuilt
+    assert await ledger.redis.xlen(ledger.key("outbox", "lease-manager")) == 0
+    await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
+
+    relayed: list[msgspec.Struct] = []
+    sweeping = asyncio.create_task(_relaying(ledger, relayed, stale_ms=0).run(stop))
+    await asyncio.sleep(1.5)
+    assert relayed == []
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(confirming, sweeping), 5)
+
+
+@pytest.mark.parametrize("kind", ["renewed", "ended"])
+async def test_a_holder_command_whose_event_was_not_stored_is_published_by_the_sweep(
+    ledger: Ledger, kind: str
+) -> None:
+    """The command is committed even when its event cannot be sent (NATS away): the reply is
+    still ok, the entry stays in the direct outbox, and the relay's sweep publishes the same
+    event once the entry is stale, then deletes it."""
+    holder, lease_id = await _held_lease(ledger)
+    attempted: list[msgspec.Struct] = []
+
+    async def refused(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
+        attempted.append(event)
+        raise ConnectionError("the connection is closed")
+
+    stop = asyncio.Event()
+    direct = DirectOutbox(ledger)
+    refusing = asyncio.create_task(direct.run(refused, stop))
+    await asyncio.sleep(0)
+    [reply] = await _command(kind, _holder_command(kind, holder, lease_id), ledger, direct)
+    assert isinstance(reply, LeaseReply) and reply.ok
+    [entry] = await _direct_entries(ledger)
+
+    relayed: list[msgspec.Struct] = []
+    sweeping = asyncio.create_task(_relaying(ledger, relayed, stale_ms=0).run(stop))
+    await eventually(lambda: relayed, timeout_s=5)
+    assert relayed == attempted
+    await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(refusing, sweeping), 5)
+
+
+async def test_a_refused_holder_command_queues_and_publishes_nothing(ledger: Ledger) -> None:
+    """A release with a stale token changes nothing: no event, no entry, the refusal replied."""
+    holder, lease_id = await _held_lease(ledger)
+    sent: list[msgspec.Struct] = []
+
+    async def send(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
+        sent.append(event)
+        return [_stored()]
+
+    stop = asyncio.Event()
+    direct = DirectOutbox(ledger)
+    confirming = asyncio.create_task(direct.run(send, stop))
+    await asyncio.sleep(0)
+    stale = Holder(holder.tenant, holder.secret, holder.token + 1)
+    [reply] = await _command("ended", _holder_command("ended", stale, lease_id), ledger, direct)
+    assert isinstance(reply, LeaseReply) and not reply.ok and reply.error == "stale_token"
+    assert sent == [] and await _direct_entries(ledger) == []
+    stop.set()
+    await asyncio.wait_for(confirming, 5)
 
 
 # ---- bookkeeping: the ids of stored entries are deleted together, never before ---------------

@@ -89,9 +89,10 @@ class ScriptResult(msgspec.Struct, frozen=True):
     lost: list[str] = msgspec.field(default_factory=list)
     ended: list[str] = msgspec.field(default_factory=list)
     entry: str = ""
-    """A grant announced through the direct outbox: its entry, for ``confirm_direct``."""
+    """An event queued in the direct outbox for the caller to publish: its entry, for
+    ``confirm_direct``."""
     lease: list[str] = msgspec.field(default_factory=list)
-    """A grant on admission: the lease's hash as HGETALL answers it (``granted_lease``)."""
+    """With ``entry``: the lease's hash as HGETALL answers it (``announced_lease``)."""
     change_seq: int = 0
     """A grant on admission: the change sequence it was logged (and announced) under."""
 
@@ -620,7 +621,15 @@ class Ledger:
 
     def granted_lease(self, result: ScriptResult) -> LeaseRecord | None:
         """The lease an admission granted (``admit_many``), as ``get_lease`` would read it."""
-        if not (result.ok and result.outcome == "granted" and result.lease):
+        if result.outcome != "granted":
+            return None
+        return self.announced_lease(result)
+
+    def announced_lease(self, result: ScriptResult) -> LeaseRecord | None:
+        """The lease whose event a script queued in the direct outbox for its caller to publish
+        (a grant on admission, a holder's renewal or release with ``direct``), as ``get_lease``
+        would read it right after the script."""
+        if not (result.ok and result.entry and result.lease):
             return None
         return _lease(result.lease_id, _pairs(result.lease))
 
@@ -751,9 +760,14 @@ class Ledger:
         bits unless given); idempotent: a duplicate keeps the first grant's token and secret."""
         return await self._run("grant", lease_id, secret or new_lease_secret())
 
-    async def renew(self, lease_id: str, holder: Holder, ttl_ms: int | None = None) -> ScriptResult:
+    async def renew(
+        self, lease_id: str, holder: Holder, ttl_ms: int | None = None, *, direct: bool = False
+    ) -> ScriptResult:
         """Extend a lease for its holder; refused (``not_owner``, ``bad_secret``,
-        ``lease_ended``, ``stale_token`` …) without touching it otherwise."""
+        ``lease_ended``, ``stale_token`` …) without touching it otherwise.
+
+        ``direct``: the caller publishes the ``LeaseRenewed`` itself, so the entry goes to the
+        direct outbox and the result carries it (``entry``) with the lease (``announced_lease``)."""
         return await self._run_batched(
             "renew",
             lease_id,
@@ -761,12 +775,21 @@ class Ledger:
             holder.secret,
             holder.token,
             "" if ttl_ms is None else ttl_ms,
+            DIRECT_OUTBOX if direct else "",
         )
 
-    async def release(self, lease_id: str, holder: Holder) -> ScriptResult:
-        """End a lease on its holder's request, after the same checks as :meth:`renew`."""
+    async def release(self, lease_id: str, holder: Holder, *, direct: bool = False) -> ScriptResult:
+        """End a lease on its holder's request, after the same checks as :meth:`renew`
+        (``direct`` as there, for the ``LeaseEnded``)."""
         return await self._run_batched(
-            "end", lease_id, "released", holder.tenant, holder.secret, holder.token, ""
+            "end",
+            lease_id,
+            "released",
+            holder.tenant,
+            holder.secret,
+            holder.token,
+            "",
+            DIRECT_OUTBOX if direct else "",
         )
 
     async def end(self, lease_id: str, reason: str, detail: str = "") -> ScriptResult:

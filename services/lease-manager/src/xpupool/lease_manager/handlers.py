@@ -36,7 +36,7 @@ from xpupool.contracts import (
 )
 from xpupool.lease_manager.metrics import LeaseManagerMetrics
 from xpupool.lease_manager.tracing import record_lifetime
-from xpupool.ledger import Holder, LeaseRecord, Ledger, ScriptResult
+from xpupool.ledger import DirectOutbox, Holder, LeaseRecord, Ledger, ScriptResult
 from xpupool.ledger.events import event_time, granted_event
 from xpupool.obs import continue_trace, get_logger, spans_exported
 
@@ -98,16 +98,26 @@ def _holder_span(
 
 
 async def renew_lease(
-    command: RenewLease, ledger: Ledger, *, tenant: str
+    command: RenewLease,
+    ledger: Ledger,
+    *,
+    tenant: str,
+    outbox: DirectOutbox | None = None,
+    metrics: LeaseManagerMetrics | None = None,
 ) -> Sequence[msgspec.Struct]:
     """Extend a lease for its holder: the tenant whose subject sent the command, with the grant's
-    secret and current fencing token; anything else is refused and changes nothing."""
+    secret and current fencing token; anything else is refused and changes nothing.
+
+    With ``outbox`` the ``LeaseRenewed`` is published here, before the reply, rather than by
+    the relay (``_announce``)."""
     ttl_ms = None if command.ttl_s is None else int(command.ttl_s * 1000)
     holder = Holder(tenant, command.lease_secret, command.fencing_token)
     trace = await _trace(ledger, command)
     with _holder_span("lease renew", command.lease_id, tenant, trace) as span:
-        result = await ledger.renew(command.lease_id, holder, ttl_ms)
+        result = await ledger.renew(command.lease_id, holder, ttl_ms, direct=outbox is not None)
         span.set_attribute("xpupool.outcome", "renewed" if result.ok else result.reason)
+        if outbox is not None:
+            await _announce("renewed", result, ledger, outbox, metrics)
     if not result.ok:
         return [_refusal(command.lease_id, tenant, result)]
     return [
@@ -116,18 +126,48 @@ async def renew_lease(
 
 
 async def release_lease(
-    command: ReleaseLease, ledger: Ledger, *, tenant: str
+    command: ReleaseLease,
+    ledger: Ledger,
+    *,
+    tenant: str,
+    outbox: DirectOutbox | None = None,
+    metrics: LeaseManagerMetrics | None = None,
 ) -> Sequence[msgspec.Struct]:
     """Give a lease back, on the same checks as a renewal: a stale, replayed or foreign release
-    is refused (``lease_ended``, ``stale_token``, ``not_owner``, ``bad_secret``), never ``ok``."""
+    is refused (``lease_ended``, ``stale_token``, ``not_owner``, ``bad_secret``), never ``ok``.
+
+    With ``outbox`` the ``LeaseEnded`` is published here, before the reply (``_announce``)."""
     holder = Holder(tenant, command.lease_secret, command.fencing_token)
     trace = await _trace(ledger, command)
     with _holder_span("lease release", command.lease_id, tenant, trace) as span:
-        result = await ledger.release(command.lease_id, holder)
+        result = await ledger.release(command.lease_id, holder, direct=outbox is not None)
         span.set_attribute("xpupool.outcome", "released" if result.ok else result.reason)
+        if outbox is not None:
+            await _announce("ended", result, ledger, outbox, metrics)
     if not result.ok:
         return [_refusal(command.lease_id, tenant, result)]
     return [LeaseReply(ok=True, lease_id=command.lease_id)]
+
+
+async def _announce(
+    kind: str,
+    result: ScriptResult,
+    ledger: Ledger,
+    outbox: DirectOutbox,
+    metrics: LeaseManagerMetrics | None,
+) -> None:
+    """Publish the event a holder's command queued in the direct outbox, from the lease its
+    script answered with: no relay wake, no read of the lease, and its subscribers have it before
+    the holder has the reply. Should the publish fail, the entry stays and the relay's sweep
+    publishes the same event (``DIRECT_STALE_MS``) from the same entry."""
+    lease = ledger.announced_lease(result)
+    if lease is None:
+        return  # refused: nothing was queued
+    fields = {"kind": kind, "lease_id": lease.lease_id}
+    if kind == "renewed":
+        fields["expires_ms"] = str(result.expires_ms)
+    with continue_trace(f"publish {kind}", {}, {"xpupool.lease_id": lease.lease_id}):
+        await outbox.publish(result.entry, entry_events(fields, lease, metrics))
 
 
 def lease_info(lease: LeaseRecord) -> LeaseInfo:

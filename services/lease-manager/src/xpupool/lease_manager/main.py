@@ -25,7 +25,7 @@ from xpupool.lease_manager.metrics import (
     serve_metrics,
 )
 from xpupool.lease_manager.settings import LeaseManagerSettings
-from xpupool.ledger import Ledger, OutboxRelay, open_ledger
+from xpupool.ledger import DirectOutbox, Ledger, OutboxRelay, open_ledger
 from xpupool.ledger.usage import trim_usage
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
 from xpupool.obs.metrics import LoopLag, watch_loop_lag
@@ -124,6 +124,7 @@ async def run(settings: LeaseManagerSettings) -> None:
                 "metrics_serving", addr=settings.lease_manager_metrics_addr, port=port
             )
         loop_lag = LoopLag(metrics.registry) if settings.lease_manager_metrics_port else None
+        direct = DirectOutbox(ledger)
 
         async def run_once(run_stop: asyncio.Event) -> None:
             # Everything on NATS lives here: a closed connection re-opens all of it (supervise).
@@ -133,9 +134,12 @@ async def run(settings: LeaseManagerSettings) -> None:
                 )
                 commands = (handlers.reject_invalid_command, handlers.reply_too_large)
                 queries = (handlers.reject_invalid_query, handlers.query_reply_too_large)
+                # A holder's renewal or release publishes its own event (the direct outbox).
+                renew = functools.partial(handlers.renew_lease, outbox=direct, metrics=metrics)
+                release = functools.partial(handlers.release_lease, outbox=direct, metrics=metrics)
                 for channel, handler, (on_invalid, too_large) in (
-                    (subjects.LEASE_RENEW, handlers.renew_lease, commands),
-                    (subjects.LEASE_RELEASE, handlers.release_lease, commands),
+                    (subjects.LEASE_RENEW, renew, commands),
+                    (subjects.LEASE_RELEASE, release, commands),
                     (subjects.LEASE_GET, handlers.get_lease, queries),
                     (subjects.LEASE_LIST, handlers.list_leases, queries),
                 ):
@@ -178,6 +182,7 @@ async def run(settings: LeaseManagerSettings) -> None:
                         stats=stats,
                     ),
                     relay.run(run_stop),
+                    direct.run(bus.publisher.send, run_stop),
                     expire_leases(
                         ledger,
                         settings.expiry_interval_s,

@@ -2,8 +2,8 @@
 
 A lease outlives any process that touched it (the grant, renewals and the end may each be on
 another replica), so no process can hold its span open: the span is written once, at the end,
-with the ledger's own grant and end times, as a child of the relay span of the ``ended`` entry
-(which continues the job's trace).
+with the ledger's own grant and end times, in the job's trace the lease keeps (as a child of the
+span that publishes its ``LeaseEnded``: the holder's release, or the relay's for any other end).
 """
 
 from __future__ import annotations

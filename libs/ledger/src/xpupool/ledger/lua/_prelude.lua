@@ -232,8 +232,10 @@ local function write_usage(lease_id, reason, now)
 end
 
 -- Ends one lease: gives every slice, host share and quota unit back, records why, and queues the
--- terminal event in the lease-manager's outbox. Idempotent: an ended lease stays ended.
-local function end_lease(lease_id, reason, detail, now)
+-- terminal event in ``outbox`` (the lease-manager's unless the caller publishes it itself:
+-- 'direct', see outbox.py). Idempotent: an ended lease stays ended. Returns the outcome and, when
+-- it ended the lease now, the entry id.
+local function end_lease(lease_id, reason, detail, now, outbox)
   local lk = k('lease', lease_id)
   local l = redis.call('HMGET', lk, 'state', 'slices', 'host', 'usage', 'job_id', 'queue')
   if not l[1] then return 'unknown' end
@@ -270,8 +272,8 @@ local function end_lease(lease_id, reason, detail, now)
     'ended_ms', now)
   redis.call('EXPIRE', lk, RETAIN_S)
   redis.call('HSET', k('job', l[5]), 'state', 'ended')
-  lease_event('lease-manager', lease_id, 'ended')
+  local entry = lease_event(outbox or 'lease-manager', lease_id, 'ended')
   bump()
   touched('lease', lease_id)
-  return 'ended'
+  return 'ended', entry
 end

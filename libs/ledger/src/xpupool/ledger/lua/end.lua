@@ -1,7 +1,9 @@
 -- End a lease. From a holder (a release: tenant, secret and token given) only after the holder
 -- check, so a stale or foreign holder cannot end a lease and learns that it lost it; from the
 -- scheduler (preemption: tenant '') unconditionally and idempotently.
--- ARGV: lease_id, reason, tenant ('' = internal), lease secret, fencing token, detail
+-- ARGV: lease_id, reason, tenant ('' = internal), lease secret, fencing token, detail, outbox
+-- ('' = the lease-manager's; 'direct' when the caller publishes the LeaseEnded itself, which
+-- then gets the entry and the ended lease's hash to build it from, as pend.lua answers a grant)
 local lk = k('lease', ARGV[1])
 local now = now_ms()
 if ARGV[3] ~= '' then
@@ -10,5 +12,10 @@ if ARGV[3] ~= '' then
 elseif redis.call('EXISTS', lk) == 0 then
   return fail('unknown_lease', ARGV[1])
 end
-local outcome = end_lease(ARGV[1], ARGV[2], ARGV[6], now)
+local outbox = ARGV[7] ~= '' and ARGV[7] or nil
+local outcome, entry = end_lease(ARGV[1], ARGV[2], ARGV[6], now, outbox)
+if outbox and entry then
+  return cjson.encode({ok = true, outcome = outcome, lease_id = ARGV[1], entry = entry,
+    lease = redis.call('HGETALL', lk)})
+end
 return cjson.encode({ok = true, outcome = outcome})

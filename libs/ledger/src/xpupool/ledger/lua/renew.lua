@@ -1,5 +1,7 @@
 -- Extend an active lease from the ledger's clock, for its holder only (see holder_refusal).
--- ARGV: lease_id, tenant, lease secret, fencing token, ttl_ms ('' = the lease's own term)
+-- ARGV: lease_id, tenant, lease secret, fencing token, ttl_ms ('' = the lease's own term),
+-- outbox ('' = the lease-manager's; 'direct' as in end.lua: the entry and the lease's hash come
+-- back for the caller to publish the LeaseRenewed itself)
 local lk = k('lease', ARGV[1])
 local now = now_ms()
 local refusal = holder_refusal(lk, ARGV[1], ARGV[2], ARGV[3], ARGV[4], now)
@@ -10,5 +12,10 @@ local deadline = tonumber(redis.call('HGET', lk, 'deadline_ms') or '')
 if deadline then expires = math.min(expires, deadline) end
 redis.call('HSET', lk, 'expires_ms', expires)
 redis.call('ZADD', k('expiry'), expires, ARGV[1])
-lease_event('lease-manager', ARGV[1], 'renewed', 'expires_ms', expires)
+local outbox = ARGV[6] ~= '' and ARGV[6] or nil
+local entry = lease_event(outbox or 'lease-manager', ARGV[1], 'renewed', 'expires_ms', expires)
+if outbox then
+  return cjson.encode({ok = true, expires_ms = expires, lease_id = ARGV[1], entry = entry,
+    lease = redis.call('HGETALL', lk)})
+end
 return cjson.encode({ok = true, expires_ms = expires})
