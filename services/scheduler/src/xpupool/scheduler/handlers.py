@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, NamedTuple
 
 import msgspec
 from opentelemetry import trace
@@ -92,6 +92,7 @@ from xpupool.scheduler.domain import (
     NodeState,
     PendingRequest,
     PlacementPolicy,
+    PoolSnapshot,
     Preempt,
     Reject,
     Reserve,
@@ -791,7 +792,14 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
     """Decide every pending request against one ledger snapshot and commit the outcomes."""
     ledger = deps.ledger
     started = time.perf_counter()
-    jobs = await ledger.pending_jobs(deps.settings.batch_limit, time_out_first=True)
+    config = deps.config.current()
+    # The waiting jobs and the pool are read side by side (each on a connection of its own):
+    # a cycle waits for the longer of the two reads, not for both one after the other. With no
+    # job waiting the pool read only brought the kept copy up to date.
+    jobs, pool_read = await asyncio.gather(
+        ledger.pending_jobs(deps.settings.batch_limit, time_out_first=True),
+        _pool_and_growth(deps, config),
+    )
     deps.last_pending = len(jobs)
     if not jobs:
         deps.metrics.observe_queues(())
@@ -804,16 +812,35 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
         links=lambda: links_to([job.trace for _, job in jobs]),
         attributes={"xpupool.pending": len(jobs)},
     ):
-        return await _decide_and_commit(deps, jobs, started)
+        return await _decide_and_commit(deps, jobs, config, pool_read, started)
+
+
+class _PoolRead(NamedTuple):
+    snapshot: PoolSnapshot
+    now_ms: int
+    pool: WorkingPool
+    shapes: list[PoolShape]
+    """What the autoscaler could add."""
+    incoming: frozenset[str]
+    """The jobs its in-flight scale-ups are for."""
+
+
+async def _pool_and_growth(deps: SchedulerDeps, config: SchedulerConfig) -> _PoolRead:
+    # The working pool is kept across cycles and admission batches (``SnapshotCache``).
+    snapshot, now_ms, pool = await deps.snapshots.read_pool(deps.ledger, config)
+    shapes, incoming = await deps.ledger.growth(snapshot.now_s)
+    return _PoolRead(snapshot, now_ms, pool, shapes, incoming)
 
 
 async def _decide_and_commit(
-    deps: SchedulerDeps, jobs: list[tuple[bytes | str, JobRecord]], started: float
+    deps: SchedulerDeps,
+    jobs: list[tuple[bytes | str, JobRecord]],
+    config: SchedulerConfig,
+    pool_read: _PoolRead,
+    started: float,
 ) -> Sequence[msgspec.Struct]:
     ledger, log = deps.ledger, get_logger()
-    config = deps.config.current()
-    # The working pool is kept across cycles and admission batches (``SnapshotCache``).
-    snapshot, now_ms, pool = await deps.snapshots.read_pool(ledger, config)
+    snapshot, now_ms, pool, shapes, incoming = pool_read
 
     records: dict[str, tuple[JobRecord, JobRequested]] = {}
     pending = []
@@ -828,8 +855,6 @@ async def _decide_and_commit(
                 job.reason if job.reason != ADMITTED else "",
             )
         )
-    # What the autoscaler could add, and the jobs its in-flight scale-ups are for.
-    shapes, incoming = await deps.ledger.growth(snapshot.now_s)
     read = time.perf_counter()
     deps.metrics.observe_queues(
         queue_rows(
