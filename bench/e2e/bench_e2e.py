@@ -191,8 +191,9 @@ def admission_views(port: int) -> dict[str, float]:
     """The scheduler's lone arrivals placed on its kept copy, by view (``kept``/``changed``),
     its change-log reads carried by a commit and used by the next batch (``read_carried``,
     ``read_used``), how many scheduling cycles it has run (``cycles``: under load, a job
-    that had to wait turns placement on admission off until a cycle runs), and its cyclic
-    collector's passes by generation (``gc_0``, ``gc_1``, ``gc_2``)."""
+    that had to wait turns placement on admission off until a cycle runs) and their time in all
+    (``cycle_s``), and its cyclic collector's passes by generation (``gc_0``, ``gc_1``,
+    ``gc_2``)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     counts = {}
@@ -204,9 +205,19 @@ def admission_views(port: int) -> dict[str, float]:
                 counts["read_" + sample.labels["step"]] = sample.value
             elif sample.name == "xpupool_scheduler_cycle_duration_seconds_count":
                 counts["cycles"] = sample.value
+            elif sample.name == "xpupool_scheduler_cycle_duration_seconds_sum":
+                counts["cycle_s"] = sample.value
             elif sample.name == "python_gc_collections_total":
                 counts["gc_" + sample.labels["generation"]] = sample.value
     return counts
+
+
+def cycle_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The scheduling cycles run between two ``admission_views`` scrapes and their mean time
+    (read, decisions and commits): on a busy pool every job waits for one."""
+    cycles = after.get("cycles", 0.0) - before.get("cycles", 0.0)
+    spent_s = after.get("cycle_s", 0.0) - before.get("cycle_s", 0.0)
+    return {"cycles": cycles, "cycle_ms_mean": 1000 * spent_s / cycles if cycles else 0.0}
 
 
 def kept_copy_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -876,7 +887,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 "rss_mib": {k: rss[k] / 2**20 for k in pids},
                 # Scheduling cycles the closed loop caused (one replica's; none while every
                 # request is placed on admission).
-                "cycles": counts1.get("cycles", 0.0) - counts0.get("cycles", 0.0),
+                **cycle_figures(counts0, counts1),
                 # Admission commits that carried the next batch's read (batches under load).
                 "carried_reads": counts1.get("read_carried", 0.0)
                 - counts0.get("read_carried", 0.0),
@@ -978,6 +989,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                         # per job: at a lower rate batches are smaller and a job costs more.
                         "cores_busy": sum(usage.cpu_s.values()) / elapsed,
                         **kept_copy_figures(views0, views1),
+                        **cycle_figures(views0, views1),
                         # Each AOF rewrite forks and its child takes a core for a second or
                         # so at this ledger size: the open loop's tail follows them.
                         "aof_rewrites": rewrites1 - rewrites0,
@@ -1041,7 +1053,8 @@ def table(results: list[dict[str, Any]]) -> str:
         )
         if r["replicas"] == 1:
             lines.append(
-                f"  closed loop: {c['cycles']:.0f} scheduling cycles,"
+                f"  closed loop: {c['cycles']:.0f} scheduling cycles"
+                f" ({c['cycle_ms_mean']:.1f} ms each on average),"
                 f" {c['carried_reads']:.0f} admission batches carrying a read,"
                 f" {c['full_collections']:.0f} full collections"
                 f" (the load generator's {c['load_generator_full_collections']:.0f})"
@@ -1057,6 +1070,11 @@ def table(results: list[dict[str, Any]]) -> str:
                     f" ({v['view_changed']:.0f} changed)"
                     f"  batches on a carried read {v.get('decided_on_carried_read', 0):.0f}"
                     if "decided_on_kept_copy" in v
+                    else ""
+                )
+                + (
+                    f"  cycles {v['cycles']:.0f} ({v['cycle_ms_mean']:.1f} ms each)"
+                    if v.get("cycles")
                     else ""
                 )
                 + (f"  AOF rewrites {v['aof_rewrites']}" if "aof_rewrites" in v else "")

@@ -38,6 +38,7 @@ def test_bench_quick_runs_clean_with_every_figure(tmp_path: Path) -> None:
     assert result["floor"]["serial_p50_ms"] > 0
     assert closed["redis_commands_per_grant_by_name"]
     assert closed["cycles"] >= 0  # read from the scheduler's metrics
+    assert closed["cycle_ms_mean"] >= 0
     assert closed["load_generator_full_collections"] >= 0
     assert {"scheduler-1", "lease-manager-0"} <= set(closed["cpu_s_per_1000_grants"])
     assert set(result["open"]) == {"serial", "25%", "50%", "80%"}

@@ -344,6 +344,29 @@ async def test_admission_is_idempotent_and_orders_by_priority_then_arrival(ledge
     assert not refused.ok and refused.reason == "job_reserved"
 
 
+async def test_a_cycle_listing_times_out_first_and_survives_a_server_without_its_scripts(
+    ledger: Ledger,
+) -> None:
+    """The listing a scheduling cycle reads (one round trip: the time-outs, then the pending
+    jobs with their bodies and records) ends the requests past their max wait before it lists,
+    leaves out a job whose request is gone, and on a server that lost its scripts loads them and
+    asks again: each request is timed out once."""
+    assert (await ledger.pend("due", 500, b'{"n": 1}', 1, "queued")).ok
+    assert (await ledger.pend("kept", 400, b'{"n": 2}', None, "queued")).ok
+    assert (await ledger.pend("gone", 300, b'{"n": 3}', None, "queued")).ok
+    await ledger.redis.delete(ledger.key("pending-req", "gone"))
+    await asyncio.sleep(0.01)
+    await ledger.redis.script_flush()
+    outbox = ledger.key("outbox", "scheduler")
+    before = await ledger.redis.xlen(outbox)
+    jobs = await ledger.pending_jobs(time_out_first=True)
+    assert [(body, job.job_id) for body, job in jobs] == [(b'{"n": 2}', "kept")]
+    assert jobs[0][1].since_ms and jobs[0][1].state == "pending"
+    assert await ledger.redis.xlen(outbox) == before + 1  # the one time-out's event
+    assert [job.job_id for _, job in await ledger.pending_jobs(time_out_first=True)] == ["kept"]
+    assert await ledger.redis.xlen(outbox) == before + 1
+
+
 async def test_partition_spec_and_enforced_slice_survive_the_scripts(ledger: Ledger) -> None:
     """A MIG instance's spec comes back from the ledger with its partition, and a slice the
     scheduler marked enforced is still enforced when the lease is read back."""
@@ -421,12 +444,15 @@ async def test_growth_reads_shapes_and_incoming_jobs_in_one_call(ledger: Ledger)
     """What a scheduling cycle reads of the autoscaler: the same as the two reads apart."""
     from xpupool.contracts import PoolShape
 
-    assert await ledger.growth(0.0) == ([], frozenset())
+    empty = await ledger.growth()
+    assert empty.shapes == [] and empty.incoming(0.0) == frozenset()
     shape = PoolShape(pool="p", devices=[device_spec("p#shape", 0)], max_size=1)
     await ledger.redis.set(ledger.key("autoscaler", "shapes"), msgspec.json.encode([shape]))
     await ledger.redis.set(ledger.key("autoscaler", "incoming"), msgspec.json.encode({"j": 9.0}))
-    assert await ledger.growth(5.0) == ([shape], frozenset({"j"}))
-    assert await ledger.growth(10.0) == ([shape], frozenset())
+    growth = await ledger.growth()
+    assert growth.shapes == [shape]
+    assert growth.incoming(5.0) == await ledger.incoming_jobs(5.0) == frozenset({"j"})
+    assert growth.incoming(10.0) == await ledger.incoming_jobs(10.0) == frozenset()
 
 
 async def test_a_reader_that_keeps_its_nodes_is_sent_only_the_devices_that_changed(

@@ -89,6 +89,9 @@ LEDGER_SCRIPTS: Final[Mapping[str, tuple[str, ...]]] = {
         "release_lock",
         "time_out_pending",
         "read_changes",
+        # pending_jobs (the autoscaler lists the waiting jobs with it too: it reads only what
+        # the autoscaler's own rules let it read)
+        "list_pending",
     ),
     access.LEASE_MANAGER: (
         "grant",

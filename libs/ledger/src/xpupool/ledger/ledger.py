@@ -371,6 +371,19 @@ class ChangedRecords:
 
 
 @dataclass(frozen=True)
+class Growth:
+    """What the autoscaler could add to the pool (``shapes``, its pools' node shapes) and the
+    pending jobs its in-flight scale-ups are for, each until its deadline (ledger seconds)."""
+
+    shapes: list[PoolShape]
+    incoming_until: Mapping[str, float]
+
+    def incoming(self, now_s: float) -> frozenset[str]:
+        """The jobs whose scale-up is not overdue at ``now_s``."""
+        return frozenset(job for job, until in self.incoming_until.items() if until >= now_s)
+
+
+@dataclass(frozen=True)
 class JobRecord:
     """What the ledger knows of a job id (the idempotency key)."""
 
@@ -529,15 +542,16 @@ class Ledger:
         """The pending jobs in-flight scale-ups are for (``{ns}:autoscaler:incoming``, written
         by the acting autoscaler from its journal), until each scale-up is overdue."""
         raw = await self._redis.get(self.key("autoscaler", AUTOSCALER_INCOMING))
-        return _incoming_jobs(raw, now_s)
+        return Growth([], _incoming_until(raw)).incoming(now_s)
 
-    async def growth(self, now_s: float) -> tuple[list[PoolShape], frozenset[str]]:
-        """:meth:`pool_shapes` and :meth:`incoming_jobs` in one round trip (a scheduling cycle
-        reads both)."""
+    async def growth(self) -> Growth:
+        """:meth:`pool_shapes` and the incoming jobs with their deadlines, in one round trip (a
+        scheduling cycle reads both beside its read of the pool, whose clock then says which
+        scale-ups are overdue: ``Growth.incoming``)."""
         shapes, incoming = await self._redis.mget(
             self.key("autoscaler", AUTOSCALER_SHAPES), self.key("autoscaler", AUTOSCALER_INCOMING)
         )
-        return _pool_shapes(shapes), _incoming_jobs(incoming, now_s)
+        return Growth(_pool_shapes(shapes), _incoming_until(incoming))
 
     async def set_node_draining(self, node_id: str, draining: bool) -> ScriptResult:
         """Drain a node (no new grants there; its leases run on) or take it back into service;
@@ -658,36 +672,34 @@ class Ledger:
     async def pending_jobs(
         self, limit: int = 1000, *, time_out_first: bool = False
     ) -> list[tuple[bytes | str, JobRecord]]:
-        """The pending requests in score order with what the ledger knows of each job, in two
-        round trips; with ``time_out_first``, those past their max wait are ended first
-        (:meth:`time_out_pending`, in the first of them)."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            if time_out_first:
-                pipe.evalsha(self._scripts["time_out_pending"].sha, 1, self.prefix, 100)
-            pipe.zrange(self.key("pending"), 0, limit - 1)
-            listed = await pipe.execute(raise_on_error=False)
-        if time_out_first and isinstance(listed[0], NoScriptError):
-            await self.time_out_pending()  # loads the script; the listing may have changed
-            listed = [None, await self._redis.zrange(self.key("pending"), 0, limit - 1)]
-        for item in listed:
-            if isinstance(item, Exception):
-                raise item
-        job_ids = [_str(j) for j in listed[-1]]
-        if not job_ids:
-            return []
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.mget([self.key("pending-req", j) for j in job_ids])
-            for job_id in job_ids:
-                pipe.hgetall(self.key("job", job_id))
-            bodies, *rows = await pipe.execute()
+        """The pending requests in score order with what the ledger knows of each job, in one
+        round trip (``list_pending.lua``); with ``time_out_first``, those past their max wait
+        are ended first (:meth:`time_out_pending`, sent ahead of the listing)."""
+        scripts = ["time_out_pending", "list_pending"] if time_out_first else ["list_pending"]
+        args = {"time_out_pending": 100, "list_pending": limit}
+        for attempt in range(2):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for name in scripts:
+                    pipe.evalsha(self._scripts[name].sha, 1, self.prefix, args[name])
+                replies = await pipe.execute(raise_on_error=False)
+            # A server without the scripts (restarted, or its cache flushed) refused both: none
+            # ran. Load them and ask again.
+            if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
+                for name in scripts:
+                    await self._redis.script_load(self._scripts[name].script)
+                continue
+            break
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        listed = replies[-1]
         entries = [
-            (job_id, body, row)
-            for job_id, body, row in zip(job_ids, bodies, rows, strict=True)
+            (_str(job_id), body, {_str(f): _str(v) for f, v in _pairs(row).items()})
+            for job_id, body, row in zip(listed[0::3], listed[1::3], listed[2::3], strict=True)
             if body is not None
         ]
         jobs = []
-        for job_id, body, row in entries:
-            r = {_str(a): _str(b) for a, b in row.items()}
+        for job_id, body, r in entries:
             if r.get("state") != "pending":
                 continue
             jobs.append(
@@ -1232,14 +1244,13 @@ def _pool_shapes(raw: bytes | str | None) -> list[PoolShape]:
         return []
 
 
-def _incoming_jobs(raw: bytes | str | None, now_s: float) -> frozenset[str]:
+def _incoming_until(raw: bytes | str | None) -> dict[str, float]:
     if not raw:
-        return frozenset()
+        return {}
     try:
-        until = _INCOMING_DECODER.decode(raw)
+        return _INCOMING_DECODER.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError):
-        return frozenset()
-    return frozenset(job for job, deadline in until.items() if deadline >= now_s)
+        return {}
 
 
 _HOST_DECODER = msgspec.json.Decoder(dict[str, HostClaim])

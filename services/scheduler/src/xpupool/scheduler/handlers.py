@@ -63,6 +63,7 @@ from xpupool.ledger import (
     AdmissionLimits,
     ChangeCursor,
     DirectOutbox,
+    Growth,
     HostClaim,
     JobRecord,
     Ledger,
@@ -793,12 +794,13 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
     ledger = deps.ledger
     started = time.perf_counter()
     config = deps.config.current()
-    # The waiting jobs and the pool are read side by side (each on a connection of its own):
-    # a cycle waits for the longer of the two reads, not for both one after the other. With no
-    # job waiting the pool read only brought the kept copy up to date.
-    jobs, pool_read = await asyncio.gather(
+    # The waiting jobs, the pool and what the autoscaler could add are read side by side (each
+    # on a connection of its own): a cycle waits for the longest of the three round trips, not
+    # for each in turn. With no job waiting the pool read only brought the kept copy up to date.
+    jobs, (snapshot, now_ms, pool), growth = await asyncio.gather(
         ledger.pending_jobs(deps.settings.batch_limit, time_out_first=True),
-        _pool_and_growth(deps, config),
+        deps.snapshots.read_pool(ledger, config),
+        ledger.growth(),
     )
     deps.last_pending = len(jobs)
     if not jobs:
@@ -812,35 +814,32 @@ async def schedule_cycle(deps: SchedulerDeps) -> Sequence[msgspec.Struct]:
         links=lambda: links_to([job.trace for _, job in jobs]),
         attributes={"xpupool.pending": len(jobs)},
     ):
-        return await _decide_and_commit(deps, jobs, config, pool_read, started)
+        return await _decide_and_commit(
+            deps, jobs, config, _Read(snapshot, now_ms, pool, growth), started
+        )
 
 
-class _PoolRead(NamedTuple):
+class _Read(NamedTuple):
+    """What a cycle decides on besides the waiting jobs."""
+
     snapshot: PoolSnapshot
     now_ms: int
     pool: WorkingPool
-    shapes: list[PoolShape]
-    """What the autoscaler could add."""
-    incoming: frozenset[str]
-    """The jobs its in-flight scale-ups are for."""
-
-
-async def _pool_and_growth(deps: SchedulerDeps, config: SchedulerConfig) -> _PoolRead:
-    # The working pool is kept across cycles and admission batches (``SnapshotCache``).
-    snapshot, now_ms, pool = await deps.snapshots.read_pool(deps.ledger, config)
-    shapes, incoming = await deps.ledger.growth(snapshot.now_s)
-    return _PoolRead(snapshot, now_ms, pool, shapes, incoming)
+    """The working pool, kept across cycles and admission batches (``SnapshotCache``)."""
+    growth: Growth
 
 
 async def _decide_and_commit(
     deps: SchedulerDeps,
     jobs: list[tuple[bytes | str, JobRecord]],
     config: SchedulerConfig,
-    pool_read: _PoolRead,
+    inputs: _Read,
     started: float,
 ) -> Sequence[msgspec.Struct]:
     ledger, log = deps.ledger, get_logger()
-    snapshot, now_ms, pool, shapes, incoming = pool_read
+    snapshot, now_ms, pool, growth = inputs
+    # What the autoscaler could add, and the jobs its in-flight scale-ups are for.
+    shapes, incoming = growth.shapes, growth.incoming(snapshot.now_s)
 
     records: dict[str, tuple[JobRecord, JobRequested]] = {}
     pending = []
