@@ -1052,9 +1052,9 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{c['nats_in_msgs_per_grant'] + c['nats_out_msgs_per_grant']:>8.1f}  {cpu}"
         )
         if r["replicas"] == 1:
+            cycle_time = f" ({c['cycle_ms_mean']:.1f} ms each on average)" if c["cycles"] else ""
             lines.append(
-                f"  closed loop: {c['cycles']:.0f} scheduling cycles"
-                f" ({c['cycle_ms_mean']:.1f} ms each on average),"
+                f"  closed loop: {c['cycles']:.0f} scheduling cycles{cycle_time},"
                 f" {c['carried_reads']:.0f} admission batches carrying a read,"
                 f" {c['full_collections']:.0f} full collections"
                 f" (the load generator's {c['load_generator_full_collections']:.0f})"
