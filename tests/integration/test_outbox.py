@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
@@ -34,6 +35,7 @@ from xpupool.ledger import (
     new_lease_secret,
 )
 from xpupool.ledger.events import granted_event
+from xpupool.ledger.outbox import Send
 
 pytestmark = pytest.mark.integration
 
@@ -176,25 +178,10 @@ async def test_a_grant_its_writer_did_not_get_stored_is_published_by_the_sweep(
     assert await _direct_entries(ledger) == [result.entry]
 
     relayed: list[msgspec.Struct] = []
-
-    async def relay_send(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
-        relayed.append(event)
-        return [_stored()]
-
-    def sweeper(stale_ms: int) -> OutboxRelay:
-        return OutboxRelay(
-            ledger,
-            "lease-manager",
-            functools.partial(build_events, ledger=ledger),
-            relay_send,
-            sweep_direct=True,
-            direct_stale_ms=stale_ms,
-        )
-
-    patient = asyncio.create_task(sweeper(60_000).run(stop))
+    patient = asyncio.create_task(_relaying(ledger, relayed, stale_ms=60_000).run(stop))
     await asyncio.sleep(1.5)
     assert relayed == [] and await _direct_entries(ledger) == [result.entry]
-    eager = asyncio.create_task(sweeper(0).run(stop))
+    eager = asyncio.create_task(_relaying(ledger, relayed, stale_ms=0).run(stop))
     await eventually(lambda: relayed, timeout_s=5)
     assert relayed == [granted_event(lease)]
     await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
@@ -233,18 +220,39 @@ async def _command(
 
 
 def _relaying(ledger: Ledger, sent: list[msgspec.Struct], stale_ms: int) -> OutboxRelay:
-    async def relay_send(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
-        sent.append(event)
-        return [_stored()]
-
+    """The lease-manager's relay, sweeping the direct outbox for entries older than
+    ``stale_ms``, its sends kept in ``sent``."""
     return OutboxRelay(
         ledger,
         "lease-manager",
         functools.partial(build_events, ledger=ledger),
-        relay_send,
+        _storing(sent),
         sweep_direct=True,
         direct_stale_ms=stale_ms,
     )
+
+
+def _storing(sent: list[msgspec.Struct]) -> Send:
+    """A send that JetStream acknowledges at once, keeping what it was given."""
+
+    async def send(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
+        sent.append(event)
+        return [_stored()]
+
+    return send
+
+
+@asynccontextmanager
+async def _running(direct: DirectOutbox, send: Send) -> AsyncIterator[DirectOutbox]:
+    """``direct`` running with ``send`` for the block, then stopped."""
+    stop = asyncio.Event()
+    running = asyncio.create_task(direct.run(send, stop))
+    await asyncio.sleep(0)
+    try:
+        yield direct
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 5)
 
 
 @pytest.mark.parametrize("kind", ["renewed", "ended"])
@@ -256,31 +264,25 @@ async def test_a_holder_command_publishes_its_event_before_its_reply_and_the_rel
     lease, with nothing queued for the relay and the entry deleted once stored."""
     holder, lease_id = await _held_lease(ledger)
     sent: list[msgspec.Struct] = []
-
-    async def send(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
-        sent.append(event)
-        return [_stored()]
-
-    stop = asyncio.Event()
-    direct = DirectOutbox(ledger)
-    confirming = asyncio.create_task(direct.run(send, stop))
-    await asyncio.sleep(0)
-    [reply] = await _command(kind, _holder_command(kind, holder, lease_id), ledger, direct)
-    assert isinstance(reply, LeaseReply) and reply.ok
-    [event] = sent  # sent before the reply was returned
-    assert isinstance(event, LeaseRenewed if kind == "renewed" else LeaseEnded)
-    # What the relay builds for the same entry from the lease (a sweep, had the publish failed).
-    [[rebuilt]] = await build_events([{"kind": kind, "lease_id": lease_id}], ledger)
-    assert event == rebuilt
-    assert await ledger.redis.xlen(ledger.key("outbox", "lease-manager")) == 0
-    await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
-
     relayed: list[msgspec.Struct] = []
-    sweeping = asyncio.create_task(_relaying(ledger, relayed, stale_ms=0).run(stop))
-    await asyncio.sleep(1.5)
+    async with _running(DirectOutbox(ledger), _storing(sent)) as direct:
+        [reply] = await _command(kind, _holder_command(kind, holder, lease_id), ledger, direct)
+        assert isinstance(reply, LeaseReply) and reply.ok
+        [event] = sent  # sent before the reply was returned
+        assert isinstance(event, LeaseRenewed if kind == "renewed" else LeaseEnded)
+        # What the relay builds for the same entry from the lease (a sweep, had the publish
+        # failed).
+        [[rebuilt]] = await build_events([{"kind": kind, "lease_id": lease_id}], ledger)
+        assert event == rebuilt
+        assert await ledger.redis.xlen(ledger.key("outbox", "lease-manager")) == 0
+        await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
+
+        stop = asyncio.Event()
+        sweeping = asyncio.create_task(_relaying(ledger, relayed, stale_ms=0).run(stop))
+        await asyncio.sleep(1.5)
+        stop.set()
+        await asyncio.wait_for(sweeping, 5)
     assert relayed == []
-    stop.set()
-    await asyncio.wait_for(asyncio.gather(confirming, sweeping), 5)
 
 
 @pytest.mark.parametrize("kind", ["renewed", "ended"])
@@ -297,42 +299,30 @@ async def test_a_holder_command_whose_event_was_not_stored_is_published_by_the_s
         attempted.append(event)
         raise ConnectionError("the connection is closed")
 
-    stop = asyncio.Event()
-    direct = DirectOutbox(ledger)
-    refusing = asyncio.create_task(direct.run(refused, stop))
-    await asyncio.sleep(0)
-    [reply] = await _command(kind, _holder_command(kind, holder, lease_id), ledger, direct)
-    assert isinstance(reply, LeaseReply) and reply.ok
-    [entry] = await _direct_entries(ledger)
-
     relayed: list[msgspec.Struct] = []
-    sweeping = asyncio.create_task(_relaying(ledger, relayed, stale_ms=0).run(stop))
-    await eventually(lambda: relayed, timeout_s=5)
-    assert relayed == attempted
-    await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
-    stop.set()
-    await asyncio.wait_for(asyncio.gather(refusing, sweeping), 5)
+    async with _running(DirectOutbox(ledger), refused) as direct:
+        [reply] = await _command(kind, _holder_command(kind, holder, lease_id), ledger, direct)
+        assert isinstance(reply, LeaseReply) and reply.ok
+        [entry] = await _direct_entries(ledger)
+
+        stop = asyncio.Event()
+        sweeping = asyncio.create_task(_relaying(ledger, relayed, stale_ms=0).run(stop))
+        await eventually(lambda: relayed, timeout_s=5)
+        assert relayed == attempted
+        await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
+        stop.set()
+        await asyncio.wait_for(sweeping, 5)
 
 
 async def test_a_refused_holder_command_queues_and_publishes_nothing(ledger: Ledger) -> None:
     """A release with a stale token changes nothing: no event, no entry, the refusal replied."""
     holder, lease_id = await _held_lease(ledger)
     sent: list[msgspec.Struct] = []
-
-    async def send(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
-        sent.append(event)
-        return [_stored()]
-
-    stop = asyncio.Event()
-    direct = DirectOutbox(ledger)
-    confirming = asyncio.create_task(direct.run(send, stop))
-    await asyncio.sleep(0)
     stale = Holder(holder.tenant, holder.secret, holder.token + 1)
-    [reply] = await _command("ended", _holder_command("ended", stale, lease_id), ledger, direct)
-    assert isinstance(reply, LeaseReply) and not reply.ok and reply.error == "stale_token"
+    async with _running(DirectOutbox(ledger), _storing(sent)) as direct:
+        [reply] = await _command("ended", _holder_command("ended", stale, lease_id), ledger, direct)
+        assert isinstance(reply, LeaseReply) and not reply.ok and reply.error == "stale_token"
     assert sent == [] and await _direct_entries(ledger) == []
-    stop.set()
-    await asyncio.wait_for(confirming, 5)
 
 
 # ---- bookkeeping: the ids of stored entries are deleted together, never before ---------------
