@@ -1,7 +1,9 @@
 """Lease-manager handlers: plain async functions of (message, dependencies).
 
-State changes happen in ledger scripts, which also queue the resulting events in the outbox;
-``build_events`` turns a batch of outbox entries into the public events.
+State changes happen in ledger scripts, which also queue the resulting events in an outbox. A
+holder's renewal or release publishes its own event from its script's answer (the direct
+outbox, ``_announce``); for the rest the relay turns a batch of outbox entries into the public
+events (``build_events``), and its sweep publishes what a direct publish left behind.
 """
 
 from __future__ import annotations
