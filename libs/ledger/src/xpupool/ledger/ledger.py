@@ -487,6 +487,26 @@ class Ledger:
             raw = await self._evalsha_all(registered.sha, calls)
         return [_decode_result(r) for r in raw]
 
+    async def _pipelined(
+        self, calls: Sequence[tuple[str, Sequence[ScriptArg]]], deciding: int | None = None
+    ) -> list[Any]:
+        """Run each (script, arguments) in order, in one pipelined round trip; the raw replies,
+        a refusal as its exception. A server without the scripts (restarted, or its cache
+        flushed) refuses every call with NOSCRIPT, so none ran: when one of the first
+        ``deciding`` replies (all by default) is that refusal, the scripts are loaded and the
+        round trip sent again, once."""
+        for attempt in range(2):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for name, args in calls:
+                    pipe.evalsha(self._scripts[name].sha, 1, self.prefix, *args)
+                replies = list(await pipe.execute(raise_on_error=False))
+            if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies[:deciding]):
+                for name in dict.fromkeys(name for name, _ in calls):
+                    await self._redis.script_load(self._scripts[name].script)
+                continue
+            break
+        return replies
+
     async def _evalsha_all(self, sha: str, calls: Sequence[Sequence[ScriptArg]]) -> list[Any]:
         async with self._redis.pipeline(transaction=False) as pipe:
             for args in calls:
@@ -675,20 +695,10 @@ class Ledger:
         """The pending requests in score order with what the ledger knows of each job, in one
         round trip (``list_pending.lua``); with ``time_out_first``, those past their max wait
         are ended first (:meth:`time_out_pending`, sent ahead of the listing)."""
-        scripts = ["time_out_pending", "list_pending"] if time_out_first else ["list_pending"]
-        args = {"time_out_pending": 100, "list_pending": limit}
-        for attempt in range(2):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for name in scripts:
-                    pipe.evalsha(self._scripts[name].sha, 1, self.prefix, args[name])
-                replies = await pipe.execute(raise_on_error=False)
-            # A server without the scripts (restarted, or its cache flushed) refused both: none
-            # ran. Load them and ask again.
-            if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
-                for name in scripts:
-                    await self._redis.script_load(self._scripts[name].script)
-                continue
-            break
+        calls: list[tuple[str, Sequence[ScriptArg]]] = [("list_pending", [limit])]
+        if time_out_first:
+            calls.insert(0, ("time_out_pending", [100]))
+        replies = await self._pipelined(calls)
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
@@ -871,21 +881,14 @@ class Ledger:
         A server without the scripts (restarted, or its cache flushed) refuses every admission
         with NOSCRIPT, so none ran: the scripts are loaded and everything sent again.
         """
-        pend, read = self._scripts["pend"], self._scripts["read_changes"]
-        calls = [a.script_args() for a in admissions]
-        read_args = _changes_args(cursor, max_records, known)
-        for attempt in range(2):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for args in calls:
-                    pipe.evalsha(pend.sha, 1, self.prefix, *args)
-                pipe.evalsha(read.sha, 1, self.prefix, *read_args)
-                raw = list(await pipe.execute(raise_on_error=False))
-            admitted, changes = raw[:-1], raw[-1]
-            if attempt == 0 and any(isinstance(r, NoScriptError) for r in admitted):
-                await self._redis.script_load(pend.script)
-                await self._redis.script_load(read.script)
-                continue
-            break
+        calls: list[tuple[str, Sequence[ScriptArg]]] = [
+            ("pend", a.script_args()) for a in admissions
+        ]
+        calls.append(("read_changes", _changes_args(cursor, max_records, known)))
+        # Only a refused admission sends the round trip again (the read alone failing leaves
+        # the reader to read on its own).
+        raw = await self._pipelined(calls, deciding=len(admissions))
+        admitted, changes = raw[:-1], raw[-1]
         for result in admitted:
             if isinstance(result, Exception):
                 raise result
