@@ -57,10 +57,6 @@ end
 local function touched(kind, id) log_change(kind, id, false) end
 local function touched_load(kind, id) log_change(kind, id, true) end
 
--- The holder check every lease command from a tenant passes before it touches anything: the
--- lease must exist, belong to the tenant whose subject sent the command, match the grant's
--- secret, still be active within its term, and the fencing token must be its current one.
--- Returns nil when the holder is good, else the refusal to return.
 -- Queue an event about a lease in ``service``'s outbox with the trace context the lease keeps
 -- (its job's), so the relay continues that trace without reading the lease again. Returns the
 -- entry's id.
@@ -78,6 +74,19 @@ local function lease_event(service, lease_id, kind, ...)
   return redis.call('XADD', k('outbox', service), '*', unpack(fields))
 end
 
+-- The answer of a script that queued a lease's event in the direct outbox, for its caller to
+-- publish itself (see outbox.py): ``answer`` with the entry and the lease's hash as it stands,
+-- from which the caller builds the same event the relay would (Ledger.announced_lease).
+local function announced(answer, lease_id, entry)
+  answer.ok, answer.lease_id, answer.entry = true, lease_id, entry
+  answer.lease = redis.call('HGETALL', k('lease', lease_id))
+  return cjson.encode(answer)
+end
+
+-- The holder check every lease command from a tenant passes before it touches anything: the
+-- lease must exist, belong to the tenant whose subject sent the command, match the grant's
+-- secret, still be active within its term, and the fencing token must be its current one.
+-- Returns nil when the holder is good, else the refusal to return.
 local function holder_refusal(lk, lease_id, tenant, secret, token, now)
   local l = redis.call('HMGET', lk, 'state', 'tenant', 'secret', 'token', 'expires_ms')
   if not l[1] then return fail('unknown_lease', lease_id) end

@@ -15,7 +15,6 @@ end
 local outbox = ARGV[7] ~= '' and ARGV[7] or nil
 local outcome, entry = end_lease(ARGV[1], ARGV[2], ARGV[6], now, outbox)
 if outbox and entry then
-  return cjson.encode({ok = true, outcome = outcome, lease_id = ARGV[1], entry = entry,
-    lease = redis.call('HGETALL', lk)})
+  return announced({outcome = outcome}, ARGV[1], entry)
 end
 return cjson.encode({ok = true, outcome = outcome})

@@ -87,9 +87,8 @@ if placement then
   else
     local taken, refusal = take_reservation(placement, 'direct')
     if taken then
-      return cjson.encode({ok = true, outcome = 'granted', lease_id = placement.lease_id,
-        token = taken.token, since_ms = since, now_ms = now, entry = taken.entry,
-        lease = redis.call('HGETALL', k('lease', placement.lease_id)), change_seq = change_seq})
+      return announced({outcome = 'granted', token = taken.token, since_ms = since,
+        now_ms = now, change_seq = change_seq}, placement.lease_id, taken.entry)
     end
     not_placed = cjson.decode(refusal).reason
   end

@@ -15,7 +15,6 @@ redis.call('ZADD', k('expiry'), expires, ARGV[1])
 local outbox = ARGV[6] ~= '' and ARGV[6] or nil
 local entry = lease_event(outbox or 'lease-manager', ARGV[1], 'renewed', 'expires_ms', expires)
 if outbox then
-  return cjson.encode({ok = true, expires_ms = expires, lease_id = ARGV[1], entry = entry,
-    lease = redis.call('HGETALL', lk)})
+  return announced({expires_ms = expires}, ARGV[1], entry)
 end
 return cjson.encode({ok = true, expires_ms = expires})
