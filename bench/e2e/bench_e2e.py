@@ -65,7 +65,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -96,6 +96,7 @@ from xpupool.ledger.ledger import SCRIPTS, script_source
 from xpupool.replay.live import simulated_trace
 from xpupool.replay.requests import job_request
 from xpupool.replay.trace import find_trace_dir, load_nodes, load_pods
+from xpupool.scheduler.metrics import CYCLE_PHASES
 from xpupool.telemetry_collector.fleet import FleetNode, format_fleet
 
 TENANT = "bench"
@@ -192,10 +193,14 @@ def admission_views(port: int) -> dict[str, float]:
     its change-log reads carried by a commit and used by the next batch (``read_carried``,
     ``read_used``), how many scheduling cycles it has run (``cycles``: under load, a job
     that had to wait turns placement on admission off until a cycle runs) and their time in all
-    (``cycle_s``), and its cyclic collector's passes by generation (``gc_0``, ``gc_1``,
-    ``gc_2``)."""
+    (``cycle_s``) and by phase (``cycle_read_s``, ``cycle_decide_s``, ``cycle_commit_s``), and its
+    cyclic collector's passes by generation (``gc_0``, ``gc_1``, ``gc_2``)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
+        return scheduler_counts(response.read().decode())
+
+
+def scheduler_counts(text: str) -> dict[str, float]:
+    """``admission_views``'s figures from one scrape of the scheduler's exposition."""
     counts = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -207,17 +212,34 @@ def admission_views(port: int) -> dict[str, float]:
                 counts["cycles"] = sample.value
             elif sample.name == "xpupool_scheduler_cycle_duration_seconds_sum":
                 counts["cycle_s"] = sample.value
+            elif sample.name == "xpupool_scheduler_cycle_phase_seconds_sum":
+                counts[f"cycle_{sample.labels['phase']}_s"] = sample.value
             elif sample.name == "python_gc_collections_total":
                 counts["gc_" + sample.labels["generation"]] = sample.value
     return counts
 
 
 def cycle_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """The scheduling cycles run between two ``admission_views`` scrapes and their mean time
-    (read, decisions and commits): on a busy pool every job waits for one."""
+    """The scheduling cycles run between two ``admission_views`` scrapes and their mean time,
+    in all and by phase (the ledger read, the decisions, the commits): on a busy pool every job
+    waits for one."""
     cycles = after.get("cycles", 0.0) - before.get("cycles", 0.0)
-    spent_s = after.get("cycle_s", 0.0) - before.get("cycle_s", 0.0)
-    return {"cycles": cycles, "cycle_ms_mean": 1000 * spent_s / cycles if cycles else 0.0}
+
+    def mean_ms(name: str) -> float:
+        spent_s = after.get(name, 0.0) - before.get(name, 0.0)
+        return 1000 * spent_s / cycles if cycles else 0.0
+
+    return {
+        "cycles": cycles,
+        "cycle_ms_mean": mean_ms("cycle_s"),
+        **{f"cycle_{phase}_ms_mean": mean_ms(f"cycle_{phase}_s") for phase in CYCLE_PHASES},
+    }
+
+
+def cycle_time(figures: Mapping[str, Any]) -> str:
+    """A cycle's mean time as the table prints it: in all, then read / decide / commit."""
+    phases = " / ".join(f"{figures.get(f'cycle_{p}_ms_mean', 0.0):.1f}" for p in CYCLE_PHASES)
+    return f"{figures['cycle_ms_mean']:.1f} ms each, read / decide / commit {phases}"
 
 
 def kept_copy_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -1052,9 +1074,9 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{c['nats_in_msgs_per_grant'] + c['nats_out_msgs_per_grant']:>8.1f}  {cpu}"
         )
         if r["replicas"] == 1:
-            cycle_time = f" ({c['cycle_ms_mean']:.1f} ms each on average)" if c["cycles"] else ""
+            mean = f" ({cycle_time(c)} on average)" if c["cycles"] else ""
             lines.append(
-                f"  closed loop: {c['cycles']:.0f} scheduling cycles{cycle_time},"
+                f"  closed loop: {c['cycles']:.0f} scheduling cycles{mean},"
                 f" {c['carried_reads']:.0f} admission batches carrying a read,"
                 f" {c['full_collections']:.0f} full collections"
                 f" (the load generator's {c['load_generator_full_collections']:.0f})"
@@ -1072,11 +1094,7 @@ def table(results: list[dict[str, Any]]) -> str:
                     if "decided_on_kept_copy" in v
                     else ""
                 )
-                + (
-                    f"  cycles {v['cycles']:.0f} ({v['cycle_ms_mean']:.1f} ms each)"
-                    if v.get("cycles")
-                    else ""
-                )
+                + (f"  cycles {v['cycles']:.0f} ({cycle_time(v)})" if v.get("cycles") else "")
                 + (f"  AOF rewrites {v['aof_rewrites']}" if "aof_rewrites" in v else "")
                 + f"  load generator's full collections {v['load_generator_full_collections']}"
             )

@@ -943,15 +943,16 @@ async def _decide_and_commit(
                 deps.metrics.rejections.labels(reason.value).inc()
             case _:
                 pass  # TimedOut: the ledger's own deadline ends it atomically (time_out_pending)
+    read_s, decide_s, commit_s = read - started, decided - read, time.perf_counter() - decided
     log.info(
         "scheduling_cycle",
         pending=len(pending),
         outcomes=dict(Counter(type(d).__name__ for _, d in decisions)),
-        read_s=round(read - started, 4),
-        decide_s=round(decided - read, 4),
-        commit_s=round(time.perf_counter() - decided, 4),
+        read_s=round(read_s, 4),
+        decide_s=round(decide_s, 4),
+        commit_s=round(commit_s, 4),
     )
-    deps.metrics.cycle_seconds.observe(time.perf_counter() - started)
+    deps.metrics.observe_cycle(read_s, decide_s, commit_s)
     return events
 
 

@@ -23,7 +23,10 @@ outbox and usage series, so no series is exported by two services.
   its round trip because more requests had arrived meanwhile (``carried``), and the batches that
   decided on such a read instead of reading themselves (``used``);
 - ``xpupool_scheduler_submit_to_grant_seconds``: histogram from a request's admission to its
-  committed reservation; ``xpupool_scheduler_cycle_duration_seconds``: one cycle.
+  committed reservation; ``xpupool_scheduler_cycle_duration_seconds``: one cycle that had jobs
+  to decide, and ``xpupool_scheduler_cycle_phase_seconds{phase}`` the same cycle's ``read`` (the
+  waiting jobs, the pool and the growth), ``decide`` and ``commit``, so a slow cycle says which
+  part was slow.
 
 Several replicas: pool gauges are ledger-wide, so every replica reports the same values and
 dashboards take ``max by (...)``; queue gauges are each replica's last cycle, also read with
@@ -58,6 +61,7 @@ __all__ = [
 
 MIB: Final = 1024 * 1024
 _LATENCY_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5, 10, 30, 60, 300, 1800)
+CYCLE_PHASES: Final = ("read", "decide", "commit")
 _CYCLE_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -293,6 +297,13 @@ class SchedulerMetrics:
             buckets=_CYCLE_BUCKETS,
             registry=r,
         )
+        self.cycle_phase_seconds = Histogram(
+            "xpupool_scheduler_cycle_phase_seconds",
+            "One part of a scheduling cycle: read (the ledger), decide, commit",
+            ("phase",),
+            buckets=_CYCLE_BUCKETS,
+            registry=r,
+        )
         # Every reason exists from the start, so a rate over it is 0 rather than no data.
         for reason in JobReason:
             self.rejections.labels(reason.value)
@@ -300,7 +311,15 @@ class SchedulerMetrics:
             self.admission_views.labels(view)
         for step in ("carried", "used"):
             self.carried_reads.labels(step)
+        for phase in CYCLE_PHASES:
+            self.cycle_phase_seconds.labels(phase)
         self._queues: set[str] = set()
+
+    def observe_cycle(self, read_s: float, decide_s: float, commit_s: float) -> None:
+        """One cycle that decided jobs: its whole time and each of its phases."""
+        self.cycle_seconds.observe(read_s + decide_s + commit_s)
+        for phase, seconds in zip(CYCLE_PHASES, (read_s, decide_s, commit_s), strict=True):
+            self.cycle_phase_seconds.labels(phase).observe(seconds)
 
     async def observe_pool(self, snapshot: PoolSnapshot) -> None:
         """Replace the pool summary (called from the event loop, read by scrapes)."""
