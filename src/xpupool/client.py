@@ -202,6 +202,10 @@ class XpupoolClient:
         """Submit (``submit_expecting``) and wait for the first outcome."""
         try:
             future = await self.submit_expecting(request, by_request=by_request)
+            if future.done():
+                # Placed or refused on arrival (or its event came first): no timer, and no
+                # turn of the loop for the waiting, on the path every such job takes.
+                return future.result()
             return await asyncio.wait_for(future, timeout_s)
         finally:
             self._waiters.pop(request.job_id, None)
