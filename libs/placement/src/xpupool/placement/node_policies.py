@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
 
@@ -57,6 +58,10 @@ from xpupool.placement.engine import (
 from xpupool.placement.frag import ShapeDistribution
 from xpupool.placement.pool import PoolArrays, WorkingPool
 from xpupool.placement.state import MILLI, BoolArray, IntArray, pod_class_column
+
+# At most this many changed rows are synced one by one in Python (``NodeView._sync_few_rows``);
+# more go through numpy at once.
+FEW_ROWS: Final = 4
 
 __all__ = [
     "TRACE_SUFFIX",
@@ -148,6 +153,10 @@ class NodeView:
         self._memory_unknown = np.array(
             [d.memory_total_mib <= 0 for d in pool.devices], dtype=np.bool_
         )
+        # Plain lists of the same, for syncing a few rows without numpy's per-call cost.
+        self._row_devs_slots = [[(i, int(self.dev_slot[i])) for i in devs] for devs in row_devs]
+        self._row_node_list = row_node
+        self._dev_mem_total_list = [max(1, d.memory_total_mib) for d in pool.devices]
         self.row_devs = row_devs
         self.row_class: IntArray = np.array(row_class, dtype=np.int64)
         self.row_node: IntArray = np.array(row_node, dtype=np.int64)
@@ -216,7 +225,11 @@ class NodeView:
         devices, nodes = pool.counter_changes
         at = self._counters_at
         if at is not None and at[0] is pool and at[1] == pool.counter_changes_epoch:
-            self._sync_rows(arr, self._changed_rows(devices[at[2] :], nodes[at[3] :]))
+            rows = self._changed_rows(devices[at[2] :], nodes[at[3] :])
+            if len(rows) <= FEW_ROWS:
+                self._sync_few_rows(pool, rows.tolist())
+            else:
+                self._sync_rows(arr, rows)
         else:
             self._sync_rows(arr, None)
         self._counters_at = (pool, pool.counter_changes_epoch, len(devices), len(nodes))
@@ -255,6 +268,36 @@ class NodeView:
             st.cpu_free[at] = cpu[changed]
             st.mem_free[at] = mem[changed]
             st.node_version[at] += 1
+
+    def _sync_few_rows(self, pool: WorkingPool, rows: list[int]) -> None:
+        """``_sync_rows`` for a few rows (what one decision or one release changed), from the
+        pool's own lists: the same values ``free_milli`` gives, one device at a time."""
+        st = self.state
+        ok, exclusive = pool.dev_ok, pool.dev_exclusive
+        mem_free, compute_free = pool.dev_mem_free, pool.dev_compute_free
+        mem_total = self._dev_mem_total_list
+        width = st.gpu_free.shape[1]
+        for row in rows:
+            gpu = [0] * width
+            for i, slot in self._row_devs_slots[row]:
+                if not ok[i] or exclusive[i]:
+                    continue
+                by_compute = min(max(compute_free[i], 0), 100) * (MILLI // 100)
+                # Memory unknown (recorded as 0): bound by compute alone, as in ``free_milli``.
+                total = pool.devices[i].memory_total_mib
+                by_mem = MILLI if total <= 0 else max(mem_free[i], 0) * MILLI // mem_total[i]
+                gpu[slot] = min(by_compute, by_mem)
+            ni = self._row_node_list[row]
+            cpu, mem = pool.node_cpu_free[ni], pool.node_mem_free[ni]
+            if (
+                gpu != st.gpu_free[row].tolist()
+                or cpu != st.cpu_free[row]
+                or mem != st.mem_free[row]
+            ):
+                st.gpu_free[row] = gpu
+                st.cpu_free[row] = cpu
+                st.mem_free[row] = mem
+                st.node_version[row] += 1
 
     def free_milli(self, arr: PoolArrays, devices: IntArray | None = None) -> IntArray:
         """Each device's free milli-GPU (of ``devices``, by index, when given): the smaller of
