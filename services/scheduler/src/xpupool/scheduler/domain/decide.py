@@ -61,6 +61,7 @@ from xpupool.scheduler.domain.quota import (
     QuotaVerdict,
     below_guarantee,
     check_quota,
+    check_quotas,
     refresh_over_quota,
 )
 from xpupool.scheduler.domain.reasons import Reason
@@ -319,7 +320,7 @@ def _decide_one(item: PendingRequest, pool: WorkingPool, ctx: _Ctx) -> _Outcome:
         return _decide_host_only(item, pool, ctx, demand, policy, queue, priority, may_backfill)
     ranked = policy.rank_classes(pool, demand, demand.classes)
 
-    verdicts = {ci: check_quota(pool, cfg, queue, demand, ci) for ci in ranked}
+    verdicts = check_quotas(pool, cfg, queue, demand, ranked)
     allowed = tuple(ci for ci in ranked if verdicts[ci].allowed)
     if places_pool_wide(policy):
         # One decision over every allowed class (FGD-style scores compare models).

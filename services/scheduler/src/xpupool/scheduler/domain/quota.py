@@ -17,10 +17,11 @@ share counts as the fraction of the device it takes). A queue's usage includes i
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from xpupool.placement.demand import Demand
-from xpupool.placement.pool import WorkingPool
+from xpupool.placement.pool import Usage, WorkingPool
 from xpupool.scheduler.domain.config import QueueConfig, SchedulerConfig
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "QuotaVerdict",
     "below_guarantee",
     "check_quota",
+    "check_quotas",
     "demand_footprint",
     "mark_over_quota",
     "refresh_over_quota",
@@ -88,16 +90,38 @@ def check_quota(
 
     A host-only demand uses no quota: always allowed, and in quota.
     """
+    return check_quotas(pool, config, queue, demand, (ci,))[ci]
+
+
+def check_quotas(
+    pool: WorkingPool,
+    config: SchedulerConfig,
+    queue: str,
+    demand: Demand,
+    classes: Iterable[int],
+) -> dict[int, QuotaVerdict]:
+    """``check_quota`` for each of ``classes``: the queue's path up the tree, its queues and
+    their usage are looked up once for all of them."""
     if demand.host_only:
-        return QuotaVerdict(True, True)
+        return {ci: QuotaVerdict(True, True) for ci in classes}
+    path = [
+        (i, qname, q, pool.usage.get(qname))
+        for i, qname in enumerate(config.path(queue))
+        if (q := config.queue(qname)) is not None
+    ]
+    return {ci: _verdict(pool, demand, ci, path) for ci in classes}
+
+
+def _verdict(
+    pool: WorkingPool,
+    demand: Demand,
+    ci: int,
+    path: Sequence[tuple[int, str, QueueConfig, Usage | None]],
+) -> QuotaVerdict:
     units, devices = demand_footprint(pool, demand, ci)
     model = pool.classes[ci].model
     in_quota = False
-    for i, qname in enumerate(config.path(queue)):
-        q = config.queue(qname)
-        if q is None:
-            continue
-        u = pool.usage.get(qname)
+    for i, qname, q, u in path:
         new_units = (u.units if u else 0.0) + units
         new_model = (u.by_model.get(model, 0.0) if u else 0.0) + devices
         if q.limit_units is not None and new_units > q.limit_units + _EPS:
