@@ -36,6 +36,7 @@ from xpupool.scheduler.domain import (  # noqa: E402
     LeaseSlice,
     LeaseState,
     PendingRequest,
+    Preempt,
     Reserve,
     WorkingPool,
     decide_batch,
@@ -62,7 +63,13 @@ def run(devices: int, jobs: int, mix: str, dump: Path | None, fill: float = 0.0)
         out = decide_batch(
             [PendingRequest(item.request, bd.NOW)], pool, config, history=None, policies=registry
         )
-        reserved = [d for _, d in out if isinstance(d, Reserve)]
+        # A preemption is held as what it becomes: its victims gone (``decide_batch`` released
+        # them) and the job on the slices it reserved.
+        reserved = [
+            d.reserve if isinstance(d, Preempt) else d
+            for _, d in out
+            if isinstance(d, Reserve | Preempt)
+        ]
         for decision in reserved:
             pool.release(f"reservation:{decision.job_id}")
         return repr(out), reserved
