@@ -64,6 +64,11 @@ def test_an_unrecorded_step_continues_the_job_trace_without_building_its_span() 
         assert JOB_TRACE in trace_carrier()["traceparent"]
         with continue_trace("decide", {}, {"a": 1}):
             assert current_trace_id() == JOB_TRACE
+        # A step without a context of its own (a publish) stays in the job's trace as well.
+        with start_current_span(tracer, "send", kind=SpanKind.PRODUCER, attributes=_unwanted):
+            assert current_trace_id() == JOB_TRACE
+            assert JOB_TRACE in trace_carrier()["traceparent"]
+        assert current_trace_id() == JOB_TRACE
     assert current_trace_id() is None
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -83,7 +83,7 @@ def start_current_span(
     no-op tracer's whole effect), so a job's trace context still travels and an untraced
     service pays for no span it would throw away (several per message)."""
     if not spans_recorded():
-        return trace.use_span(trace.get_current_span(context), end_on_exit=False)
+        return _current_or(context)
     return tracer.start_as_current_span(
         name,
         context=context,
@@ -91,6 +91,16 @@ def start_current_span(
         links=links() if links is not None else None,
         attributes=attributes() if callable(attributes) else attributes,
     )
+
+
+def _current_or(context: Context | None) -> AbstractContextManager[Span]:
+    """What the no-op tracer's span amounts to: ``context``'s span made current, so that the
+    trace it names travels on. Without a context the current span is current already, and
+    attaching it again (a context switch in and out, several times a message) would change
+    nothing."""
+    if context is None:
+        return nullcontext(trace.get_current_span())
+    return trace.use_span(trace.get_current_span(context), end_on_exit=False)
 
 
 def current_trace_id() -> str | None:
@@ -121,7 +131,7 @@ def continue_trace(
     """
     parent = propagate.extract(carrier) if carrier.get("traceparent") else None
     if not spans_recorded():
-        return trace.use_span(trace.get_current_span(parent), end_on_exit=False)
+        return _current_or(parent)
     tracer = trace.get_tracer("xpupool.obs")
     if parent is None:
         return tracer.start_as_current_span(name, attributes=attributes)
