@@ -71,6 +71,9 @@ def test_encoded_size_counts_the_header_block_as_nats_py_writes_it() -> None:
     """Payload plus "NATS/1.0\\r\\n", one "key: value\\r\\n" per header and the closing "\\r\\n"."""
     assert encoded_size(b"abc", None) == 3
     assert encoded_size(b"abc", {"k": "v", "kk": " vv "}) == 3 + 12 + len("k: v\r\nkk: vv\r\n")
+    # In bytes as sent (UTF-8), not characters, where a header is not ASCII.
+    non_ascii = {"ké": "välue €"}
+    assert encoded_size(b"", non_ascii) == 12 + len("ké: välue €\r\n".encode())
 
 
 def test_only_messages_with_an_ack_subject_are_stream_messages() -> None:

@@ -49,8 +49,15 @@ def encoded_size(data: bytes, headers: Mapping[str, str] | None) -> int:
     for key, value in headers.items():
         name = key.strip()
         if name:
-            size += len(name.encode()) + len(value.strip().encode()) + _HEADER_LINE_OVERHEAD
+            text = value.strip()
+            size += _utf8_len(name) + _utf8_len(text) + _HEADER_LINE_OVERHEAD
     return size
+
+
+def _utf8_len(text: str) -> int:
+    # The headers an event carries are ASCII (CloudEvents attributes, W3C trace context), whose
+    # UTF-8 length is their length: no copy to count them.
+    return len(text) if text.isascii() else len(text.encode())
 
 
 def check_size(nc: Client, subject: str, data: bytes, headers: Mapping[str, str] | None) -> None:
