@@ -103,6 +103,11 @@ TENANT = "bench"
 SERVERS = ("nats-server", "redis-server")
 PROFILES = ("8xA100-80GB", "8xAscend910B", "8xT4", "8xMLU370-X4")
 FLOOR_SUBJECT = "bench.floor"
+# The load generator's one tenant stands for the many clients a pool serves: the default
+# admission limit of a tenant (1,000 requests/s, 20,000 pending) would turn its requests away
+# (``rate_limited``) once the stack grants faster than that, and measure the limiter. Otherwise
+# the queue file is the default: one queue per tenant, no quota.
+BENCH_QUEUES = "tenant_limits:\n  default: {rate_per_s: 0, max_pending: -1}\n"
 # One reservation, as the ledger's scripts do it: check, take, and (to keep the key steady)
 # give back; every call writes, so AOF fsyncs it like a real reservation.
 FLOOR_LUA = """
@@ -782,6 +787,9 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
     workload = trace_workload(work / sc.name) if sc.trace else synthetic_workload(sc.devices)
     # One scheduler's metrics (where the open loop runs): replicas would share the port.
     metrics_port = free_port() if sc.replicas == 1 else 0
+    queues = work / sc.name / "queues.yaml"
+    queues.parent.mkdir(parents=True, exist_ok=True)
+    queues.write_text(BENCH_QUEUES)
     stack = Stack(
         nodes=[],
         nats_url=nats.url,
@@ -792,6 +800,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
             "XPUPOOL_LOG_LEVEL": "warning",
             "XPUPOOL_NODE_GRACE_S": "600",
             "XPUPOOL_SCHEDULER_METRICS_PORT": str(metrics_port),
+            "XPUPOOL_QUEUE_CONFIG": str(queues),
             **workload.env,
         },
     )
@@ -1073,6 +1082,9 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{c['p99_ms']:>8.1f}{c['redis_commands_per_grant']:>8.1f}"
             f"{c['nats_in_msgs_per_grant'] + c['nats_out_msgs_per_grant']:>8.1f}  {cpu}"
         )
+        refused = {k: v for k, v in r["outcomes"].items() if k != "AllocationGranted"}
+        if refused:
+            lines.append(f"  outcomes other than a grant: {refused}")
         if r["replicas"] == 1:
             mean = f" ({cycle_time(c)} on average)" if c["cycles"] else ""
             lines.append(
