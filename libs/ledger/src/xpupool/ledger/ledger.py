@@ -472,27 +472,23 @@ class Ledger:
     async def _run_many(
         self, script: str, calls: Sequence[Sequence[ScriptArg]]
     ) -> list[ScriptResult]:
-        """Run ``script`` once per argument list, in order, in one pipelined round trip.
-
-        EVALSHA goes out directly: redis-py's scripts in a pipeline first ask ``SCRIPT EXISTS``
-        on every execution, a round trip more. A server without the script (restarted, or its
-        cache flushed) refuses every call of the batch with NOSCRIPT, so none ran: the script
-        is loaded and the batch sent again.
-        """
-        registered = self._scripts[script]
-        try:
-            raw = await self._evalsha_all(registered.sha, calls)
-        except NoScriptError:
-            await self._redis.script_load(registered.script)
-            raw = await self._evalsha_all(registered.sha, calls)
+        """Run ``script`` once per argument list, in order, in one pipelined round trip
+        (``_pipelined``); the first refusal is raised."""
+        raw = await self._pipelined([(script, args) for args in calls])
+        for reply in raw:
+            if isinstance(reply, Exception):
+                raise reply
         return [_decode_result(r) for r in raw]
 
     async def _pipelined(
         self, calls: Sequence[tuple[str, Sequence[ScriptArg]]], deciding: int | None = None
     ) -> list[Any]:
         """Run each (script, arguments) in order, in one pipelined round trip; the raw replies,
-        a refusal as its exception. A server without the scripts (restarted, or its cache
-        flushed) refuses every call with NOSCRIPT, so none ran: when one of the first
+        a refusal as its exception.
+
+        EVALSHA goes out directly: redis-py's scripts in a pipeline first ask ``SCRIPT EXISTS``
+        on every execution, a round trip more. A server without the scripts (restarted, or its
+        cache flushed) refuses every call with NOSCRIPT, so none ran: when one of the first
         ``deciding`` replies (all by default) is that refusal, the scripts are loaded and the
         round trip sent again, once."""
         for attempt in range(2):
@@ -506,12 +502,6 @@ class Ledger:
                 continue
             break
         return replies
-
-    async def _evalsha_all(self, sha: str, calls: Sequence[Sequence[ScriptArg]]) -> list[Any]:
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for args in calls:
-                pipe.evalsha(sha, 1, self.prefix, *args)
-            return list(await pipe.execute())
 
     # ---- inventory ---------------------------------------------------------------------------
 
