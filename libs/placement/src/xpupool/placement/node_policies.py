@@ -156,7 +156,7 @@ class NodeView:
         # Plain lists of the same, for syncing a few rows without numpy's per-call cost.
         self._row_devs_slots = [[(i, int(self.dev_slot[i])) for i in devs] for devs in row_devs]
         self._row_node_list = row_node
-        self._dev_mem_total_list = [max(1, d.memory_total_mib) for d in pool.devices]
+        self._dev_mem_total_list = [d.memory_total_mib for d in pool.devices]
         self.row_devs = row_devs
         self.row_class: IntArray = np.array(row_class, dtype=np.int64)
         self.row_node: IntArray = np.array(row_node, dtype=np.int64)
@@ -284,8 +284,8 @@ class NodeView:
                     continue
                 by_compute = min(max(compute_free[i], 0), 100) * (MILLI // 100)
                 # Memory unknown (recorded as 0): bound by compute alone, as in ``free_milli``.
-                total = pool.devices[i].memory_total_mib
-                by_mem = MILLI if total <= 0 else max(mem_free[i], 0) * MILLI // mem_total[i]
+                total = mem_total[i]
+                by_mem = MILLI if total <= 0 else max(mem_free[i], 0) * MILLI // total
                 gpu[slot] = min(by_compute, by_mem)
             ni = self._row_node_list[row]
             cpu, mem = pool.node_cpu_free[ni], pool.node_mem_free[ni]
