@@ -170,36 +170,47 @@ local function load_integrals(device_id, now)
   end
   return u, m
 end
--- Turn the reserved lease into an active one: a fencing token, the term started on the ledger's
--- clock (capped by the maximum run time), the devices' load integrals as usage accounting's
--- baseline, and the lease-manager's outbox told to announce the grant. Shared by grant.lua (the
--- lease-manager granting a reservation) and reserve.lua (a reservation granted at once).
--- The grant is announced through ``outbox`` (the lease-manager's unless the caller publishes it
--- itself: 'direct', see outbox.py). Returns the fencing token, the term's end and the entry id.
+-- What makes a lease active: a fencing token, the term started on the ledger's clock (capped by
+-- the maximum run time), the devices' load integrals as usage accounting's baseline, and the
+-- expiry, deadline and idle-watch indexes, which it writes. The caller writes the lease's hash:
+-- state 'active', the token, expires_ms, and the fields returned (``slices``: a table of
+-- {device_id}), so that a lease granted as it is created is written once. Returns the token, the
+-- term's end and those fields.
+local function activation(lease_id, ttl_ms, max_runtime_ms, idle_after_ms, slices, secret, now)
+  local token = redis.call('INCR', k('fence'))
+  local expires = now + tonumber(ttl_ms)
+  local fields = {}
+  local max_runtime = tonumber(max_runtime_ms or '0') or 0
+  if max_runtime > 0 then
+    -- The term never runs past the maximum run time; renewals are capped there too.
+    expires = math.min(expires, now + max_runtime)
+    fields = {'deadline_ms', now + max_runtime}
+    redis.call('ZADD', k('deadlines'), now + max_runtime, lease_id)
+  end
+  local load_base = {}
+  for _, s in ipairs(slices) do
+    local u, m = load_integrals(s.device_id, now)
+    load_base[s.device_id] = {u, m}
+  end
+  for _, v in ipairs({'granted_ms', now, 'secret', secret, 'load_base', cjson.encode(load_base)}) do
+    fields[#fields + 1] = v
+  end
+  redis.call('ZADD', k('expiry'), expires, lease_id)
+  local idle_after = tonumber(idle_after_ms or '0') or 0
+  if idle_after > 0 then redis.call('ZADD', k('idle-watch'), now + idle_after, lease_id) end
+  return token, expires, fields
+end
+-- Turn the reserved lease into an active one (``activation``) and tell the lease-manager's outbox
+-- to announce the grant (grant.lua: the lease-manager granting a reservation). The grant is
+-- announced through ``outbox`` (the lease-manager's unless the caller publishes it itself:
+-- 'direct', see outbox.py). Returns the fencing token, the term's end and the entry id.
 local function activate(lease_id, secret, now, outbox)
   local lk = k('lease', lease_id)
   local l = redis.call('HMGET', lk, 'ttl_ms', 'job_id', 'max_runtime_ms', 'idle_after_ms',
     'slices')
-  local token = redis.call('INCR', k('fence'))
-  local expires = now + tonumber(l[1])
-  local max_runtime = tonumber(l[3] or '0') or 0
-  if max_runtime > 0 then
-    -- The term never runs past the maximum run time; renewals are capped there too.
-    expires = math.min(expires, now + max_runtime)
-    redis.call('HSET', lk, 'deadline_ms', now + max_runtime)
-    redis.call('ZADD', k('deadlines'), now + max_runtime, lease_id)
-  end
-  redis.call('HSET', lk, 'state', 'active', 'token', token, 'granted_ms', now,
-    'expires_ms', expires, 'secret', secret)
-  redis.call('ZADD', k('expiry'), expires, lease_id)
-  local load_base = {}
-  for _, s in ipairs(cjson.decode(l[5] or '[]')) do
-    local u, m = load_integrals(s.device_id, now)
-    load_base[s.device_id] = {u, m}
-  end
-  redis.call('HSET', lk, 'load_base', cjson.encode(load_base))
-  local idle_after = tonumber(l[4] or '0') or 0
-  if idle_after > 0 then redis.call('ZADD', k('idle-watch'), now + idle_after, lease_id) end
+  local token, expires, fields = activation(lease_id, l[1], l[3], l[4],
+    cjson.decode(l[5] or '[]'), secret, now)
+  redis.call('HSET', lk, 'state', 'active', 'token', token, 'expires_ms', expires, unpack(fields))
   redis.call('HSET', k('job', l[2]), 'state', 'leased')
   local entry = lease_event(outbox or 'lease-manager', lease_id, 'granted')
   return token, expires, entry

@@ -7,7 +7,10 @@
 -- pend.lua (a new job placed on admission). A grant is announced through ``grant_outbox`` (see
 -- activate). Returns the taken slices, the fencing token (0 when only reserved) and the grant's
 -- outbox entry id, or nil and the refusal; nothing is written before every check passed.
-local function take_reservation(r, grant_outbox)
+-- ``new_job`` (pend.lua, which has just written the job): {trace = {traceparent, tracestate} or
+-- false}, the job's trace as written, and the job was not pending before this script (its
+-- pending entries are looked for once, not cleared one by one).
+local function take_reservation(r, grant_outbox, new_job)
   if #r.slices == 0 and next(r.host) == nil then
     return nil, fail('empty_reservation', r.job_id)
   end
@@ -73,25 +76,46 @@ local function take_reservation(r, grant_outbox)
   for _, u in ipairs(r.usage) do
     redis.call('HINCRBYFLOAT', k('usage', u.scope), u.field, u.inc)
   end
+  -- A lease granted as it is created (a secret given) is written once, active.
+  local granting = r.secret and r.secret ~= ''
+  local token, expires, activated = 0, now + r.hold_ms, {}
+  if granting then
+    token, expires, activated = activation(r.lease_id, r.ttl_ms, r.max_runtime_ms,
+      r.idle_after_ms, taken, r.secret, now)
+  else
+    redis.call('ZADD', k('expiry'), expires, r.lease_id)
+  end
   -- cjson writes an empty table as {}: a host-only lease's slices must still read back as a list.
   local slices_json = #taken > 0 and cjson.encode(taken) or '[]'
-  redis.call('HSET', lk, 'job_id', r.job_id, 'tenant', r.tenant, 'owner', r.owner,
-    'queue', r.queue, 'priority', r.priority, 'state', 'reserved', 'slices', slices_json,
+  local lease = {'job_id', r.job_id, 'tenant', r.tenant, 'owner', r.owner, 'queue', r.queue,
+    'priority', r.priority, 'state', granting and 'active' or 'reserved', 'slices', slices_json,
     'host', cjson.encode(r.host), 'usage', cjson.encode(r.usage), 'ttl_ms', r.ttl_ms,
-    'created_ms', now, 'expires_ms', now + r.hold_ms, 'token', 0,
-    'max_runtime_ms', r.max_runtime_ms or 0, 'idle_after_ms', r.idle_after_ms or 0)
+    'created_ms', now, 'expires_ms', expires, 'token', token,
+    'max_runtime_ms', r.max_runtime_ms or 0, 'idle_after_ms', r.idle_after_ms or 0}
+  for _, v in ipairs(activated) do lease[#lease + 1] = v end
   -- The lease continues its job's trace: the relay, renewals and the end read it from here.
-  local trace = redis.call('HMGET', jk, 'traceparent', 'tracestate')
-  if trace[1] then redis.call('HSET', lk, 'traceparent', trace[1], 'tracestate', trace[2] or '') end
-  redis.call('ZADD', k('expiry'), now + r.hold_ms, r.lease_id)
+  local trace = new_job and new_job.trace
+  if trace == nil then
+    trace = redis.call('HMGET', jk, 'traceparent', 'tracestate')
+    trace = trace[1] and trace
+  end
+  if trace then
+    for _, v in ipairs({'traceparent', trace[1], 'tracestate', trace[2] or ''}) do
+      lease[#lease + 1] = v
+    end
+  end
+  redis.call('HSET', lk, unpack(lease))
   redis.call('SADD', k('leases'), r.lease_id)
-  redis.call('HSET', jk, 'state', 'reserved', 'lease_id', r.lease_id)
-  redis.call('EXPIRE', jk, RETAIN_S)
-  unpend(r.job_id)
-  local token, entry = 0, nil
-  if r.secret and r.secret ~= '' then
-    local _
-    token, _, entry = activate(r.lease_id, r.secret, now, grant_outbox)
+  redis.call('HSET', jk, 'state', granting and 'leased' or 'reserved', 'lease_id', r.lease_id)
+  if not new_job then
+    redis.call('EXPIRE', jk, RETAIN_S)
+    unpend(r.job_id)
+  elseif redis.call('ZSCORE', k('pending'), r.job_id) then
+    unpend(r.job_id)
+  end
+  local entry = nil
+  if granting then
+    entry = lease_event(grant_outbox or 'lease-manager', r.lease_id, 'granted')
   else
     lease_event('scheduler', r.lease_id, 'reserved')
   end

@@ -63,11 +63,14 @@ if rate > 0 then
   redis.call('SET', rk, string.format('%d', math.ceil(tat)), 'PX', math.ceil(tat - now) + 1000)
 end
 local since = now
-redis.call('HSET', jk, 'state', 'pending', 'since_ms', since, 'reason', ARGV[5], 'detail', ARGV[6],
-  'tenant', tenant)
+local job = {'state', 'pending', 'since_ms', since, 'reason', ARGV[5], 'detail', ARGV[6],
+  'tenant', tenant}
+local trace = false
 if (ARGV[11] or '') ~= '' then
-  redis.call('HSET', jk, 'traceparent', ARGV[11], 'tracestate', ARGV[12] or '')
+  trace = {ARGV[11], ARGV[12] or ''}
+  for _, v in ipairs({'traceparent', trace[1], 'tracestate', trace[2]}) do job[#job + 1] = v end
 end
+redis.call('HSET', jk, unpack(job))
 redis.call('EXPIRE', jk, RETAIN_S)
 -- The tenant's jobs, newest last, for its queries: as long as job records live, at most 1,000.
 local tk = k('tenant-jobs', tenant)
@@ -85,7 +88,7 @@ if placement then
   if redis.call('ZCARD', k('pending')) > 0 then
     not_placed = 'jobs_waiting'
   else
-    local taken, refusal = take_reservation(placement, 'direct')
+    local taken, refusal = take_reservation(placement, 'direct', {trace = trace})
     if taken then
       return announced({outcome = 'granted', token = taken.token, since_ms = since,
         now_ms = now, change_seq = change_seq}, placement.lease_id, taken.entry)
