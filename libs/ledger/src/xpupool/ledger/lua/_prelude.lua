@@ -216,16 +216,14 @@ local function activate(lease_id, secret, now, outbox)
   return token, expires, entry
 end
 
-local function write_usage(lease_id, reason, now)
-  local lk = k('lease', lease_id)
-  local l = redis.call('HMGET', lk, 'job_id', 'tenant', 'queue', 'slices', 'granted_ms',
-    'load_base', 'created_ms')
-  local granted = tonumber(l[5] or '0') or 0
+-- ``l``: the lease's job_id, tenant, queue, granted_ms and load_base, and its slices decoded.
+local function write_usage(lease_id, reason, now, l, lease_slices)
+  local granted = tonumber(l.granted_ms or '0') or 0
   local dur_s = 0
   if granted > 0 then dur_s = math.max(0, now - granted) / 1000 end
-  local base = cjson.decode(l[6] or '{}')
+  local base = cjson.decode(l.load_base or '{}')
   local slices = {}
-  for _, s in ipairs(cjson.decode(l[4] or '[]')) do
+  for _, s in ipairs(lease_slices) do
     local share = s.whole and 1 or (tonumber(s.compute_pct) or 0) / 100
     local meta = type(s.meta) == 'table' and s.meta or {}
     local cur_u, cur_m = load_integrals(s.device_id, now)
@@ -242,8 +240,8 @@ local function write_usage(lease_id, reason, now)
       share = share, memory_mib = s.memory_mib, granted_capacity_s = granted_s,
       used_capacity_s = used_s, granted_memory_mib_s = granted_mem, used_memory_mib_s = used_mem})
   end
-  local body = cjson.encode({lease_id = lease_id, job_id = l[1] or '', tenant = l[2] or '',
-    queue = l[3] or '', granted_ms = granted, ended_ms = now, end_reason = reason,
+  local body = cjson.encode({lease_id = lease_id, job_id = l.job_id or '', tenant = l.tenant or '',
+    queue = l.queue or '', granted_ms = granted, ended_ms = now, end_reason = reason,
     duration_s = dur_s})
   -- cjson writes an empty table as {}: a host-only lease's slices must still read as a list.
   local sj = #slices > 0 and cjson.encode(slices) or '[]'
@@ -257,11 +255,15 @@ end
 -- it ended the lease now, the entry id.
 local function end_lease(lease_id, reason, detail, now, outbox)
   local lk = k('lease', lease_id)
-  local l = redis.call('HMGET', lk, 'state', 'slices', 'host', 'usage', 'job_id', 'queue')
-  if not l[1] then return 'unknown' end
-  if l[1] == 'ended' then return 'already_ended' end
-  write_usage(lease_id, reason, now)
-  for _, s in ipairs(cjson.decode(l[2])) do
+  local f = redis.call('HMGET', lk, 'state', 'slices', 'host', 'usage', 'job_id', 'tenant',
+    'queue', 'granted_ms', 'load_base')
+  if not f[1] then return 'unknown' end
+  if f[1] == 'ended' then return 'already_ended' end
+  local l = {state = f[1], host = f[3], usage = f[4], job_id = f[5], tenant = f[6], queue = f[7],
+    granted_ms = f[8], load_base = f[9]}
+  local slices = cjson.decode(f[2] or '[]')
+  write_usage(lease_id, reason, now, l, slices)
+  for _, s in ipairs(slices) do
     local dk = k('dev', s.device_id)
     if redis.call('EXISTS', dk) == 1 then
       redis.call('HINCRBY', dk, 'mem_free', s.memory_mib)
@@ -272,7 +274,7 @@ local function end_lease(lease_id, reason, detail, now, outbox)
     touched('dev', s.device_id)
     redis.call('SREM', k('dev-leases', s.device_id), lease_id)
   end
-  for node_id, h in pairs(cjson.decode(l[3])) do
+  for node_id, h in pairs(cjson.decode(l.host)) do
     local nk = k('node', node_id)
     if redis.call('EXISTS', nk) == 1 then
       redis.call('HINCRBY', nk, 'cpu_free', h.cpu_milli)
@@ -281,7 +283,7 @@ local function end_lease(lease_id, reason, detail, now, outbox)
     touched('node', node_id)
     redis.call('SREM', k('node-leases', node_id), lease_id)
   end
-  for _, u in ipairs(cjson.decode(l[4])) do
+  for _, u in ipairs(cjson.decode(l.usage)) do
     redis.call('HINCRBYFLOAT', k('usage', u.scope), u.field, 0 - tonumber(u.inc))
   end
   redis.call('ZREM', k('expiry'), lease_id)
@@ -291,7 +293,7 @@ local function end_lease(lease_id, reason, detail, now, outbox)
   redis.call('HSET', lk, 'state', 'ended', 'end_reason', reason, 'end_detail', detail or '',
     'ended_ms', now)
   redis.call('EXPIRE', lk, RETAIN_S)
-  redis.call('HSET', k('job', l[5]), 'state', 'ended')
+  redis.call('HSET', k('job', l.job_id), 'state', 'ended')
   local entry = lease_event(outbox or 'lease-manager', lease_id, 'ended')
   bump()
   touched('lease', lease_id)
