@@ -358,6 +358,40 @@ def proc_syscalls(pid: int) -> tuple[int, int]:
         return 0, 0
 
 
+def host_steal_s() -> float:
+    """CPU seconds the hypervisor has given this VM's cores to others so far (``steal`` in
+    /proc/stat, every core together); 0.0 where the kernel does not count it. On a shared machine
+    it is the noise that moves the floor and the stack apart: a slice that lost a share of its
+    cores is no measure of either."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class StealMeter:
+    """Cores lost to the hypervisor (``host_steal_s``) over the slices it was started and
+    stopped around."""
+
+    def __init__(self) -> None:
+        self.steal_s = self.wall_s = 0.0
+        self._at = (0.0, 0.0)
+
+    def start(self) -> None:
+        self._at = (host_steal_s(), time.monotonic())
+
+    def stop(self) -> None:
+        steal0, wall0 = self._at
+        self.steal_s += host_steal_s() - steal0
+        self.wall_s += time.monotonic() - wall0
+
+    @property
+    def cores(self) -> float:
+        return self.steal_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
 async def redis_commands(redis: Redis) -> Counter[str]:
     """Calls per Redis command so far (INFO commandstats)."""
     stats = await redis.info("commandstats")
@@ -704,8 +738,10 @@ class Usage:
         self._sys0: dict[str, tuple[int, int]] = {}
         self._cmd0: Counter[str] = Counter()
         self._varz0: dict[str, Any] = {}
+        self.steal = StealMeter()
 
     async def start(self) -> None:
+        self.steal.start()
         self._cpu0 = {k: proc_usage(pid)[0] for k, pid in self.pids.items()}
         self._sys0 = {k: proc_syscalls(pid) for k, pid in self.pids.items()}
         self._cmd0, self._varz0 = await redis_commands(self.redis), self.nats.varz()
@@ -720,6 +756,7 @@ class Usage:
         self.commands += await redis_commands(self.redis) - self._cmd0
         self.nats_in += varz["in_msgs"] - self._varz0["in_msgs"]
         self.nats_out += varz["out_msgs"] - self._varz0["out_msgs"]
+        self.steal.stop()
 
     def cpu_ms_per_job(self, jobs: int) -> dict[str, float]:
         """Each process's CPU milliseconds per job over the measured slices."""
@@ -875,12 +912,15 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
             # The floor and the closed loop take turns, in equal slices, so that both see the
             # same machine: on a shared one its speed drifts by tens of percent within minutes.
             usage = Usage(pids, redis, nats)
+            floor_steal = StealMeter()
             floor_rates, closed_rates = [], []
             gc_mark = quiet_collector()
             for _ in range(rounds):
+                floor_steal.start()
                 floor_rates.append(
                     await floor_rate(floor_nc, args.concurrency, args.floor_s / rounds)
                 )
+                floor_steal.stop()
                 await usage.start()
                 closed_rates.append(await load.closed(args.concurrency, args.duration_s / rounds))
                 await usage.stop()
@@ -895,6 +935,8 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 "rate_per_s_by_round": floor_rates,
                 "serial_p50_ms": 0.0,
                 "serial_p99_ms": 0.0,
+                # Cores the hypervisor took from this VM meanwhile (the closed loop's beside it).
+                "host_steal_cores": floor_steal.cores,
             }
             result["closed"] = {
                 "grants_per_s": rate,
@@ -904,6 +946,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     c / f for c, f in zip(closed_rates, floor_rates, strict=True)
                 ],
                 "grants": grants,
+                "host_steal_cores": usage.steal.cores,
                 "p50_ms": 1000 * percentile(closed_lat, 0.5),
                 "p99_ms": 1000 * percentile(closed_lat, 0.99),
                 "redis_commands_per_grant": usage.commands.total() / max(1, grants),
@@ -947,10 +990,13 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 serial: list[bool] = []
                 lat: list[float] = []
                 gc_mark = quiet_collector()
+                floor_serial_steal = StealMeter()
                 for r in range(rounds):
+                    floor_serial_steal.start()
                     floor_serial_lat += await floor_serial(
                         floor_nc, max(1, args.floor_serial_count // rounds)
                     )
+                    floor_serial_steal.stop()
                     jobs = args.serial_count // rounds + (r < args.serial_count % rounds)
                     load.granted = []
                     await usage.start()
@@ -963,11 +1009,13 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 views1 = await asyncio.to_thread(admission_views, metrics_port)
                 fl["serial_p50_ms"] = 1000 * percentile(floor_serial_lat, 0.5)
                 fl["serial_p99_ms"] = 1000 * percentile(floor_serial_lat, 0.99)
+                fl["serial_host_steal_cores"] = floor_serial_steal.cores
                 opened["serial"] = {
                     "granted": sum(serial),
                     "p50_ms": 1000 * percentile(lat, 0.5),
                     "p99_ms": 1000 * percentile(lat, 0.99),
                     "p50_ratio_to_floor": 1000 * percentile(lat, 0.5) / fl["serial_p50_ms"],
+                    "host_steal_cores": usage.steal.cores,
                     # Placed on the kept copy without a read, and of those refused for a change.
                     **kept_copy_figures(views0, views1),
                     # Each process's CPU per job (its release included): on two cores the
@@ -1019,6 +1067,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                         # How close to the machine's cores the rate ran it, and who spent what
                         # per job: at a lower rate batches are smaller and a job costs more.
                         "cores_busy": sum(usage.cpu_s.values()) / elapsed,
+                        "host_steal_cores": usage.steal.cores,
                         **kept_copy_figures(views0, views1),
                         **cycle_figures(views0, views1),
                         # Each AOF rewrite forks and its child takes a core for a second or
@@ -1092,6 +1141,7 @@ def table(results: list[dict[str, Any]]) -> str:
                 f" {c['carried_reads']:.0f} admission batches carrying a read,"
                 f" {c['full_collections']:.0f} full collections"
                 f" (the load generator's {c['load_generator_full_collections']:.0f})"
+                + stolen(c.get("host_steal_cores"), r["floor"].get("host_steal_cores"))
             )
         for k, v in r.get("open", {}).items():
             name = f"{k} {v['arrivals']}" if v.get("arrivals") == "poisson" else k
@@ -1119,7 +1169,11 @@ def table(results: list[dict[str, Any]]) -> str:
             if "cpu_ms_per_job" in v:
                 per_job = ", ".join(f"{n}={ms:.2f}" for n, ms in v["cpu_ms_per_job"].items())
                 busy = f" ({v['cores_busy']:.2f} cores busy)" if "cores_busy" in v else ""
-                lines.append(f"    CPU ms per job{busy}: {per_job}")
+                floor = r["floor"].get("serial_host_steal_cores") if k == "serial" else None
+                lines.append(
+                    f"    CPU ms per job{busy}: {per_job}"
+                    + stolen(v.get("host_steal_cores"), floor)
+                )
             if "syscalls_per_job" in v:
                 calls = ", ".join(
                     f"{n}={c['read']:.1f}/{c['write']:.1f}"
@@ -1134,6 +1188,15 @@ def table(results: list[dict[str, Any]]) -> str:
         for p in r["problems"]:
             lines.append(f"  PROBLEM: {p}")
     return "\n".join(lines)
+
+
+def stolen(cores: float | None, floor_cores: float | None = None) -> str:
+    """The table's note of cores the hypervisor took meanwhile (``host_steal_s``), when it took
+    any: the ratios of such a slice say as much about the neighbours as about the stack."""
+    if not cores and not floor_cores:
+        return ""
+    floor = f" (in the floor's slices {floor_cores:.2f})" if floor_cores is not None else ""
+    return f"; the host took {cores or 0.0:.2f} of the cores{floor}"
 
 
 def main(argv: list[str] | None = None) -> int:
