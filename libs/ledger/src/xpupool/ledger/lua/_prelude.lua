@@ -58,12 +58,11 @@ local function touched(kind, id) log_change(kind, id, false) end
 local function touched_load(kind, id) log_change(kind, id, true) end
 
 -- Queue an event about a lease in ``service``'s outbox with the trace context the lease keeps
--- (its job's), so the relay continues that trace without reading the lease again. Returns the
--- entry's id.
-local function lease_event(service, lease_id, kind, ...)
+-- (its job's: ``trace`` = {traceparent, tracestate} as the lease holds them, or false for none),
+-- so the relay continues that trace without reading the lease again. Returns the entry's id.
+local function traced_event(service, lease_id, kind, trace, ...)
   local fields = {'kind', kind, 'lease_id', lease_id, ...}
-  local trace = redis.call('HMGET', k('lease', lease_id), 'traceparent', 'tracestate')
-  if trace[1] then
+  if trace and trace[1] then
     fields[#fields + 1] = 'traceparent'
     fields[#fields + 1] = trace[1]
     if trace[2] and trace[2] ~= '' then
@@ -72,6 +71,11 @@ local function lease_event(service, lease_id, kind, ...)
     end
   end
   return redis.call('XADD', k('outbox', service), '*', unpack(fields))
+end
+-- ``traced_event`` with the trace read from the lease.
+local function lease_event(service, lease_id, kind, ...)
+  local trace = redis.call('HMGET', k('lease', lease_id), 'traceparent', 'tracestate')
+  return traced_event(service, lease_id, kind, trace, ...)
 end
 
 -- The answer of a script that queued a lease's event in the direct outbox, for its caller to
@@ -256,7 +260,7 @@ end
 local function end_lease(lease_id, reason, detail, now, outbox)
   local lk = k('lease', lease_id)
   local f = redis.call('HMGET', lk, 'state', 'slices', 'host', 'usage', 'job_id', 'tenant',
-    'queue', 'granted_ms', 'load_base')
+    'queue', 'granted_ms', 'load_base', 'traceparent', 'tracestate')
   if not f[1] then return 'unknown' end
   if f[1] == 'ended' then return 'already_ended' end
   local l = {state = f[1], host = f[3], usage = f[4], job_id = f[5], tenant = f[6], queue = f[7],
@@ -294,7 +298,7 @@ local function end_lease(lease_id, reason, detail, now, outbox)
     'ended_ms', now)
   redis.call('EXPIRE', lk, RETAIN_S)
   redis.call('HSET', k('job', l.job_id), 'state', 'ended')
-  local entry = lease_event(outbox or 'lease-manager', lease_id, 'ended')
+  local entry = traced_event(outbox or 'lease-manager', lease_id, 'ended', {f[10], f[11]})
   bump()
   touched('lease', lease_id)
   return 'ended', entry

@@ -115,9 +115,9 @@ local function take_reservation(r, grant_outbox, new_job)
   end
   local entry = nil
   if granting then
-    entry = lease_event(grant_outbox or 'lease-manager', r.lease_id, 'granted')
+    entry = traced_event(grant_outbox or 'lease-manager', r.lease_id, 'granted', trace)
   else
-    lease_event('scheduler', r.lease_id, 'reserved')
+    traced_event('scheduler', r.lease_id, 'reserved', trace)
   end
   bump()
   touched('lease', r.lease_id)
