@@ -2,10 +2,11 @@
 -- script: a role's Redis ACL allows the commands of the scripts it runs and what they include.
 -- Take a reservation for a job (r: the JSON of reserve.lua's ARGV[1]): re-check device health,
 -- capacity, host resources and quota, then write slices, host charges, quota counters and the
--- lease at once. With r.secret the lease is granted at once (activate); without one it stays
--- reserved and the scheduler's outbox announces that. Shared by reserve.lua (a pending job) and
--- pend.lua (a new job placed on admission). A grant is announced through ``grant_outbox`` (see
--- activate). Returns the taken slices, the fencing token (0 when only reserved) and the grant's
+-- lease at once. With r.secret the lease is granted at once (``activation``, written with the
+-- rest of its hash); without one it stays reserved and the scheduler's outbox announces that.
+-- Shared by reserve.lua (a pending job) and pend.lua (a new job placed on admission). A grant is
+-- announced through ``grant_outbox`` (the lease-manager's unless the caller publishes it itself:
+-- 'direct', see outbox.py). Returns the taken slices, the fencing token (0 when only reserved) and the grant's
 -- outbox entry id, or nil and the refusal; nothing is written before every check passed.
 -- ``new_job`` (pend.lua, which has just written the job): {trace = {traceparent, tracestate} or
 -- false}, the job's trace as written, and the job was not pending before this script (its
