@@ -1143,6 +1143,8 @@ def table(results: list[dict[str, Any]]) -> str:
                 f" (the load generator's {c['load_generator_full_collections']:.0f})"
                 + stolen(c.get("host_steal_cores"), r["floor"].get("host_steal_cores"))
             )
+        elif note := stolen(c.get("host_steal_cores"), r["floor"].get("host_steal_cores")):
+            lines.append(f"  closed loop: {note.removeprefix('; ')}")
         for k, v in r.get("open", {}).items():
             name = f"{k} {v['arrivals']}" if v.get("arrivals") == "poisson" else k
             lines.append(
