@@ -263,7 +263,7 @@ local function end_lease(lease_id, reason, detail, now, outbox)
     'queue', 'granted_ms', 'load_base', 'traceparent', 'tracestate')
   if not f[1] then return 'unknown' end
   if f[1] == 'ended' then return 'already_ended' end
-  local l = {state = f[1], host = f[3], usage = f[4], job_id = f[5], tenant = f[6], queue = f[7],
+  local l = {host = f[3], usage = f[4], job_id = f[5], tenant = f[6], queue = f[7],
     granted_ms = f[8], load_base = f[9]}
   local slices = cjson.decode(f[2] or '[]')
   write_usage(lease_id, reason, now, l, slices)

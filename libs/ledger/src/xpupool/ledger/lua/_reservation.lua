@@ -6,11 +6,11 @@
 -- rest of its hash); without one it stays reserved and the scheduler's outbox announces that.
 -- Shared by reserve.lua (a pending job) and pend.lua (a new job placed on admission). A grant is
 -- announced through ``grant_outbox`` (the lease-manager's unless the caller publishes it itself:
--- 'direct', see outbox.py). Returns the taken slices, the fencing token (0 when only reserved) and the grant's
--- outbox entry id, or nil and the refusal; nothing is written before every check passed.
--- ``new_job`` (pend.lua, which has just written the job): {trace = {traceparent, tracestate} or
--- false}, the job's trace as written, and the job was not pending before this script (its
--- pending entries are looked for once, not cleared one by one).
+-- 'direct', see outbox.py). Returns the taken slices, the fencing token (0 when only reserved)
+-- and the grant's outbox entry id, or nil and the refusal; nothing is written before every check
+-- passed. ``new_job`` (pend.lua, which has just written the job and found no job waiting):
+-- {trace = {traceparent, tracestate} or false}, the job's trace as written; such a job has no
+-- pending entries to clear and its record's expiry is already set.
 local function take_reservation(r, grant_outbox, new_job)
   if #r.slices == 0 and next(r.host) == nil then
     return nil, fail('empty_reservation', r.job_id)
@@ -110,8 +110,6 @@ local function take_reservation(r, grant_outbox, new_job)
   redis.call('HSET', jk, 'state', granting and 'leased' or 'reserved', 'lease_id', r.lease_id)
   if not new_job then
     redis.call('EXPIRE', jk, RETAIN_S)
-    unpend(r.job_id)
-  elseif redis.call('ZSCORE', k('pending'), r.job_id) then
     unpend(r.job_id)
   end
   local entry = nil
