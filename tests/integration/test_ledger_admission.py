@@ -16,9 +16,11 @@ from xpupool.ledger import (
     VIEW_CHANGED,
     Admission,
     AdmissionLimits,
+    HostClaim,
     Ledger,
     Reservation,
     SliceClaim,
+    SliceMeta,
     UsageClaim,
     audit,
     new_lease_secret,
@@ -284,4 +286,88 @@ async def test_admissions_with_a_read_are_sent_again_once_the_scripts_are_loaded
     assert result.outcome == "granted" and changes is not None and "lease-a" in changes.leases
     [again] = await ledger.admit_many([_admission("a", placement)])
     assert not again.ok and again.reason == "job_leased"
+    assert await audit(ledger) == []
+
+
+async def test_the_three_ways_to_an_active_lease_leave_the_same_ledger(ledger: Ledger) -> None:
+    """A lease granted on arrival (``pend.lua``), granted at once by a cycle (``reserve.lua``
+    with a secret) and reserved then granted (``reserve.lua``, then ``grant.lua``) end in the
+    same records: the first two write the lease once, already active, and must write what the
+    third writes in two steps. Only ids, clocks and the fencing token's value may differ."""
+    result = await ledger.register_node(
+        "n1", [device_spec("n1", i) for i in range(3)], 64_000, 256_000
+    )
+    assert result.ok
+    trace = {
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "tracestate": "vendor=1",
+    }
+    secret = new_lease_secret()
+    meta = SliceMeta("nvidia", "A100", 0, "GPU-same", True)
+
+    def placement(job: str, device: int, with_secret: bool) -> Reservation:
+        return reservation(
+            job,
+            SliceClaim(f"n1/nvidia{device}", 1000, 10, meta=meta),
+            host={"n1": HostClaim(500, 2048)},
+            usage=[UsageClaim("q", "units", 0.1), UsageClaim("q", "dev:A100", 0.1)],
+            max_runtime_ms=90_000,
+            idle_after_ms=30_000,
+            secret=secret if with_secret else "",
+        )
+
+    [arrived] = await ledger.admit_many([_admission("a", placement("a", 0, True), trace=trace)])
+    assert arrived.outcome == "granted"
+    for job in ("b", "c"):
+        [waiting] = await ledger.admit_many([_admission(job, trace=trace)])
+        assert waiting.outcome == "pending"
+    assert (await ledger.reserve(placement("b", 1, True))).ok
+    assert (await ledger.reserve(placement("c", 2, False))).ok
+    assert (await ledger.grant("lease-c", secret)).ok
+
+    async def records(job: str, device: int) -> dict[str, Any]:
+        """The job's lease, job record, index entries and grant event, ids and clocks taken
+        out (times as offsets from the grant)."""
+        redis, lease_id = ledger.redis, f"lease-{job}"
+
+        def same(value: Any) -> str:
+            text = _s(value).replace(lease_id, "LEASE").replace(f"nvidia{device}", "DEV")
+            return "JOB" if text == job else text
+
+        def record(raw: Any) -> dict[str, str]:
+            return {_s(k): same(v) for k, v in raw.items()}
+
+        lease = record(await redis.hgetall(ledger.key("lease", lease_id)))
+        granted = int(lease.pop("granted_ms"))
+        assert int(lease.pop("created_ms")) <= granted and int(lease.pop("token")) > 0
+        clocks = {f: int(lease.pop(f)) - granted for f in ("expires_ms", "deadline_ms")}
+        found = record(await redis.hgetall(ledger.key("job", job)))
+        found.pop("since_ms")
+        indexes = {}
+        for name in ("expiry", "deadlines", "idle-watch"):
+            score = await redis.zscore(ledger.key(name), lease_id)
+            indexes[name] = None if score is None else score - granted
+        outboxes: Any = [
+            await redis.xrange(ledger.key("outbox", name)) for name in ("direct", "lease-manager")
+        ]
+        events = [record(fields) for entries in outboxes for _, fields in entries]
+        return {
+            "lease": lease,
+            "clocks": clocks,
+            "job": found,
+            "indexes": indexes,
+            "in leases": await redis.sismember(ledger.key("leases"), lease_id),
+            "on its device": await redis.sismember(
+                ledger.key("dev-leases", f"n1/nvidia{device}"), lease_id
+            ),
+            "on its node": await redis.sismember(ledger.key("node-leases", "n1"), lease_id),
+            "events": [e for e in events if e["lease_id"] == "LEASE"],
+        }
+
+    arrived_lease = await records("a", 0)
+    assert arrived_lease == await records("b", 1)
+    assert arrived_lease == await records("c", 2)
+    assert arrived_lease["lease"]["state"] == "active" and arrived_lease["job"]["state"] == "leased"
+    assert [e["kind"] for e in arrived_lease["events"]] == ["granted"]
+    assert arrived_lease["indexes"] == {"expiry": 60_000, "deadlines": 90_000, "idle-watch": 30_000}
     assert await audit(ledger) == []
