@@ -64,3 +64,20 @@ async def test_max_runtime_warnings_read_only_leases_with_a_deadline(ledger: Led
     for lease_id in bounded:
         lease = await ledger.get_lease(lease_id)
         assert lease is not None and lease.end_reason == "max_runtime"
+
+
+async def test_a_lease_record_without_slices_still_ends_whole(ledger: Ledger) -> None:
+    """A record missing its slices (damaged by hand or by an older writer) ends like any other:
+    the script does not stop halfway through its writes, after the usage record and before the
+    lease, its indexes and its job are ended."""
+    [lease_id] = await _granted(ledger, 1)
+    await ledger.redis.hdel(ledger.key("lease", lease_id), "slices")
+    result = await ledger.end(lease_id, "expired")
+    assert result.ok and result.outcome == "ended"
+    lease = await ledger.redis.hgetall(ledger.key("lease", lease_id))
+    assert lease[b"state"] == b"ended" and lease[b"end_reason"] == b"expired"
+    job = await ledger.get_job("j0")
+    assert job is not None and job.state == "ended"
+    assert await ledger.redis.zscore(ledger.key("expiry"), lease_id) is None
+    assert not await ledger.redis.sismember(ledger.key("leases"), lease_id)
+    assert await ledger.redis.hexists(ledger.key("usage-rec"), lease_id)
