@@ -24,6 +24,7 @@ from redis.exceptions import NoScriptError
 
 from xpupool.contracts import DeviceSample, DeviceSlice, DeviceSpec, Health, PoolShape, Vendor
 from xpupool.ledger.group_commit import GroupCommit
+from xpupool.ledger.held import HeldConnections
 
 _SPEC_DECODER = msgspec.json.Decoder(DeviceSpec)
 
@@ -444,6 +445,7 @@ class Ledger:
         # Every lua/*.lua but the shared parts (``_*.lua``) is one transition, registered by its
         # file name.
         self._scripts = {name: redis.register_script(script_source(name)) for name in SCRIPTS}
+        self._held = HeldConnections(redis)
         # Per script, the calls made while its last batch was out (``_run_batched``).
         self._batches: dict[str, GroupCommit[Sequence[ScriptArg], ScriptResult]] = {}
 
@@ -456,9 +458,15 @@ class Ledger:
         """A key of this ledger, as the scripts build it."""
         return self.prefix + ":".join(parts)
 
+    async def _call(self, script: str, args: Sequence[ScriptArg]) -> Any:
+        """One script call's raw reply; a refusal is raised."""
+        (reply,) = await self._pipelined([(script, args)])
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
     async def _run(self, script: str, *args: ScriptArg) -> ScriptResult:
-        raw = await self._scripts[script](keys=[self.prefix], args=list(args))
-        return _decode_result(raw)
+        return _decode_result(await self._call(script, args))
 
     async def _run_batched(self, script: str, *args: ScriptArg) -> ScriptResult:
         """``_run``, sent with the calls of the same script made while its last batch was out
@@ -491,11 +499,9 @@ class Ledger:
         cache flushed) refuses every call with NOSCRIPT, so none ran: when one of the first
         ``deciding`` replies (all by default) is that refusal, the scripts are loaded and the
         round trip sent again, once."""
+        commands = [("EVALSHA", self._scripts[name].sha, 1, self.prefix, *a) for name, a in calls]
         for attempt in range(2):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for name, args in calls:
-                    pipe.evalsha(self._scripts[name].sha, 1, self.prefix, *args)
-                replies = list(await pipe.execute(raise_on_error=False))
+            replies = await self._held.execute(commands)
             if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies[:deciding]):
                 for name in dict.fromkeys(name for name, _ in calls):
                     await self._redis.script_load(self._scripts[name].script)
@@ -661,7 +667,12 @@ class Ledger:
         """Drop direct-outbox entries whose events their writer published and JetStream
         stored, so the lease-manager's relay never publishes them again."""
         if entry_ids:
-            await self._redis.xdel(self.key("outbox", DIRECT_OUTBOX), *entry_ids)
+            # On a held connection: it follows every grant and holder's release or renewal.
+            (deleted,) = await self._held.execute(
+                [("XDEL", self.key("outbox", DIRECT_OUTBOX), *entry_ids)]
+            )
+            if isinstance(deleted, Exception):
+                raise deleted
 
     async def any_pending(self) -> bool:
         """Whether any request waits in the pending queue (one read, no script)."""
@@ -851,9 +862,7 @@ class Ledger:
         restarted from an older save, or failed over to a replica that lagged), in which case the
         sequence could have passed the cursor again without showing what was lost.
         """
-        raw: Any = await self._scripts["read_changes"](
-            keys=[self.prefix], args=_changes_args(cursor, max_records, known)
-        )
+        raw = await self._call("read_changes", _changes_args(cursor, max_records, known))
         return _parse_changes(raw, cursor, known)
 
     async def admit_and_read(
@@ -1042,7 +1051,7 @@ class Ledger:
             ids = [lease_id for lease_id in map(_str, raw) if lease_id not in seen]
             seen.update(ids)
             if ids:
-                raw_counts = await self._scripts["lease_states"](keys=[self.prefix], args=ids)
+                raw_counts = await self._call("lease_states", ids)
                 for state, n in zip(raw_counts[::2], raw_counts[1::2], strict=True):
                     counts[_str(state)] = counts.get(_str(state), 0) + int(n)
             if not cursor:
