@@ -89,3 +89,21 @@ async def test_a_traced_process_goes_through_the_pipeline(
     assert len(pipelines) == 1
     assert await untraced(redis).execute([("ECHO", "u")]) == [b"u"]
     assert len(pipelines) == 1
+
+
+async def test_a_small_pool_keeps_room_for_the_clients_other_commands(
+    redis_server: RedisServer,
+) -> None:
+    client = Redis.from_url(redis_server.url, max_connections=4)
+    try:
+        held = HeldConnections(client, traced=lambda: False)
+        replies = await asyncio.gather(*(held.execute([("ECHO", str(i))]) for i in range(3)))
+        assert replies == [[b"0"], [b"1"], [b"2"]]
+        # One connection kept of the four: the client's own commands still find three.
+        assert await asyncio.gather(*(client.echo(str(i)) for i in range(3))) == [
+            b"0",
+            b"1",
+            b"2",
+        ]
+    finally:
+        await client.aclose()

@@ -53,7 +53,9 @@ class HeldConnections:
         traced: Callable[[], bool] = spans_recorded,
     ) -> None:
         self._redis = redis
-        self._keep = keep
+        # Never more than a quarter of a bounded pool (redis-py's default bound is 100): the
+        # client's other commands and the change feed's subscription take theirs from it too.
+        self._keep = min(keep, redis.connection_pool.max_connections // 4)
         self._traced = traced
         self._idle: list[AbstractConnection] = []
 
