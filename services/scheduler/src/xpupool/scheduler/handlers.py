@@ -448,33 +448,21 @@ async def publish_grants(
     arrivals: Sequence[Arrival], results: Sequence[ScriptResult], deps: SchedulerDeps
 ) -> None:
     """Publish the grants this batch's admissions made, straight from their scripts' answers
-    (``DirectOutbox``), each in its job's trace: the lease-manager's relay is not in the way.
-
-    A grant submitted by request/reply is answered first, and the answers are written before
-    the events are encoded and sent: an answer carries the whole grant, which the ledger holds
-    durably already (its events are in the direct outbox), so its client need not wait for
-    them."""
-    granted: list[tuple[Arrival, ScriptResult, AllocationGranted]] = []
-    answered = False
+    (``DirectOutbox``), each in its job's trace: the lease-manager's relay is not in the way. A
+    grant submitted by request/reply is answered right after its events."""
     for arrival, result in zip(arrivals, results, strict=True):
         lease = deps.ledger.granted_lease(result)
         if lease is None:
             continue
         event = granted_event(lease)
-        granted.append((arrival, result, event))
+        with continue_trace(GRANT_SPAN, arrival.trace, {"xpupool.lease_id": lease.lease_id}):
+            await deps.direct.publish(result.entry, [event])
         if arrival.answer is None:
             continue
         try:
             await arrival.answer.send(_granted_reply(event))
-            answered = True
         except Exception as error:  # noqa: BLE001  (the grant stands; its event is published)
             get_logger().warning("submit_reply_failed", job=event.job_id, error=repr(error))
-    if answered:
-        # One turn of the loop: the connection's flusher writes the answers now.
-        await asyncio.sleep(0)
-    for arrival, result, event in granted:
-        with continue_trace(GRANT_SPAN, arrival.trace, {"xpupool.lease_id": event.lease_id}):
-            await deps.direct.publish(result.entry, [event])
 
 
 async def place_on_arrival(
