@@ -93,6 +93,22 @@ async def test_the_reply_is_the_outcome_and_the_events_say_the_same(
     assert [e.job_id for e in granted()] == ["sub-1", "sub-2"]
 
 
+async def test_a_grants_events_are_out_before_its_reply(
+    serving: tuple[XpupoolClient, list[TenantEvent]],
+) -> None:
+    """The scheduler hands a grant's events to its connection before the reply, so the server
+    holds them first: a holder acting on the reply (a release, a renewal) can never have its
+    lease's later event stored ahead of the grant. On one connection to the client, the event
+    is then received before the reply."""
+    client, events = serving
+    for i in range(5):
+        job_id = f"order-{i}"
+        placed = await client.submit_request(_whole(job_id))
+        assert placed is not None and placed.granted is not None
+        assert [e.job_id for e in events if isinstance(e, AllocationGranted)][-1] == job_id
+        assert (await client.release(placed.granted.lease_id, placed.granted.fencing_token)).ok
+
+
 async def test_bad_and_refused_requests_are_answered_and_published(
     serving: tuple[XpupoolClient, list[TenantEvent]],
 ) -> None:
