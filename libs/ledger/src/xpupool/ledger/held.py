@@ -13,9 +13,9 @@ What the pool's path gave is kept:
 - a connection that fails in flight (dropped, timed out, or its caller cancelled with replies
   unread) is disconnected and handed back to the pool, never used again with a reply pending;
 - after a dropped or timed-out connection the round trip is made again through redis-py's
-  pipeline and its retry policy: the same at-least-once sending as before (a script whose
-  reply was lost may run twice, which every ledger script tolerates: jobs and leases are
-  keyed by their ids);
+  pipeline and its retry policy: the same at-least-once sending as redis-py's own retries gave
+  before (a script whose reply was lost may run again, and answers as it would to a caller
+  that sent it twice);
 - while Redis calls are traced (the instrumentation wraps redis-py's pipeline), the pipeline
   is used, so that every script call keeps its span;
 - the connections are the pool's, checked out: closing the client (``Redis.aclose``)
