@@ -20,8 +20,9 @@ def event_time(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
-def granted_event(lease: LeaseRecord) -> AllocationGranted:
-    """The public grant, with the environment the job must run with."""
+def granted_event(lease: LeaseRecord, expires_ms: int | None = None) -> AllocationGranted:
+    """The public grant, with the environment the job must run with; ``expires_ms``: the term
+    it was granted with, where the lease has been renewed since (its grant entry keeps it)."""
     slices = [s.to_contract() for s in lease.slices]
     return AllocationGranted(
         job_id=lease.job_id,
@@ -30,7 +31,7 @@ def granted_event(lease: LeaseRecord) -> AllocationGranted:
         owner=lease.owner,
         fencing_token=lease.token,
         granted_at=event_time(lease.granted_ms or lease.created_ms),
-        expires_at=event_time(lease.expires_ms),
+        expires_at=event_time(expires_ms or lease.expires_ms),
         slices=slices,
         env=job_environment(slices, lease.job_id, lease.lease_id, lease.token),
         host=[

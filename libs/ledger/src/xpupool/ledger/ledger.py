@@ -96,9 +96,12 @@ class ScriptResult(msgspec.Struct, frozen=True):
     """With ``entry``: the lease's hash as HGETALL answers it (``announced_lease``)."""
     change_seq: int = 0
     """A grant on admission: the change sequence it was logged (and announced) under."""
+    grant: list[str] = msgspec.field(default_factory=list)
+    """With ``entry``, from a holder's renewal or release: the lease's grant entry (its fields,
+    flat) while it is still unconfirmed in the direct outbox (``unconfirmed_grant``)."""
 
 
-_LIST_FIELDS = ("added", "removed", "lost", "ended", "lease")
+_LIST_FIELDS = ("added", "removed", "lost", "ended", "lease", "grant")
 
 
 def _decode_result(raw: bytes | str) -> ScriptResult:
@@ -327,6 +330,8 @@ class LeaseRecord:
     deadline_ms: int | None = None
     #: The trace context of its job (W3C ``traceparent``/``tracestate``; empty: untraced).
     trace: dict[str, str] = field(default_factory=dict, repr=False)
+    #: A grant on admission: its entry in the direct outbox (``Ledger.unconfirmed_grants``).
+    grant_entry: str = ""
 
 
 @dataclass(frozen=True)
@@ -662,6 +667,29 @@ class Ledger:
         if not (result.ok and result.entry and result.lease):
             return None
         return _lease(result.lease_id, _pairs(result.lease))
+
+    def unconfirmed_grant(self, result: ScriptResult) -> dict[str, str] | None:
+        """The grant entry a holder's renewal or release found unconfirmed (its event perhaps
+        not yet stored), whose event is to be published before the command's own; else None."""
+        return {_str(k): _str(v) for k, v in _pairs(result.grant).items()} if result.grant else None
+
+    async def unconfirmed_grants(self, leases: Sequence[LeaseRecord]) -> dict[str, dict[str, str]]:
+        """The grant entries of ``leases`` still unconfirmed in the direct outbox, by lease id,
+        in one round trip (what ``unconfirmed_grant`` answers a holder's command, for the events
+        a relay publishes)."""
+        granted = [lease for lease in leases if lease.grant_entry]
+        if not granted:
+            return {}
+        stream = self.key("outbox", DIRECT_OUTBOX)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for lease in granted:
+                pipe.xrange(stream, lease.grant_entry, lease.grant_entry)
+            found = await pipe.execute()
+        return {
+            lease.lease_id: {_str(k): _str(v) for k, v in entries[0][1].items()}
+            for lease, entries in zip(granted, found, strict=True)
+            if entries
+        }
 
     async def confirm_direct(self, entry_ids: Sequence[str]) -> None:
         """Drop direct-outbox entries whose events their writer published and JetStream
@@ -1307,6 +1335,7 @@ def _lease(lease_id: str, row: dict[Any, Any]) -> LeaseRecord:
         secret=r.get("secret", ""),
         deadline_ms=_int(r.get("deadline_ms")) or None,
         trace={name: r[name] for name in TRACE_FIELDS if r.get(name)},
+        grant_entry=r.get("grant_entry", ""),
     )
 
 

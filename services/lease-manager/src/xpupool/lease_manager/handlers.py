@@ -4,6 +4,11 @@ State changes happen in ledger scripts, which also queue the resulting events in
 holder's renewal or release publishes its own event from its script's answer (the direct
 outbox, ``_announce``); for the rest the relay turns a batch of outbox entries into the public
 events (``build_events``), and its sweep publishes what a direct publish left behind.
+
+Either way a later event of a lease granted on admission, while the scheduler has not yet
+confirmed the grant stored (it answers the grant before it publishes the grant's event), goes
+out only once JetStream has the grant (``StoredGrants``), or after a copy of it: no subscriber
+ever reads a lease's renewal or end ahead of its grant.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from xpupool.contracts import (
     ReleaseLease,
     RenewLease,
 )
+from xpupool.lease_manager.grant_watch import StoredGrants
 from xpupool.lease_manager.metrics import LeaseManagerMetrics
 from xpupool.lease_manager.tracing import record_lifetime
 from xpupool.ledger import DirectOutbox, Holder, LeaseRecord, Ledger, ScriptResult
@@ -106,6 +112,7 @@ async def renew_lease(
     tenant: str,
     outbox: DirectOutbox | None = None,
     metrics: LeaseManagerMetrics | None = None,
+    grants: StoredGrants | None = None,
 ) -> Sequence[msgspec.Struct]:
     """Extend a lease for its holder: the tenant whose subject sent the command, with the grant's
     secret and current fencing token; anything else is refused and changes nothing.
@@ -119,7 +126,7 @@ async def renew_lease(
         result = await ledger.renew(command.lease_id, holder, ttl_ms, direct=outbox is not None)
         span.set_attribute("xpupool.outcome", "renewed" if result.ok else result.reason)
         if outbox is not None:
-            await _announce("renewed", result, ledger, outbox, metrics)
+            await _announce("renewed", result, ledger, outbox, metrics, grants)
     if not result.ok:
         return [_refusal(command.lease_id, tenant, result)]
     return [
@@ -134,6 +141,7 @@ async def release_lease(
     tenant: str,
     outbox: DirectOutbox | None = None,
     metrics: LeaseManagerMetrics | None = None,
+    grants: StoredGrants | None = None,
 ) -> Sequence[msgspec.Struct]:
     """Give a lease back, on the same checks as a renewal: a stale, replayed or foreign release
     is refused (``lease_ended``, ``stale_token``, ``not_owner``, ``bad_secret``), never ``ok``.
@@ -145,7 +153,7 @@ async def release_lease(
         result = await ledger.release(command.lease_id, holder, direct=outbox is not None)
         span.set_attribute("xpupool.outcome", "released" if result.ok else result.reason)
         if outbox is not None:
-            await _announce("ended", result, ledger, outbox, metrics)
+            await _announce("ended", result, ledger, outbox, metrics, grants)
     if not result.ok:
         return [_refusal(command.lease_id, tenant, result)]
     return [LeaseReply(ok=True, lease_id=command.lease_id)]
@@ -157,19 +165,38 @@ async def _announce(
     ledger: Ledger,
     outbox: DirectOutbox,
     metrics: LeaseManagerMetrics | None,
+    grants: StoredGrants | None,
 ) -> None:
     """Publish the event a holder's command queued in the direct outbox, from the lease its
     script answered with: no relay wake, no read of the lease, and its subscribers have it before
     the holder has the reply. Should the publish fail, the entry stays and the relay's sweep
-    publishes the same event (``DIRECT_STALE_MS``) from the same entry."""
+    publishes the same event (``DIRECT_STALE_MS``) from the same entry. A grant the script found
+    unconfirmed is waited for (``_after_grant``)."""
     lease = ledger.announced_lease(result)
     if lease is None:
         return  # refused: nothing was queued
     fields = {"kind": kind, "lease_id": lease.lease_id}
     if kind == "renewed":
         fields["expires_ms"] = str(result.expires_ms)
+    events = await _after_grant(
+        entry_events(fields, lease, metrics), ledger.unconfirmed_grant(result), lease, grants
+    )
     with continue_trace(f"publish {kind}", {}, {"xpupool.lease_id": lease.lease_id}):
-        await outbox.publish(result.entry, entry_events(fields, lease, metrics))
+        await outbox.publish(result.entry, events)
+
+
+async def _after_grant(
+    events: Sequence[msgspec.Struct],
+    grant: dict[str, str] | None,
+    lease: LeaseRecord,
+    grants: StoredGrants | None,
+) -> Sequence[msgspec.Struct]:
+    """``events`` of ``lease``, to publish once its grant is stored: at once when the ledger
+    had it confirmed (``grant`` None) or JetStream is seen to hold it (``grants``, waiting a
+    little), else after a copy of the grant from its entry (``grant``)."""
+    if grant is None or (grants is not None and await grants.stored(lease.lease_id)):
+        return events
+    return [*entry_events(grant, lease), *events]
 
 
 def lease_info(lease: LeaseRecord) -> LeaseInfo:
@@ -237,13 +264,31 @@ def reply_too_large(reply: msgspec.Struct) -> LeaseReply:
 
 
 async def build_events(
-    entries: Sequence[dict[str, str]], ledger: Ledger, metrics: LeaseManagerMetrics | None = None
+    entries: Sequence[dict[str, str]],
+    ledger: Ledger,
+    metrics: LeaseManagerMetrics | None = None,
+    grants: StoredGrants | None = None,
 ) -> list[Sequence[msgspec.Struct]]:
     """The public events for a batch of lease-manager outbox entries, the leases they are about
-    read in one round trip (ends counted in ``metrics``)."""
+    read in one round trip (ends counted in ``metrics``). A lease's first later event in the
+    batch waits for its grant while that is unconfirmed (``unconfirmed_grants``, one more round
+    trip for a batch that names a lease granted on admission; ``_after_grant``)."""
     lease_ids = sorted({f["lease_id"] for f in entries if f.get("lease_id")})
     leases = dict(zip(lease_ids, await ledger.get_leases(lease_ids), strict=True))
-    return [entry_events(f, leases.get(f.get("lease_id", "")), metrics) for f in entries]
+    # A grant entry of the batch itself (the direct outbox's sweep) goes out first anyway.
+    granting = {f.get("lease_id") for f in entries if f.get("kind") == "granted"}
+    later = [lease for i, lease in leases.items() if lease is not None and i not in granting]
+    unconfirmed = await ledger.unconfirmed_grants(later)
+    built: list[Sequence[msgspec.Struct]] = []
+    for fields in entries:
+        lease = leases.get(fields.get("lease_id", ""))
+        events = entry_events(fields, lease, metrics)
+        if lease is not None:
+            events = await _after_grant(
+                events, unconfirmed.pop(lease.lease_id, None), lease, grants
+            )
+        built.append(events)
+    return built
 
 
 def entry_events(
@@ -262,7 +307,7 @@ def entry_events(
         get_logger().error("outbox_entry_without_lease", entry=fields)
         return []
     if kind == "granted":
-        return [granted_event(lease)]
+        return [granted_event(lease, int(fields.get("expires_ms") or 0) or None)]
     if kind == "renewed":
         expires_ms = int(fields.get("expires_ms") or lease.expires_ms)
         return [

@@ -18,6 +18,7 @@ from xpupool.bus.lifecycle import (
 )
 from xpupool.contracts import access, subjects
 from xpupool.lease_manager import handlers
+from xpupool.lease_manager.grant_watch import StoredGrants
 from xpupool.lease_manager.metrics import (
     OUTBOXES,
     LeaseManagerMetrics,
@@ -125,6 +126,7 @@ async def run(settings: LeaseManagerSettings) -> None:
             )
         loop_lag = LoopLag(metrics.registry) if settings.lease_manager_metrics_port else None
         direct = DirectOutbox(ledger)
+        grants = StoredGrants()
 
         async def run_once(run_stop: asyncio.Event) -> None:
             # Everything on NATS lives here: a closed connection re-opens all of it (supervise).
@@ -135,8 +137,13 @@ async def run(settings: LeaseManagerSettings) -> None:
                 commands = (handlers.reject_invalid_command, handlers.reply_too_large)
                 queries = (handlers.reject_invalid_query, handlers.query_reply_too_large)
                 # A holder's renewal or release publishes its own event (the direct outbox).
-                renew = functools.partial(handlers.renew_lease, outbox=direct, metrics=metrics)
-                release = functools.partial(handlers.release_lease, outbox=direct, metrics=metrics)
+                # A later event of a lease waits for its grant to be stored (StoredGrants).
+                renew = functools.partial(
+                    handlers.renew_lease, outbox=direct, metrics=metrics, grants=grants
+                )
+                release = functools.partial(
+                    handlers.release_lease, outbox=direct, metrics=metrics, grants=grants
+                )
                 for channel, handler, (on_invalid, too_large) in (
                     (subjects.LEASE_RENEW, renew, commands),
                     (subjects.LEASE_RELEASE, release, commands),
@@ -157,7 +164,9 @@ async def run(settings: LeaseManagerSettings) -> None:
                 relay = OutboxRelay(
                     ledger,
                     SERVICE,
-                    functools.partial(handlers.build_events, ledger=ledger, metrics=metrics),
+                    functools.partial(
+                        handlers.build_events, ledger=ledger, metrics=metrics, grants=grants
+                    ),
                     bus.publisher.send,
                     # Grants the scheduler made on admission and could not publish itself.
                     sweep_direct=True,
@@ -183,6 +192,7 @@ async def run(settings: LeaseManagerSettings) -> None:
                     ),
                     relay.run(run_stop),
                     direct.run(bus.publisher.send, run_stop),
+                    grants.run(bus.js, run_stop),
                     expire_leases(
                         ledger,
                         settings.expiry_interval_s,

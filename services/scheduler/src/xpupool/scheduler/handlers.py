@@ -225,9 +225,8 @@ async def submit_job(
     """``admit_job`` for a request sent by request/reply (``JOB_SUBMIT``): the same admission,
     answered with where the job stands once the ledger has it (``SubmitReply``).
 
-    A grant is answered by the admission batch itself, right after it handed the grant's events
-    to the connection (the reply is then not returned here): the requester gets it in the same
-    write, and never holds a grant whose event could come after a later event of its lease."""
+    A grant is answered by the admission batch itself, ahead of the grant's events and in the
+    same write (the reply is then not returned here; ``publish_grants``)."""
     answer = early_reply()
     rejection, admitted = await _admit(request, deps, tenant, answer)
     if answer is not None and answer.sent:
@@ -448,21 +447,34 @@ async def publish_grants(
     arrivals: Sequence[Arrival], results: Sequence[ScriptResult], deps: SchedulerDeps
 ) -> None:
     """Publish the grants this batch's admissions made, straight from their scripts' answers
-    (``DirectOutbox``), each in its job's trace: the lease-manager's relay is not in the way. A
-    grant submitted by request/reply is answered right after its events."""
+    (``DirectOutbox``), each in its job's trace: the lease-manager's relay is not in the way.
+
+    The grants submitted by request/reply are answered first, and the answers written (a
+    turn of the loop, for the connection's flusher) before the events are encoded and sent:
+    the answer carries the whole grant, which the ledger holds already, and it no longer waits
+    behind the events' encoding and JetStream's storing of them (bench/e2e/PROFILE.md). A
+    holder acting on it at once cannot have a later event of its lease stored ahead of the
+    grant: until this outbox confirms the grant's entry, the lease-manager publishes such an
+    event only once JetStream holds the grant (``StoredGrants``), or after a copy of it.
+    """
+    granted: list[tuple[Arrival, str, AllocationGranted]] = []
     for arrival, result in zip(arrivals, results, strict=True):
         lease = deps.ledger.granted_lease(result)
         if lease is None:
             continue
         event = granted_event(lease)
-        with continue_trace(GRANT_SPAN, arrival.trace, {"xpupool.lease_id": lease.lease_id}):
-            await deps.direct.publish(result.entry, [event])
+        granted.append((arrival, result.entry, event))
         if arrival.answer is None:
             continue
         try:
             await arrival.answer.send(_granted_reply(event))
         except Exception as error:  # noqa: BLE001  (the grant stands; its event is published)
             get_logger().warning("submit_reply_failed", job=event.job_id, error=repr(error))
+    if any(arrival.answer is not None for arrival, _, _ in granted):
+        await asyncio.sleep(0)  # the connection's flusher writes the answers now
+    for arrival, entry, event in granted:
+        with continue_trace(GRANT_SPAN, arrival.trace, {"xpupool.lease_id": event.lease_id}):
+            await deps.direct.publish(entry, [event])
 
 
 async def place_on_arrival(

@@ -78,6 +78,20 @@ local function lease_event(service, lease_id, kind, ...)
   return traced_event(service, lease_id, kind, trace, ...)
 end
 
+-- The fields of a lease's grant entry while it is still in the direct outbox, else nil: its
+-- writer (the scheduler, which answers the grant before it publishes the grant's event) has not
+-- yet confirmed that JetStream stored the event. Whoever publishes a later event of the lease
+-- then waits until JetStream holds the grant, or publishes a copy of it first (the same
+-- ``Nats-Msg-Id``: JetStream keeps one), so no later event of a lease is stored ahead of its
+-- grant (lease_manager/grant_watch.py).
+local function unconfirmed_grant(lk)
+  local entry = redis.call('HGET', lk, 'grant_entry')
+  if not entry then return nil end
+  local found = redis.call('XRANGE', k('outbox', 'direct'), entry, entry)
+  if #found == 0 then return nil end
+  return found[1][2]
+end
+
 -- The answer of a script that queued a lease's event in the direct outbox, for its caller to
 -- publish itself (see outbox.py): ``answer`` with the entry and the lease's hash as it stands,
 -- from which the caller builds the same event the relay would (Ledger.announced_lease).
@@ -216,7 +230,7 @@ local function activate(lease_id, secret, now, outbox)
     cjson.decode(l[5] or '[]'), secret, now)
   redis.call('HSET', lk, 'state', 'active', 'token', token, 'expires_ms', expires, unpack(fields))
   redis.call('HSET', k('job', l[2]), 'state', 'leased')
-  local entry = lease_event(outbox or 'lease-manager', lease_id, 'granted')
+  local entry = lease_event(outbox or 'lease-manager', lease_id, 'granted', 'expires_ms', expires)
   return token, expires, entry
 end
 

@@ -6,7 +6,8 @@
 -- rest of its hash); without one it stays reserved and the scheduler's outbox announces that.
 -- Shared by reserve.lua (a pending job) and pend.lua (a new job placed on admission). A grant is
 -- announced through ``grant_outbox`` (the lease-manager's unless the caller publishes it itself:
--- 'direct', see outbox.py). Returns the taken slices, the fencing token (0 when only reserved)
+-- 'direct', see outbox.py; the lease then keeps the entry's id as ``grant_entry``, for
+-- ``unconfirmed_grant``). Returns the taken slices, the fencing token (0 when only reserved)
 -- and the grant's outbox entry id, or nil and the refusal; nothing is written before every check
 -- passed. ``new_job`` (pend.lua, which has just written the job and found no job waiting):
 -- {trace = {traceparent, tracestate} or false}, the job's trace as written; such a job has no
@@ -105,6 +106,15 @@ local function take_reservation(r, grant_outbox, new_job)
       lease[#lease + 1] = v
     end
   end
+  local entry = nil
+  if granting then
+    entry = traced_event(grant_outbox or 'lease-manager', r.lease_id, 'granted', trace,
+      'expires_ms', expires)
+    if grant_outbox == 'direct' then
+      lease[#lease + 1] = 'grant_entry'
+      lease[#lease + 1] = entry
+    end
+  end
   redis.call('HSET', lk, unpack(lease))
   redis.call('SADD', k('leases'), r.lease_id)
   redis.call('HSET', jk, 'state', granting and 'leased' or 'reserved', 'lease_id', r.lease_id)
@@ -112,10 +122,7 @@ local function take_reservation(r, grant_outbox, new_job)
     redis.call('EXPIRE', jk, RETAIN_S)
     unpend(r.job_id)
   end
-  local entry = nil
-  if granting then
-    entry = traced_event(grant_outbox or 'lease-manager', r.lease_id, 'granted', trace)
-  else
+  if not granting then
     traced_event('scheduler', r.lease_id, 'reserved', trace)
   end
   bump()

@@ -1,0 +1,119 @@
+"""Which grants JetStream has stored: a lease's later event waits for its grant, not a copy.
+
+The scheduler answers a grant made on admission before it publishes the grant's event, so a
+holder may renew or release before JetStream holds the grant. The ledger says when that may be
+so (the grant's direct-outbox entry is still unconfirmed: ``Ledger.unconfirmed_grant``); the
+lease-manager then publishes the later event only once it has seen the grant stored, through a
+headers-only ordered consumer on the grant subject (``StoredGrants.run``). A grant that does not
+come within ``wait_s`` (its scheduler stalled or died) or a watch that is not running gets a
+copy published first instead, with the same ``Nats-Msg-Id``: JetStream keeps one, while a core
+NATS subscriber may see both, which is why the copy is the fallback and not the rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import suppress
+from datetime import UTC, datetime, timedelta
+from typing import Final
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from xpupool.bus.envelope import MSG_ID_HEADER
+from xpupool.contracts import subjects
+from xpupool.obs import get_logger
+
+GRANT_WAIT_S: Final = 1.0
+"""How long a later event waits for its grant to be stored before a copy is published: far
+beyond the scheduler's answer-to-publish gap (one turn of its loop), far inside the relay's
+sweep of an abandoned grant (``DIRECT_STALE_MS``)."""
+KEEP_S: Final = 60.0
+"""How long a stored grant is remembered: its entry is confirmed within the direct outbox's
+linger (50 ms), or swept after ``DIRECT_STALE_MS`` (10 s)."""
+_GRANTED_SUFFIX: Final = ":granted"  # ``dedup_id`` of an AllocationGranted: "<lease>:granted"
+
+
+class StoredGrants:
+    """The lease ids whose ``AllocationGranted`` JetStream stored in the last ``keep_s``."""
+
+    def __init__(self, wait_s: float = GRANT_WAIT_S, keep_s: float = KEEP_S) -> None:
+        self._wait_s = wait_s
+        self._keep_s = keep_s
+        self._seen: dict[str, float] = {}  # lease id -> when seen (monotonic), oldest first
+        # Commands waiting for a grant: True once it is seen stored, False if the watch stops.
+        self._waiters: dict[str, asyncio.Future[bool]] = {}
+        self._following = False
+        self.copies = 0
+        """Grants a later event went after a copy of (none came in time, or no watch)."""
+
+    @property
+    def following(self) -> bool:
+        """Whether the watch runs (its consumer was created)."""
+        return self._following
+
+    def saw(self, lease_id: str) -> None:
+        """JetStream stored the grant of ``lease_id``."""
+        now = time.monotonic()
+        self._seen[lease_id] = now
+        waiter = self._waiters.pop(lease_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(True)
+        horizon = now - self._keep_s
+        for old, seen_at in list(self._seen.items()):
+            if seen_at >= horizon:
+                break
+            del self._seen[old]
+
+    async def stored(self, lease_id: str) -> bool:
+        """Whether the grant of ``lease_id`` is stored, waiting up to ``wait_s`` for it while
+        the watch runs; False means: publish a copy of it first (counted in ``copies``)."""
+        if lease_id in self._seen:
+            return True
+        if self._following:
+            waiter = self._waiters.get(lease_id)
+            if waiter is None:
+                waiter = self._waiters[lease_id] = asyncio.get_running_loop().create_future()
+            try:
+                if await asyncio.wait_for(asyncio.shield(waiter), self._wait_s):
+                    return True
+            except TimeoutError:
+                if self._waiters.get(lease_id) is waiter:
+                    del self._waiters[lease_id]
+        self.copies += 1
+        get_logger().warning("grant_not_seen_stored", lease_id=lease_id, following=self._following)
+        return False
+
+    async def _on_grant(self, msg: Msg) -> None:
+        msg_id = (msg.headers or {}).get(MSG_ID_HEADER, "")
+        if msg_id.endswith(_GRANTED_SUFFIX):
+            self.saw(msg_id[: -len(_GRANTED_SUFFIX)])
+
+    async def run(self, js: JetStreamContext, stop: asyncio.Event) -> None:
+        """Follow the grants JetStream stores, from ``keep_s`` back, until ``stop``."""
+        since = datetime.now(UTC) - timedelta(seconds=self._keep_s)
+        subscription = await js.subscribe(
+            subjects.ALLOC_GRANTED.address,
+            stream=subjects.EVENTS_STREAM.name,
+            cb=self._on_grant,
+            ordered_consumer=True,
+            config=ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_TIME,
+                opt_start_time=since,
+                ack_policy=AckPolicy.NONE,
+                headers_only=True,
+            ),
+        )
+        self._following = True
+        try:
+            await stop.wait()
+        finally:
+            self._following = False
+            for waiter in self._waiters.values():
+                if not waiter.done():
+                    waiter.set_result(False)
+            self._waiters.clear()
+            with suppress(Exception):  # the connection may be gone already
+                await subscription.unsubscribe()

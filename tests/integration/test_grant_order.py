@@ -1,0 +1,292 @@
+"""A lease's later events are never stored ahead of its grant, on a real nats-server and Redis.
+
+The scheduler answers a grant made on admission before it publishes the grant's event, so a
+holder may renew or release before JetStream has the grant. Here the scheduler's publish is
+held back on purpose (a stalled scheduler) while the holder acts, or while the control plane
+ends the lease: the lease-manager's event waits until the grant is stored; when the grant never
+comes, a copy of it goes first (and the scheduler's own, should it come late, is dropped by
+JetStream as a duplicate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+from nats.aio.client import Client
+
+from tests.conftest import eventually
+from tests.integration.ledger_builders import device_spec, reservation
+from xpupool.bus import Publisher, ensure_streams
+from xpupool.contracts import (
+    AllocationGranted,
+    LeaseEnded,
+    LeaseRenewed,
+    ReleaseLease,
+    RenewLease,
+    decoder_for,
+    subjects,
+)
+from xpupool.devstack.servers import NatsServer
+from xpupool.lease_manager.grant_watch import StoredGrants
+from xpupool.lease_manager.handlers import build_events, release_lease, renew_lease
+from xpupool.ledger import (
+    Admission,
+    DirectOutbox,
+    Holder,
+    LeaseRecord,
+    Ledger,
+    OutboxRelay,
+    SliceClaim,
+    new_lease_secret,
+)
+from xpupool.ledger.events import granted_event
+from xpupool.ledger.outbox import Send
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+_LEASE_EVENTS = decoder_for((AllocationGranted, LeaseRenewed, LeaseEnded))
+LeaseEvent = AllocationGranted | LeaseRenewed | LeaseEnded
+
+
+@pytest.fixture
+async def nc(nats_server: NatsServer) -> AsyncIterator[Client]:
+    client = await nats.connect(nats_server.url)
+    await ensure_streams(client.jetstream(), subjects.STREAMS)
+    yield client
+    await client.drain()
+
+
+async def _granted_unconfirmed(ledger: Ledger) -> tuple[Holder, LeaseRecord, str]:
+    """A lease granted on admission whose grant entry nobody has confirmed yet (the scheduler
+    answered and then stalled before publishing), its holder and the entry."""
+    assert (await ledger.register_node("n1", [device_spec("n1", 0)], 64_000, 256_000)).ok
+    secret = new_lease_secret()
+    placement = reservation("a", SliceClaim("n1/nvidia0", whole=True), secret=secret)
+    [result] = await ledger.admit_many(
+        [Admission("a", 500, b"{}", None, "queued", tenant="t", placement=placement)]
+    )
+    lease = ledger.granted_lease(result)
+    assert lease is not None and lease.grant_entry == result.entry
+    return Holder("t", secret, result.token), lease, result.entry
+
+
+@asynccontextmanager
+async def _outbox(ledger: Ledger, send: Send) -> AsyncIterator[DirectOutbox]:
+    stop = asyncio.Event()
+    outbox = DirectOutbox(ledger)
+    running = asyncio.create_task(outbox.run(send, stop))
+    await asyncio.sleep(0)
+    try:
+        yield outbox
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 5)
+
+
+def _recording(publisher: Publisher, sent: list[msgspec.Struct]) -> Send:
+    async def send(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
+        sent.append(event)
+        return await publisher.send(event)
+
+    return send
+
+
+async def _stored(nc: Client, stream: subjects.Stream) -> list[LeaseEvent]:
+    """Every lease event ``stream`` holds, in the order it stored them."""
+    js = nc.jetstream()
+    state = (await js.stream_info(stream.name)).state
+    stored: list[LeaseEvent] = []
+    for seq in range(state.first_seq, state.last_seq + 1):
+        msg = await js.get_msg(stream.name, seq)
+        try:
+            stored.append(_LEASE_EVENTS.decode(msg.data or b""))
+        except msgspec.DecodeError:
+            continue  # not a lease event (the streams hold the jobs' events too)
+    return stored
+
+
+async def _direct_entries(ledger: Ledger) -> list[Any]:
+    return list(await ledger.redis.xrange(ledger.key("outbox", "direct")) or [])
+
+
+@asynccontextmanager
+async def _watching(nc: Client, wait_s: float = 5.0) -> AsyncIterator[StoredGrants]:
+    """The lease-manager's watch of the grants JetStream stores, running for the block."""
+    grants = StoredGrants(wait_s=wait_s)
+    stop = asyncio.Event()
+    running = asyncio.create_task(grants.run(nc.jetstream(), stop))
+    await eventually(lambda: grants.following, timeout_s=5)
+    try:
+        yield grants
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 5)
+
+
+async def _holder_command(
+    kind: str,
+    holder: Holder,
+    lease: LeaseRecord,
+    ledger: Ledger,
+    outbox: DirectOutbox,
+    grants: StoredGrants,
+) -> Sequence[msgspec.Struct]:
+    """The holder's renewal or release, as the lease-manager serves it."""
+    if kind == "renewed":
+        renewal = RenewLease(
+            lease_id=lease.lease_id, lease_secret=holder.secret, fencing_token=holder.token
+        )
+        return await renew_lease(renewal, ledger, tenant="t", outbox=outbox, grants=grants)
+    release = ReleaseLease(
+        lease_id=lease.lease_id, lease_secret=holder.secret, fencing_token=holder.token
+    )
+    return await release_lease(release, ledger, tenant="t", outbox=outbox, grants=grants)
+
+
+async def _stored_in_both(nc: Client) -> list[list[type]]:
+    return [
+        [type(e) for e in await _stored(nc, stream)]
+        for stream in (subjects.EVENTS_STREAM, subjects.TENANT_EVENTS_STREAM)
+    ]
+
+
+@pytest.mark.parametrize("kind", ["renewed", "ended"])
+async def test_a_holder_acting_before_the_grant_is_stored_has_its_event_wait_for_it(
+    ledger: Ledger, nc: Client, kind: str
+) -> None:
+    """The holder renews or releases on the answer while the scheduler has not yet published
+    the grant: the lease-manager's event waits until JetStream holds the grant, then goes; no
+    copy of the grant is sent, so both streams, and a core subscriber, see one grant, ahead of
+    the later event."""
+    holder, lease, entry = await _granted_unconfirmed(ledger)
+    seen: list[type] = []
+
+    async def subscriber(msg: Any) -> None:
+        seen.append(type(_LEASE_EVENTS.decode(msg.data)))
+
+    await nc.subscribe("xpupool.alloc.v1.>", cb=subscriber)
+    lm_sent: list[msgspec.Struct] = []
+    lm = Publisher(nc, nc.jetstream(), source="/lease-manager")
+    async with (
+        _watching(nc) as grants,
+        _outbox(ledger, _recording(lm, lm_sent)) as outbox,
+    ):
+        command = asyncio.create_task(_holder_command(kind, holder, lease, ledger, outbox, grants))
+        await asyncio.sleep(0.3)
+        assert lm_sent == [] and not command.done()  # waiting for the grant
+        scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
+        async with _outbox(ledger, scheduler.send) as late:
+            await late.publish(entry, [granted_event(lease)])  # the stalled scheduler resumes
+        [reply] = await asyncio.wait_for(command, 5)
+    assert getattr(reply, "ok", False)
+    later = LeaseRenewed if kind == "renewed" else LeaseEnded
+    assert [type(e) for e in lm_sent] == [later] and grants.copies == 0
+    assert await _stored_in_both(nc) == [[AllocationGranted, later]] * 2
+    await nc.flush()
+    await eventually(lambda: len(seen) >= 2, timeout_s=5)
+    assert seen == [AllocationGranted, later]
+    assert await _direct_entries(ledger) == []
+
+
+@pytest.mark.parametrize("kind", ["renewed", "ended"])
+async def test_a_grant_that_never_comes_is_published_as_a_copy_ahead_of_the_later_event(
+    ledger: Ledger, nc: Client, kind: str
+) -> None:
+    """The scheduler died between its answer and its publish: after the wait the lease-manager
+    sends a copy of the grant (the term it was granted with, not a renewal's), then its event;
+    the dead scheduler's entry, swept later, is dropped by JetStream as a duplicate."""
+    holder, lease, entry = await _granted_unconfirmed(ledger)
+    await asyncio.sleep(0.01)  # a renewal lands on a later millisecond: another term
+    lm_sent: list[msgspec.Struct] = []
+    lm = Publisher(nc, nc.jetstream(), source="/lease-manager")
+    async with (
+        _watching(nc, wait_s=0.3) as grants,
+        _outbox(ledger, _recording(lm, lm_sent)) as outbox,
+    ):
+        [reply] = await _holder_command(kind, holder, lease, ledger, outbox, grants)
+    assert getattr(reply, "ok", False)
+    later = LeaseRenewed if kind == "renewed" else LeaseEnded
+    assert [type(e) for e in lm_sent] == [AllocationGranted, later] and grants.copies == 1
+    assert lm_sent[0] == granted_event(lease)
+    swept: list[msgspec.Struct] = []
+    async with _outbox(ledger, _recording(lm, swept)) as sweep:
+        await sweep.publish(entry, [granted_event(lease)])
+    assert await _stored_in_both(nc) == [[AllocationGranted, later]] * 2
+    stored = await _stored(nc, subjects.EVENTS_STREAM)
+    # The operator's copy goes without the secret; otherwise the grant as answered.
+    unsecret = functools.partial(msgspec.structs.replace, lease_secret=None)
+    assert unsecret(stored[0]) == unsecret(granted_event(lease))
+
+
+async def test_a_grant_already_confirmed_is_neither_waited_for_nor_copied(
+    ledger: Ledger, nc: Client
+) -> None:
+    """Once the scheduler's outbox confirmed the grant, a release sends its own event at once,
+    even with no watch to ask."""
+    holder, lease, entry = await _granted_unconfirmed(ledger)
+    scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
+    async with _outbox(ledger, scheduler.send) as outbox:
+        await outbox.publish(entry, [granted_event(lease)])
+    assert await _direct_entries(ledger) == []
+    lm_sent: list[msgspec.Struct] = []
+    lm = Publisher(nc, nc.jetstream(), source="/lease-manager")
+    grants = StoredGrants()  # not running: it would copy
+    async with _outbox(ledger, _recording(lm, lm_sent)) as outbox:
+        [reply] = await _holder_command("ended", holder, lease, ledger, outbox, grants)
+    assert getattr(reply, "ok", False)
+    assert [type(e) for e in lm_sent] == [LeaseEnded] and grants.copies == 0
+    assert (await _stored_in_both(nc))[0] == [AllocationGranted, LeaseEnded]
+
+
+async def test_an_end_the_relay_publishes_before_the_grant_is_stored_waits_for_it(
+    ledger: Ledger, nc: Client
+) -> None:
+    """The control plane ends the lease (a preemption) while the grant is unconfirmed: the
+    relay's ``LeaseEnded`` waits until JetStream holds the grant."""
+    _, lease, entry = await _granted_unconfirmed(ledger)
+    assert (await ledger.end(lease.lease_id, "preempted")).ok
+    lm_sent: list[msgspec.Struct] = []
+    lm = Publisher(nc, nc.jetstream(), source="/lease-manager")
+    stop = asyncio.Event()
+    async with _watching(nc) as grants:
+        relay = OutboxRelay(
+            ledger,
+            "lease-manager",
+            functools.partial(build_events, ledger=ledger, grants=grants),
+            _recording(lm, lm_sent),
+        )
+        relaying = asyncio.create_task(relay.run(stop))
+        await asyncio.sleep(0.5)
+        assert lm_sent == []
+        scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
+        async with _outbox(ledger, scheduler.send) as late:
+            await late.publish(entry, [granted_event(lease)])
+        await eventually(lambda: lm_sent, timeout_s=5)
+        stop.set()
+        await asyncio.wait_for(relaying, 5)
+    assert [type(e) for e in lm_sent] == [LeaseEnded] and grants.copies == 0
+    assert await _stored_in_both(nc) == [[AllocationGranted, LeaseEnded]] * 2
+
+
+async def test_the_relay_copies_a_grant_that_never_comes_ahead_of_an_end(
+    ledger: Ledger, nc: Client
+) -> None:
+    """With no watch running (its lease-manager's bus is down), a relayed end of a lease whose
+    grant is unconfirmed goes after a copy of the grant; once the grant is confirmed, alone."""
+    _, lease, entry = await _granted_unconfirmed(ledger)
+    assert (await ledger.end(lease.lease_id, "preempted")).ok
+    entries = [{"kind": "ended", "lease_id": lease.lease_id}]
+    grants = StoredGrants()
+    [events] = await build_events(entries, ledger, grants=grants)
+    assert [type(e) for e in events] == [AllocationGranted, LeaseEnded]
+    assert events[0] == granted_event(lease) and grants.copies == 1
+    await ledger.confirm_direct([entry])
+    [[alone]] = await build_events(entries, ledger, grants=grants)
+    assert isinstance(alone, LeaseEnded)
