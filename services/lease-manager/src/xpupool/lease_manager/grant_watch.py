@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from typing import Final
@@ -42,12 +43,15 @@ class StoredGrants:
     def __init__(self, wait_s: float = GRANT_WAIT_S, keep_s: float = KEEP_S) -> None:
         self._wait_s = wait_s
         self._keep_s = keep_s
-        self._seen: dict[str, float] = {}  # lease id -> when seen (monotonic), oldest first
+        self._seen: set[str] = set()
+        self._seen_order: deque[tuple[float, str]] = deque()  # (when seen, lease id), oldest first
         # Commands waiting for a grant: True once it is seen stored, False if the watch stops.
         self._waiters: dict[str, asyncio.Future[bool]] = {}
         self._following = False
         self.copies = 0
         """Grants a later event went after a copy of (none came in time, or no watch)."""
+        self.waits = 0
+        """Later events that waited for their grant to be seen stored."""
 
     @property
     def following(self) -> bool:
@@ -57,15 +61,15 @@ class StoredGrants:
     def saw(self, lease_id: str) -> None:
         """JetStream stored the grant of ``lease_id``."""
         now = time.monotonic()
-        self._seen[lease_id] = now
+        if lease_id not in self._seen:
+            self._seen.add(lease_id)
+            self._seen_order.append((now, lease_id))
         waiter = self._waiters.pop(lease_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(True)
         horizon = now - self._keep_s
-        for old, seen_at in list(self._seen.items()):
-            if seen_at >= horizon:
-                break
-            del self._seen[old]
+        while self._seen_order and self._seen_order[0][0] < horizon:
+            self._seen.discard(self._seen_order.popleft()[1])
 
     async def stored(self, lease_id: str) -> bool:
         """Whether the grant of ``lease_id`` is stored, waiting up to ``wait_s`` for it while
@@ -73,6 +77,7 @@ class StoredGrants:
         if lease_id in self._seen:
             return True
         if self._following:
+            self.waits += 1
             waiter = self._waiters.get(lease_id)
             if waiter is None:
                 waiter = self._waiters[lease_id] = asyncio.get_running_loop().create_future()
@@ -110,6 +115,7 @@ class StoredGrants:
         try:
             await stop.wait()
         finally:
+            get_logger().info("grant_watch_stopped", waits=self.waits, copies=self.copies)
             self._following = False
             for waiter in self._waiters.values():
                 if not waiter.done():
