@@ -63,14 +63,18 @@ async def nc(nats_server: NatsServer) -> AsyncIterator[Client]:
     await client.drain()
 
 
-async def _granted_unconfirmed(ledger: Ledger) -> tuple[Holder, LeaseRecord, str]:
+async def _granted_unconfirmed(
+    ledger: Ledger, job: str = "a", device: int = 0
+) -> tuple[Holder, LeaseRecord, str]:
     """A lease granted on admission whose grant entry nobody has confirmed yet (the scheduler
     answered and then stalled before publishing), its holder and the entry."""
-    assert (await ledger.register_node("n1", [device_spec("n1", 0)], 64_000, 256_000)).ok
+    devices = [device_spec("n1", i) for i in range(4)]
+    if device == 0:
+        assert (await ledger.register_node("n1", devices, 64_000, 256_000)).ok
     secret = new_lease_secret()
-    placement = reservation("a", SliceClaim("n1/nvidia0", whole=True), secret=secret)
+    placement = reservation(job, SliceClaim(f"n1/nvidia{device}", whole=True), secret=secret)
     [result] = await ledger.admit_many(
-        [Admission("a", 500, b"{}", None, "queued", tenant="t", placement=placement)]
+        [Admission(job, 500, b"{}", None, "queued", tenant="t", placement=placement)]
     )
     lease = ledger.granted_lease(result)
     assert lease is not None and lease.grant_entry == result.entry
@@ -290,3 +294,25 @@ async def test_the_relay_copies_a_grant_that_never_comes_ahead_of_an_end(
     await ledger.confirm_direct([entry])
     [[alone]] = await build_events(entries, ledger, grants=grants)
     assert isinstance(alone, LeaseEnded)
+
+
+async def test_the_relay_waits_for_the_grants_of_a_batch_together(
+    ledger: Ledger, nc: Client
+) -> None:
+    """Ends of several leases whose grants are unconfirmed, relayed in one batch, wait for
+    their grants at once (a stalled scheduler costs the batch one wait, not one per lease),
+    and go alone once the grants are stored."""
+    granted = [await _granted_unconfirmed(ledger, f"job-{i}", i) for i in range(3)]
+    for _, lease, _ in granted:
+        assert (await ledger.end(lease.lease_id, "preempted")).ok
+    entries = [{"kind": "ended", "lease_id": lease.lease_id} for _, lease, _ in granted]
+    async with _watching(nc) as grants:
+        building = asyncio.create_task(build_events(entries, ledger, grants=grants))
+        await eventually(lambda: grants.waiting == 3, timeout_s=5)
+        scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
+        async with _outbox(ledger, scheduler.send) as late:
+            for _, lease, entry in granted:
+                await late.publish(entry, [granted_event(lease)])
+        built = await asyncio.wait_for(building, 5)
+    assert [[type(e) for e in events] for events in built] == [[LeaseEnded]] * 3
+    assert grants.copies == 0

@@ -58,6 +58,11 @@ class StoredGrants:
         """Whether the watch runs (its consumer was created)."""
         return self._following
 
+    @property
+    def waiting(self) -> int:
+        """How many grants later events wait for now."""
+        return len(self._waiters)
+
     def saw(self, lease_id: str) -> None:
         """JetStream stored the grant of ``lease_id``."""
         now = time.monotonic()

@@ -13,6 +13,7 @@ ever reads a lease's renewal or end ahead of its grant.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Final
@@ -171,32 +172,32 @@ async def _announce(
     script answered with: no relay wake, no read of the lease, and its subscribers have it before
     the holder has the reply. Should the publish fail, the entry stays and the relay's sweep
     publishes the same event (``DIRECT_STALE_MS``) from the same entry. A grant the script found
-    unconfirmed is waited for (``_after_grant``)."""
+    unconfirmed is waited for (``_grants_to_copy``)."""
     lease = ledger.announced_lease(result)
     if lease is None:
         return  # refused: nothing was queued
     fields = {"kind": kind, "lease_id": lease.lease_id}
     if kind == "renewed":
         fields["expires_ms"] = str(result.expires_ms)
-    events = await _after_grant(
-        entry_events(fields, lease, metrics), ledger.unconfirmed_grant(result), lease, grants
-    )
+    events = entry_events(fields, lease, metrics)
+    grant = ledger.unconfirmed_grant(result)
+    if grant is not None and await _grants_to_copy({lease.lease_id: grant}, grants):
+        events = [*entry_events(grant, lease), *events]
     with continue_trace(f"publish {kind}", {}, {"xpupool.lease_id": lease.lease_id}):
         await outbox.publish(result.entry, events)
 
 
-async def _after_grant(
-    events: Sequence[msgspec.Struct],
-    grant: dict[str, str] | None,
-    lease: LeaseRecord,
-    grants: StoredGrants | None,
-) -> Sequence[msgspec.Struct]:
-    """``events`` of ``lease``, to publish once its grant is stored: at once when the ledger
-    had it confirmed (``grant`` None) or JetStream is seen to hold it (``grants``, waiting a
-    little), else after a copy of the grant from its entry (``grant``)."""
-    if grant is None or (grants is not None and await grants.stored(lease.lease_id)):
-        return events
-    return [*entry_events(grant, lease), *events]
+async def _grants_to_copy(
+    unconfirmed: dict[str, dict[str, str]], grants: StoredGrants | None
+) -> dict[str, dict[str, str]]:
+    """Of the grants the ledger found unconfirmed (by lease id, their entries' fields), those
+    JetStream is not seen to hold within the watch's wait (all waited for together): a later
+    event of such a lease goes after a copy of its grant."""
+    if grants is None or not unconfirmed:
+        return unconfirmed
+    lease_ids = list(unconfirmed)
+    stored = await asyncio.gather(*(grants.stored(lease_id) for lease_id in lease_ids))
+    return {i: unconfirmed[i] for i, seen in zip(lease_ids, stored, strict=True) if not seen}
 
 
 def lease_info(lease: LeaseRecord) -> LeaseInfo:
@@ -272,22 +273,19 @@ async def build_events(
     """The public events for a batch of lease-manager outbox entries, the leases they are about
     read in one round trip (ends counted in ``metrics``). A lease's first later event in the
     batch waits for its grant while that is unconfirmed (``unconfirmed_grants``, one more round
-    trip for a batch that names a lease granted on admission; ``_after_grant``)."""
+    trip for a batch that names a lease granted on admission; ``_grants_to_copy``)."""
     lease_ids = sorted({f["lease_id"] for f in entries if f.get("lease_id")})
     leases = dict(zip(lease_ids, await ledger.get_leases(lease_ids), strict=True))
     # A grant entry of the batch itself (the direct outbox's sweep) goes out first anyway.
     granting = {f.get("lease_id") for f in entries if f.get("kind") == "granted"}
     later = [lease for i, lease in leases.items() if lease is not None and i not in granting]
-    unconfirmed = await ledger.unconfirmed_grants(later)
+    copies = await _grants_to_copy(await ledger.unconfirmed_grants(later), grants)
     built: list[Sequence[msgspec.Struct]] = []
     for fields in entries:
         lease = leases.get(fields.get("lease_id", ""))
         events = entry_events(fields, lease, metrics)
-        if lease is not None:
-            events = await _after_grant(
-                events, unconfirmed.pop(lease.lease_id, None), lease, grants
-            )
-        built.append(events)
+        grant = copies.pop(lease.lease_id, None) if lease is not None else None
+        built.append(events if grant is None else [*entry_events(grant, lease), *events])
     return built
 
 
