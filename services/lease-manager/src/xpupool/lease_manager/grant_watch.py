@@ -63,6 +63,10 @@ class StoredGrants:
         """How many grants later events wait for now."""
         return len(self._waiters)
 
+    def seen(self, lease_id: str) -> bool:
+        """Whether the grant of ``lease_id`` was seen stored (no wait)."""
+        return lease_id in self._seen
+
     def saw(self, lease_id: str) -> None:
         """JetStream stored the grant of ``lease_id``."""
         now = time.monotonic()

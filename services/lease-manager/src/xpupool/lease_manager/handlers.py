@@ -195,7 +195,10 @@ async def _grants_to_copy(
     event of such a lease goes after a copy of its grant."""
     if grants is None or not unconfirmed:
         return unconfirmed
-    lease_ids = list(unconfirmed)
+    # Nearly always seen already: no task to wait in, and no turn of the loop.
+    lease_ids = [lease_id for lease_id in unconfirmed if not grants.seen(lease_id)]
+    if not lease_ids:
+        return {}
     stored = await asyncio.gather(*(grants.stored(lease_id) for lease_id in lease_ids))
     return {i: unconfirmed[i] for i, seen in zip(lease_ids, stored, strict=True) if not seen}
 
