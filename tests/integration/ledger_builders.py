@@ -1,9 +1,15 @@
-"""Builders shared by the ledger's integration tests: device specs and reservations."""
+"""Builders shared by the ledger's integration tests: device specs, reservations, and a direct
+outbox running for a block."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from xpupool.contracts import DeviceSpec, Vendor
-from xpupool.ledger import Reservation, SliceClaim
+from xpupool.ledger import DirectOutbox, Reservation, SliceClaim
+from xpupool.ledger.outbox import Send
 
 
 def device_spec(
@@ -35,3 +41,16 @@ def reservation(job: str, *slices: SliceClaim, **kwargs: object) -> Reservation:
     )
     fields.update(kwargs)
     return Reservation(**fields)  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def running_direct_outbox(direct: DirectOutbox, send: Send) -> AsyncIterator[DirectOutbox]:
+    """``direct`` running with ``send`` for the block, then stopped (what it holds confirmed)."""
+    stop = asyncio.Event()
+    running = asyncio.create_task(direct.run(send, stop))
+    await asyncio.sleep(0)
+    try:
+        yield direct
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 5)

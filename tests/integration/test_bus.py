@@ -3,31 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 import msgspec
-import nats
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from opentelemetry.sdk.trace import TracerProvider
 
 from tests.conftest import eventually
-from xpupool.bus import InvalidMessage, Publisher, consume_stream, ensure_streams
+from xpupool.bus import InvalidMessage, Publisher, consume_stream
 from xpupool.contracts import JobReason, JobRejected, JobRequested, subjects
 from xpupool.devstack.readiness import pulling, wait_until_pulling
 from xpupool.devstack.servers import NatsServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-
-@pytest.fixture
-async def nc(nats_server: NatsServer) -> AsyncIterator[Client]:
-    """A connection with the streams declared."""
-    client = await nats.connect(nats_server.url)
-    await ensure_streams(client.jetstream(), subjects.STREAMS)
-    yield client
-    await client.drain()
 
 
 def _durable(name: str) -> subjects.Durable:

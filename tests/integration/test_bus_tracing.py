@@ -4,10 +4,9 @@ and CloudEvents semantic-convention attributes on both ends."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import msgspec
-import nats
 import pytest
 from nats.aio.client import Client
 from opentelemetry import trace
@@ -17,9 +16,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from tests.conftest import eventually
-from xpupool.bus import InvalidMessage, Publisher, consume_stream, ensure_streams
+from xpupool.bus import InvalidMessage, Publisher, consume_stream
 from xpupool.contracts import JobReason, JobRejected, JobRequested, subjects
-from xpupool.devstack.servers import NatsServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -41,14 +39,6 @@ def spans() -> Iterator[InMemorySpanExporter]:
     yield exporter
     # A provider cannot drop a processor: a shut-down exporter ignores later spans.
     processor.shutdown()
-
-
-@pytest.fixture
-async def nc(nats_server: NatsServer) -> AsyncIterator[Client]:
-    client = await nats.connect(nats_server.url)
-    await ensure_streams(client.jetstream(), subjects.STREAMS)
-    yield client
-    await client.drain()
 
 
 def _named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:

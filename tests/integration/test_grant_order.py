@@ -17,13 +17,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
-import nats
 import pytest
 from nats.aio.client import Client
 
 from tests.conftest import eventually
-from tests.integration.ledger_builders import device_spec, reservation
-from xpupool.bus import Publisher, ensure_streams
+from tests.integration.ledger_builders import device_spec, reservation, running_direct_outbox
+from xpupool.bus import Publisher
 from xpupool.contracts import (
     AllocationGranted,
     LeaseEnded,
@@ -33,7 +32,6 @@ from xpupool.contracts import (
     decoder_for,
     subjects,
 )
-from xpupool.devstack.servers import NatsServer
 from xpupool.lease_manager.grant_watch import StoredGrants
 from xpupool.lease_manager.handlers import build_events, release_lease, renew_lease
 from xpupool.ledger import (
@@ -55,14 +53,6 @@ _LEASE_EVENTS = decoder_for((AllocationGranted, LeaseRenewed, LeaseEnded))
 LeaseEvent = AllocationGranted | LeaseRenewed | LeaseEnded
 
 
-@pytest.fixture
-async def nc(nats_server: NatsServer) -> AsyncIterator[Client]:
-    client = await nats.connect(nats_server.url)
-    await ensure_streams(client.jetstream(), subjects.STREAMS)
-    yield client
-    await client.drain()
-
-
 async def _granted_unconfirmed(
     ledger: Ledger, job: str = "a", device: int = 0
 ) -> tuple[Holder, LeaseRecord, str]:
@@ -79,19 +69,6 @@ async def _granted_unconfirmed(
     lease = ledger.granted_lease(result)
     assert lease is not None and lease.grant_entry == result.entry
     return Holder("t", secret, result.token), lease, result.entry
-
-
-@asynccontextmanager
-async def _outbox(ledger: Ledger, send: Send) -> AsyncIterator[DirectOutbox]:
-    stop = asyncio.Event()
-    outbox = DirectOutbox(ledger)
-    running = asyncio.create_task(outbox.run(send, stop))
-    await asyncio.sleep(0)
-    try:
-        yield outbox
-    finally:
-        stop.set()
-        await asyncio.wait_for(running, 5)
 
 
 def _recording(publisher: Publisher, sent: list[msgspec.Struct]) -> Send:
@@ -180,13 +157,13 @@ async def test_a_holder_acting_before_the_grant_is_stored_has_its_event_wait_for
     lm = Publisher(nc, nc.jetstream(), source="/lease-manager")
     async with (
         _watching(nc) as grants,
-        _outbox(ledger, _recording(lm, lm_sent)) as outbox,
+        running_direct_outbox(DirectOutbox(ledger), _recording(lm, lm_sent)) as outbox,
     ):
         command = asyncio.create_task(_holder_command(kind, holder, lease, ledger, outbox, grants))
         await asyncio.sleep(0.3)
         assert lm_sent == [] and not command.done()  # waiting for the grant
         scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
-        async with _outbox(ledger, scheduler.send) as late:
+        async with running_direct_outbox(DirectOutbox(ledger), scheduler.send) as late:
             await late.publish(entry, [granted_event(lease)])  # the stalled scheduler resumes
         [reply] = await asyncio.wait_for(command, 5)
     assert getattr(reply, "ok", False)
@@ -212,7 +189,7 @@ async def test_a_grant_that_never_comes_is_published_as_a_copy_ahead_of_the_late
     lm = Publisher(nc, nc.jetstream(), source="/lease-manager")
     async with (
         _watching(nc, wait_s=0.3) as grants,
-        _outbox(ledger, _recording(lm, lm_sent)) as outbox,
+        running_direct_outbox(DirectOutbox(ledger), _recording(lm, lm_sent)) as outbox,
     ):
         [reply] = await _holder_command(kind, holder, lease, ledger, outbox, grants)
     assert getattr(reply, "ok", False)
@@ -220,7 +197,7 @@ async def test_a_grant_that_never_comes_is_published_as_a_copy_ahead_of_the_late
     assert [type(e) for e in lm_sent] == [AllocationGranted, later] and grants.copies == 1
     assert lm_sent[0] == granted_event(lease)
     swept: list[msgspec.Struct] = []
-    async with _outbox(ledger, _recording(lm, swept)) as sweep:
+    async with running_direct_outbox(DirectOutbox(ledger), _recording(lm, swept)) as sweep:
         await sweep.publish(entry, [granted_event(lease)])
     assert await _stored_in_both(nc) == [[AllocationGranted, later]] * 2
     stored = await _stored(nc, subjects.EVENTS_STREAM)
@@ -236,13 +213,13 @@ async def test_a_grant_already_confirmed_is_neither_waited_for_nor_copied(
     even with no watch to ask."""
     holder, lease, entry = await _granted_unconfirmed(ledger)
     scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
-    async with _outbox(ledger, scheduler.send) as outbox:
+    async with running_direct_outbox(DirectOutbox(ledger), scheduler.send) as outbox:
         await outbox.publish(entry, [granted_event(lease)])
     assert await _direct_entries(ledger) == []
     lm_sent: list[msgspec.Struct] = []
     lm = Publisher(nc, nc.jetstream(), source="/lease-manager")
     grants = StoredGrants()  # not running: it would copy
-    async with _outbox(ledger, _recording(lm, lm_sent)) as outbox:
+    async with running_direct_outbox(DirectOutbox(ledger), _recording(lm, lm_sent)) as outbox:
         [reply] = await _holder_command("ended", holder, lease, ledger, outbox, grants)
     assert getattr(reply, "ok", False)
     assert [type(e) for e in lm_sent] == [LeaseEnded] and grants.copies == 0
@@ -270,7 +247,7 @@ async def test_an_end_the_relay_publishes_before_the_grant_is_stored_waits_for_i
         await asyncio.sleep(0.5)
         assert lm_sent == []
         scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
-        async with _outbox(ledger, scheduler.send) as late:
+        async with running_direct_outbox(DirectOutbox(ledger), scheduler.send) as late:
             await late.publish(entry, [granted_event(lease)])
         await eventually(lambda: lm_sent, timeout_s=5)
         stop.set()
@@ -310,7 +287,7 @@ async def test_the_relay_waits_for_the_grants_of_a_batch_together(
         building = asyncio.create_task(build_events(entries, ledger, grants=grants))
         await eventually(lambda: grants.waiting == 3, timeout_s=5)
         scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
-        async with _outbox(ledger, scheduler.send) as late:
+        async with running_direct_outbox(DirectOutbox(ledger), scheduler.send) as late:
             for _, lease, entry in granted:
                 await late.publish(entry, [granted_event(lease)])
         built = await asyncio.wait_for(building, 5)

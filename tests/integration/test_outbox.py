@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Awaitable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import msgspec
 import pytest
 
 from tests.conftest import eventually
-from tests.integration.ledger_builders import device_spec, reservation
+from tests.integration.ledger_builders import device_spec, reservation, running_direct_outbox
 from xpupool.contracts import (
     JobCancelled,
     LeaseEnded,
@@ -242,19 +241,6 @@ def _storing(sent: list[msgspec.Struct]) -> Send:
     return send
 
 
-@asynccontextmanager
-async def _running(direct: DirectOutbox, send: Send) -> AsyncIterator[DirectOutbox]:
-    """``direct`` running with ``send`` for the block, then stopped."""
-    stop = asyncio.Event()
-    running = asyncio.create_task(direct.run(send, stop))
-    await asyncio.sleep(0)
-    try:
-        yield direct
-    finally:
-        stop.set()
-        await asyncio.wait_for(running, 5)
-
-
 @pytest.mark.parametrize("kind", ["renewed", "ended"])
 async def test_a_holder_command_publishes_its_event_before_its_reply_and_the_relay_never_does(
     ledger: Ledger, kind: str
@@ -265,7 +251,7 @@ async def test_a_holder_command_publishes_its_event_before_its_reply_and_the_rel
     holder, lease_id = await _held_lease(ledger)
     sent: list[msgspec.Struct] = []
     relayed: list[msgspec.Struct] = []
-    async with _running(DirectOutbox(ledger), _storing(sent)) as direct:
+    async with running_direct_outbox(DirectOutbox(ledger), _storing(sent)) as direct:
         [reply] = await _command(kind, _holder_command(kind, holder, lease_id), ledger, direct)
         assert isinstance(reply, LeaseReply) and reply.ok
         [event] = sent  # sent before the reply was returned
@@ -300,7 +286,7 @@ async def test_a_holder_command_whose_event_was_not_stored_is_published_by_the_s
         raise ConnectionError("the connection is closed")
 
     relayed: list[msgspec.Struct] = []
-    async with _running(DirectOutbox(ledger), refused) as direct:
+    async with running_direct_outbox(DirectOutbox(ledger), refused) as direct:
         [reply] = await _command(kind, _holder_command(kind, holder, lease_id), ledger, direct)
         assert isinstance(reply, LeaseReply) and reply.ok
         [entry] = await _direct_entries(ledger)
@@ -319,7 +305,7 @@ async def test_a_refused_holder_command_queues_and_publishes_nothing(ledger: Led
     holder, lease_id = await _held_lease(ledger)
     sent: list[msgspec.Struct] = []
     stale = Holder(holder.tenant, holder.secret, holder.token + 1)
-    async with _running(DirectOutbox(ledger), _storing(sent)) as direct:
+    async with running_direct_outbox(DirectOutbox(ledger), _storing(sent)) as direct:
         [reply] = await _command("ended", _holder_command("ended", stale, lease_id), ledger, direct)
         assert isinstance(reply, LeaseReply) and not reply.ok and reply.error == "stale_token"
     assert sent == [] and await _direct_entries(ledger) == []
