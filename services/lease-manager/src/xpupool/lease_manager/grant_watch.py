@@ -4,10 +4,14 @@ The scheduler answers a grant made on admission before it publishes the grant's 
 holder may renew or release before JetStream holds the grant. The ledger says when that may be
 so (the grant's direct-outbox entry is still unconfirmed: ``Ledger.unconfirmed_grant``); the
 lease-manager then publishes the later event only once it has seen the grant stored, through a
-headers-only ordered consumer on the grant subject (``StoredGrants.run``). A grant that does not
-come within ``wait_s`` (its scheduler stalled or died) or a watch that is not running gets a
-copy published first instead, with the same ``Nats-Msg-Id``: JetStream keeps one, while a core
-NATS subscriber may see both, which is why the copy is the fallback and not the rule.
+headers-only ordered consumer on the grant subject (``StoredGrants.run``). It follows the
+operator's copy, which the scheduler sends after the tenant's own on the same connection
+(``subjects.deliveries``): once the operator's copy is stored, the server has taken the
+tenant's in ahead of anything published after it, so both streams hold the grant first. A grant
+that does not come within ``wait_s`` (its scheduler stalled or died) or a watch that is not
+running gets a copy published first instead, with the same ``Nats-Msg-Id``: JetStream keeps one,
+while a core NATS subscriber may see both, which is why the copy is the fallback and not the
+rule.
 """
 
 from __future__ import annotations
