@@ -179,12 +179,16 @@ async def _announce(
     fields = {"kind": kind, "lease_id": lease.lease_id}
     if kind == "renewed":
         fields["expires_ms"] = str(result.expires_ms)
-    events = entry_events(fields, lease, metrics)
+    copy: Sequence[msgspec.Struct] = []
     grant = ledger.unconfirmed_grant(result)
     if grant is not None and await _grants_to_copy({lease.lease_id: grant}, grants):
-        events = [*entry_events(grant, lease), *events]
+        copy = entry_events(grant, lease)
     with continue_trace(f"publish {kind}", {}, {"xpupool.lease_id": lease.lease_id}):
-        await outbox.publish(result.entry, events)
+        if copy:
+            # On the grant's own entry (the script read it with the lease), confirmed once
+            # stored: the relay's sweep then leaves it be.
+            await outbox.publish(lease.grant_entry, copy)
+        await outbox.publish(result.entry, entry_events(fields, lease, metrics))
 
 
 async def _grants_to_copy(
