@@ -34,6 +34,7 @@ from xpupool.contracts import (
 )
 from xpupool.lease_manager.grant_watch import StoredGrants
 from xpupool.lease_manager.handlers import build_events, release_lease, renew_lease
+from xpupool.lease_manager.metrics import LeaseManagerMetrics
 from xpupool.ledger import (
     Admission,
     DirectOutbox,
@@ -98,9 +99,11 @@ async def _direct_entries(ledger: Ledger) -> list[Any]:
 
 
 @asynccontextmanager
-async def _watching(nc: Client, wait_s: float = 5.0) -> AsyncIterator[StoredGrants]:
+async def _watching(
+    nc: Client, wait_s: float = 5.0, metrics: LeaseManagerMetrics | None = None
+) -> AsyncIterator[StoredGrants]:
     """The lease-manager's watch of the grants JetStream stores, running for the block."""
-    grants = StoredGrants(wait_s=wait_s)
+    grants = StoredGrants(wait_s=wait_s, metrics=metrics)
     stop = asyncio.Event()
     running = asyncio.create_task(grants.run(nc.jetstream(), stop))
     await eventually(lambda: grants.following, timeout_s=5)
@@ -131,6 +134,14 @@ async def _holder_command(
     return await release_lease(release, ledger, tenant="t", outbox=outbox, grants=grants)
 
 
+def _counted(metrics: LeaseManagerMetrics) -> dict[str, float | None]:
+    """The watch's series as a scrape would read them."""
+    return {
+        name: metrics.registry.get_sample_value(f"xpupool_grant_{name}_total")
+        for name in ("waits", "copies")
+    }
+
+
 async def _stored_in_both(nc: Client) -> list[list[type]]:
     return [
         [type(e) for e in await _stored(nc, stream)]
@@ -155,8 +166,9 @@ async def test_a_holder_acting_before_the_grant_is_stored_has_its_event_wait_for
     await nc.subscribe("xpupool.alloc.v1.>", cb=subscriber)
     lm_sent: list[msgspec.Struct] = []
     lm = Publisher(nc, nc.jetstream(), source="/lease-manager")
+    metrics = LeaseManagerMetrics()
     async with (
-        _watching(nc) as grants,
+        _watching(nc, metrics=metrics) as grants,
         running_direct_outbox(DirectOutbox(ledger), _recording(lm, lm_sent)) as outbox,
     ):
         command = asyncio.create_task(_holder_command(kind, holder, lease, ledger, outbox, grants))
@@ -169,6 +181,7 @@ async def test_a_holder_acting_before_the_grant_is_stored_has_its_event_wait_for
     assert getattr(reply, "ok", False)
     later = LeaseRenewed if kind == "renewed" else LeaseEnded
     assert [type(e) for e in lm_sent] == [later] and grants.copies == 0
+    assert _counted(metrics) == {"waits": 1.0, "copies": 0.0}
     assert await _stored_in_both(nc) == [[AllocationGranted, later]] * 2
     await nc.flush()
     await eventually(lambda: len(seen) >= 2, timeout_s=5)
@@ -188,14 +201,16 @@ async def test_a_grant_that_never_comes_is_published_as_a_copy_ahead_of_the_late
     await asyncio.sleep(0.01)  # a renewal lands on a later millisecond: another term
     lm_sent: list[msgspec.Struct] = []
     lm = Publisher(nc, nc.jetstream(), source="/lease-manager")
+    metrics = LeaseManagerMetrics()
     async with (
-        _watching(nc, wait_s=0.3) as grants,
+        _watching(nc, wait_s=0.3, metrics=metrics) as grants,
         running_direct_outbox(DirectOutbox(ledger), _recording(lm, lm_sent)) as outbox,
     ):
         [reply] = await _holder_command(kind, holder, lease, ledger, outbox, grants)
     assert getattr(reply, "ok", False)
     later = LeaseRenewed if kind == "renewed" else LeaseEnded
     assert [type(e) for e in lm_sent] == [AllocationGranted, later] and grants.copies == 1
+    assert _counted(metrics) == {"waits": 1.0, "copies": 1.0}
     assert lm_sent[0] == granted_event(lease)
     assert await _direct_entries(ledger) == []
     scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")

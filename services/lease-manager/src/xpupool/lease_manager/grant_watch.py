@@ -29,6 +29,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from xpupool.bus.envelope import MSG_ID_HEADER
 from xpupool.contracts import subjects
+from xpupool.lease_manager.metrics import LeaseManagerMetrics
 from xpupool.obs import get_logger
 
 GRANT_WAIT_S: Final = 1.0
@@ -44,8 +45,14 @@ _GRANTED_SUFFIX: Final = ":granted"  # ``dedup_id`` of an AllocationGranted: "<l
 class StoredGrants:
     """The lease ids whose ``AllocationGranted`` JetStream stored in the last ``keep_s``."""
 
-    def __init__(self, wait_s: float = GRANT_WAIT_S, keep_s: float = KEEP_S) -> None:
+    def __init__(
+        self,
+        wait_s: float = GRANT_WAIT_S,
+        keep_s: float = KEEP_S,
+        metrics: LeaseManagerMetrics | None = None,
+    ) -> None:
         self._wait_s = wait_s
+        self._metrics = metrics
         self._keep_s = keep_s
         self._seen: set[str] = set()
         self._seen_order: deque[tuple[float, str]] = deque()  # (when seen, lease id), oldest first
@@ -91,6 +98,8 @@ class StoredGrants:
             return True
         if self._following:
             self.waits += 1
+            if self._metrics is not None:
+                self._metrics.grant_waits.inc()
             waiter = self._waiters.get(lease_id)
             if waiter is None:
                 waiter = self._waiters[lease_id] = asyncio.get_running_loop().create_future()
@@ -101,6 +110,8 @@ class StoredGrants:
                 if self._waiters.get(lease_id) is waiter:
                     del self._waiters[lease_id]
         self.copies += 1
+        if self._metrics is not None:
+            self._metrics.grant_copies.inc()
         get_logger().warning("grant_not_seen_stored", lease_id=lease_id, following=self._following)
         return False
 

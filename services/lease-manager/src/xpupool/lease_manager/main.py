@@ -126,7 +126,7 @@ async def run(settings: LeaseManagerSettings) -> None:
             )
         loop_lag = LoopLag(metrics.registry) if settings.lease_manager_metrics_port else None
         direct = DirectOutbox(ledger)
-        grants = StoredGrants()
+        grants = StoredGrants(metrics=metrics)
 
         async def run_once(run_stop: asyncio.Event) -> None:
             # Everything on NATS lives here: a closed connection re-opens all of it (supervise).

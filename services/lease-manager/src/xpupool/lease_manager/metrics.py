@@ -13,7 +13,11 @@ decision series, so no series is exported by two services.
   written by ledger scripts and not yet relayed (a relayed entry is deleted), for the
   scheduler's and the lease-manager's outboxes and the direct one (grants the scheduler
   publishes itself: an entry older than a second there means it could not), ledger-wide like
-  the lease gauge.
+  the lease gauge;
+- ``xpupool_grant_waits_total`` and ``xpupool_grant_copies_total``: later events of a lease that
+  waited for its grant to be seen stored, and grants published again as a copy ahead of such an
+  event because none was seen within a second (a scheduler stalled between its answer and its
+  publish) or the grant watch was down (``grant_watch.StoredGrants``): copies should stay at 0.
 
 Several replicas: the lease and outbox gauges are ledger-wide, so every replica reports the
 same values and dashboards take ``max by (state)`` / ``max by (outbox)``; an outbox entry is
@@ -107,6 +111,17 @@ class LeaseManagerMetrics:
             "xpupool_outbox_oldest_age_seconds",
             "Age of the oldest outbox entry not yet relayed (0 when empty)",
             ("outbox",),
+            registry=r,
+        )
+        self.grant_waits = Counter(
+            "xpupool_grant_waits",
+            "Later lease events that waited for their lease's grant to be seen stored",
+            registry=r,
+        )
+        self.grant_copies = Counter(
+            "xpupool_grant_copies",
+            "Grants published again ahead of a later event of their lease: none seen stored "
+            "in time, or the grant watch down",
             registry=r,
         )
         # Every reason exists from the start, so a rate over it is 0 rather than no data.
