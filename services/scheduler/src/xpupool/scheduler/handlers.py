@@ -225,8 +225,8 @@ async def submit_job(
     """``admit_job`` for a request sent by request/reply (``JOB_SUBMIT``): the same admission,
     answered with where the job stands once the ledger has it (``SubmitReply``).
 
-    A grant is answered by the admission batch itself, ahead of the grant's events and in the
-    same write (the reply is then not returned here; ``publish_grants``)."""
+    A grant is answered by the admission batch itself, a turn of the loop ahead of the grant's
+    events (the reply is then not returned here; ``publish_grants``)."""
     answer = early_reply()
     rejection, admitted = await _admit(request, deps, tenant, answer)
     if answer is not None and answer.sent:
