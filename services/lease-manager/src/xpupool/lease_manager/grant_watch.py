@@ -52,17 +52,27 @@ class StoredGrants:
         metrics: LeaseManagerMetrics | None = None,
     ) -> None:
         self._wait_s = wait_s
-        self._metrics = metrics
+        # Its waits and copies are counted there, and only there (``waits``, ``copies``).
+        self._metrics = metrics or LeaseManagerMetrics()
         self._keep_s = keep_s
         self._seen: set[str] = set()
         self._seen_order: deque[tuple[float, str]] = deque()  # (when seen, lease id), oldest first
         # Commands waiting for a grant: True once it is seen stored, False if the watch stops.
         self._waiters: dict[str, asyncio.Future[bool]] = {}
         self._following = False
-        self.copies = 0
-        """Grants a later event went after a copy of (none came in time, or no watch)."""
-        self.waits = 0
+
+    @property
+    def waits(self) -> int:
         """Later events that waited for their grant to be seen stored."""
+        return self._counted("xpupool_grant_waits_total")
+
+    @property
+    def copies(self) -> int:
+        """Grants a later event went after a copy of (none came in time, or no watch)."""
+        return self._counted("xpupool_grant_copies_total")
+
+    def _counted(self, series: str) -> int:
+        return int(self._metrics.registry.get_sample_value(series) or 0)
 
     @property
     def following(self) -> bool:
@@ -97,9 +107,7 @@ class StoredGrants:
         if lease_id in self._seen:
             return True
         if self._following:
-            self.waits += 1
-            if self._metrics is not None:
-                self._metrics.grant_waits.inc()
+            self._metrics.grant_waits.inc()
             waiter = self._waiters.get(lease_id)
             if waiter is None:
                 waiter = self._waiters[lease_id] = asyncio.get_running_loop().create_future()
@@ -109,9 +117,7 @@ class StoredGrants:
             except TimeoutError:
                 if self._waiters.get(lease_id) is waiter:
                     del self._waiters[lease_id]
-        self.copies += 1
-        if self._metrics is not None:
-            self._metrics.grant_copies.inc()
+        self._metrics.grant_copies.inc()
         get_logger().warning("grant_not_seen_stored", lease_id=lease_id, following=self._following)
         return False
 
