@@ -17,12 +17,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
+import nats
 import pytest
 from nats.aio.client import Client
 
 from tests.conftest import eventually
 from tests.integration.ledger_builders import device_spec, reservation, running_direct_outbox
-from xpupool.bus import Publisher
+from xpupool.bus import Publisher, ensure_streams
 from xpupool.contracts import (
     AllocationGranted,
     LeaseEnded,
@@ -32,6 +33,7 @@ from xpupool.contracts import (
     decoder_for,
     subjects,
 )
+from xpupool.devstack.servers import NatsServer
 from xpupool.lease_manager.grant_watch import StoredGrants
 from xpupool.lease_manager.handlers import build_events, release_lease, renew_lease
 from xpupool.lease_manager.metrics import LeaseManagerMetrics
@@ -310,3 +312,37 @@ async def test_the_relay_waits_for_the_grants_of_a_batch_together(
         built = await asyncio.wait_for(building, 5)
     assert [[type(e) for e in events] for events in built] == [[LeaseEnded]] * 3
     assert grants.copies == 0
+
+
+async def test_a_watch_started_late_knows_the_grants_of_the_last_minute(
+    ledger: Ledger, nc: Client
+) -> None:
+    """A lease-manager (re)started after a grant was stored still knows it (its consumer starts
+    a minute back): a release then neither waits nor copies."""
+    _, lease, entry = await _granted_unconfirmed(ledger)
+    scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
+    await scheduler.publish(granted_event(lease))  # stored; its entry still unconfirmed
+    async with _watching(nc) as grants:
+        await eventually(lambda: grants.seen(lease.lease_id), timeout_s=5)
+        assert await build_events([{"kind": "ended", "lease_id": lease.lease_id}], ledger) != []
+        assert grants.waits == 0 and grants.copies == 0
+
+
+@pytest.mark.timeout(90)
+async def test_the_watch_follows_again_after_nats_restarts(
+    ledger: Ledger, nats_server: NatsServer
+) -> None:
+    """NATS restarts under a running watch (its ephemeral consumer is lost with it): the
+    ordered consumer is made again, and a grant stored after the restart is seen."""
+    client = await nats.connect(nats_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    await ensure_streams(client.jetstream(), subjects.STREAMS)
+    try:
+        async with _watching(client) as grants:
+            nats_server.restart()
+            await eventually(lambda: client.is_connected, timeout_s=15)
+            _, lease, _ = await _granted_unconfirmed(ledger)
+            scheduler = Publisher(client, client.jetstream(), source="/scheduler")
+            await scheduler.publish(granted_event(lease))
+            await eventually(lambda: grants.seen(lease.lease_id), timeout_s=40)
+    finally:
+        await client.close()

@@ -129,18 +129,24 @@ class StoredGrants:
     async def run(self, js: JetStreamContext, stop: asyncio.Event) -> None:
         """Follow the grants JetStream stores, from ``keep_s`` back, until ``stop``."""
         since = datetime.now(UTC) - timedelta(seconds=self._keep_s)
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_TIME,
+            opt_start_time=since,
+            ack_policy=AckPolicy.NONE,
+            headers_only=True,
+        )
         subscription = await js.subscribe(
             subjects.ALLOC_GRANTED.address,
             stream=subjects.EVENTS_STREAM.name,
             cb=self._on_grant,
             ordered_consumer=True,
-            config=ConsumerConfig(
-                deliver_policy=DeliverPolicy.BY_START_TIME,
-                opt_start_time=since,
-                ack_policy=AckPolicy.NONE,
-                headers_only=True,
-            ),
+            config=config,
         )
+        # nats-py re-creates an ordered consumer (after a gap, or NATS restarting) from this
+        # same config, by start sequence, and leaves the start time in it, which the server
+        # refuses ("deliver by start sequence, but optional start time is also set"; nats.go
+        # fixed the same in #1341): the watch would stay dead. The time served its turn.
+        config.opt_start_time = None
         self._following = True
         try:
             await stop.wait()
