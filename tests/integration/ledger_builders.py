@@ -1,14 +1,15 @@
 """Builders shared by the ledger's integration tests: device specs, reservations, and a direct
-outbox running for a block."""
+outbox running for a block and what it holds."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from xpupool.contracts import DeviceSpec, Vendor
-from xpupool.ledger import DirectOutbox, Reservation, SliceClaim
+from xpupool.ledger import DirectOutbox, Ledger, Reservation, SliceClaim
 from xpupool.ledger.outbox import Send
 
 
@@ -54,3 +55,9 @@ async def running_direct_outbox(direct: DirectOutbox, send: Send) -> AsyncIterat
     finally:
         stop.set()
         await asyncio.wait_for(running, 5)
+
+
+async def direct_entries(ledger: Ledger) -> list[str]:
+    """The ids of the entries the direct outbox holds, oldest first."""
+    entries: Any = await ledger.redis.xrange(ledger.key("outbox", "direct"))
+    return [i.decode() if isinstance(i, bytes) else str(i) for i, _ in entries]

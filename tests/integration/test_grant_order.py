@@ -22,7 +22,12 @@ import pytest
 from nats.aio.client import Client
 
 from tests.conftest import eventually
-from tests.integration.ledger_builders import device_spec, reservation, running_direct_outbox
+from tests.integration.ledger_builders import (
+    device_spec,
+    direct_entries,
+    reservation,
+    running_direct_outbox,
+)
 from xpupool.bus import Publisher, ensure_streams
 from xpupool.contracts import (
     AllocationGranted,
@@ -94,10 +99,6 @@ async def _stored(nc: Client, stream: subjects.Stream) -> list[LeaseEvent]:
         except msgspec.DecodeError:
             continue  # not a lease event (the streams hold the jobs' events too)
     return stored
-
-
-async def _direct_entries(ledger: Ledger) -> list[Any]:
-    return list(await ledger.redis.xrange(ledger.key("outbox", "direct")) or [])
 
 
 @asynccontextmanager
@@ -188,7 +189,7 @@ async def test_a_holder_acting_before_the_grant_is_stored_has_its_event_wait_for
     await nc.flush()
     await eventually(lambda: len(seen) >= 2, timeout_s=5)
     assert seen == [AllocationGranted, later]
-    assert await _direct_entries(ledger) == []
+    assert await direct_entries(ledger) == []
 
 
 @pytest.mark.parametrize("kind", ["renewed", "ended"])
@@ -214,7 +215,7 @@ async def test_a_grant_that_never_comes_is_published_as_a_copy_ahead_of_the_late
     assert [type(e) for e in lm_sent] == [AllocationGranted, later] and grants.copies == 1
     assert _counted(metrics) == {"waits": 1.0, "copies": 1.0}
     assert lm_sent[0] == granted_event(lease)
-    assert await _direct_entries(ledger) == []
+    assert await direct_entries(ledger) == []
     scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
     async with running_direct_outbox(DirectOutbox(ledger), scheduler.send) as late:
         await late.publish(entry, [granted_event(lease)])
@@ -234,7 +235,7 @@ async def test_a_grant_already_confirmed_is_neither_waited_for_nor_copied(
     scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
     async with running_direct_outbox(DirectOutbox(ledger), scheduler.send) as outbox:
         await outbox.publish(entry, [granted_event(lease)])
-    assert await _direct_entries(ledger) == []
+    assert await direct_entries(ledger) == []
     lm_sent: list[msgspec.Struct] = []
     lm = Publisher(nc, nc.jetstream(), source="/lease-manager")
     grants = StoredGrants()  # not running: it would copy

@@ -11,7 +11,12 @@ import msgspec
 import pytest
 
 from tests.conftest import eventually
-from tests.integration.ledger_builders import device_spec, reservation, running_direct_outbox
+from tests.integration.ledger_builders import (
+    device_spec,
+    direct_entries,
+    reservation,
+    running_direct_outbox,
+)
 from xpupool.contracts import (
     JobCancelled,
     LeaseEnded,
@@ -80,11 +85,6 @@ async def _granted_on_admission(ledger: Ledger, job: str = "a") -> ScriptResult:
     return result
 
 
-async def _direct_entries(ledger: Ledger) -> list[str]:
-    entries: Any = await ledger.redis.xrange(ledger.key("outbox", "direct"))
-    return [i.decode() if isinstance(i, bytes) else str(i) for i, _ in entries]
-
-
 def _stored() -> asyncio.Future[None]:
     ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     ack.set_result(None)
@@ -111,7 +111,7 @@ async def test_a_grant_published_by_its_writer_is_confirmed_and_never_relayed(
     await asyncio.sleep(0)
     await direct.publish(result.entry, [granted_event(lease)])
     assert sent == [granted_event(lease)]  # sent at once, not after the confirmation
-    await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
+    await eventually(lambda: _empty(direct_entries(ledger)), timeout_s=5)
 
     relayed: list[msgspec.Struct] = []
 
@@ -163,7 +163,7 @@ async def test_a_grant_its_writer_did_not_get_stored_is_published_by_the_sweep(
     await asyncio.sleep(0)
     await direct.publish(result.entry, [granted_event(lease)])
     await asyncio.sleep(0.3)
-    assert await _direct_entries(ledger) == [result.entry]  # unconfirmed: kept
+    assert await direct_entries(ledger) == [result.entry]  # unconfirmed: kept
     entries, _ = await outbox_lag(ledger, "direct")  # what operators see of it
     assert entries == 1 and "direct" in OUTBOXES
     stop_refusing = asyncio.Event()
@@ -174,16 +174,16 @@ async def test_a_grant_its_writer_did_not_get_stored_is_published_by_the_sweep(
     await failing.publish(result.entry, [granted_event(lease)])
     stop_refusing.set()
     await asyncio.wait_for(refusing, 5)
-    assert await _direct_entries(ledger) == [result.entry]
+    assert await direct_entries(ledger) == [result.entry]
 
     relayed: list[msgspec.Struct] = []
     patient = asyncio.create_task(_relaying(ledger, relayed, stale_ms=60_000).run(stop))
     await asyncio.sleep(1.5)
-    assert relayed == [] and await _direct_entries(ledger) == [result.entry]
+    assert relayed == [] and await direct_entries(ledger) == [result.entry]
     eager = asyncio.create_task(_relaying(ledger, relayed, stale_ms=0).run(stop))
     await eventually(lambda: relayed, timeout_s=5)
     assert relayed == [granted_event(lease)]
-    await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
+    await eventually(lambda: _empty(direct_entries(ledger)), timeout_s=5)
     stop.set()
     await asyncio.wait_for(asyncio.gather(confirming, patient, eager), 5)
 
@@ -261,7 +261,7 @@ async def test_a_holder_command_publishes_its_event_before_its_reply_and_the_rel
         [[rebuilt]] = await build_events([{"kind": kind, "lease_id": lease_id}], ledger)
         assert event == rebuilt
         assert await ledger.redis.xlen(ledger.key("outbox", "lease-manager")) == 0
-        await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
+        await eventually(lambda: _empty(direct_entries(ledger)), timeout_s=5)
 
         stop = asyncio.Event()
         sweeping = asyncio.create_task(_relaying(ledger, relayed, stale_ms=0).run(stop))
@@ -289,13 +289,13 @@ async def test_a_holder_command_whose_event_was_not_stored_is_published_by_the_s
     async with running_direct_outbox(DirectOutbox(ledger), refused) as direct:
         [reply] = await _command(kind, _holder_command(kind, holder, lease_id), ledger, direct)
         assert isinstance(reply, LeaseReply) and reply.ok
-        [entry] = await _direct_entries(ledger)
+        [entry] = await direct_entries(ledger)
 
         stop = asyncio.Event()
         sweeping = asyncio.create_task(_relaying(ledger, relayed, stale_ms=0).run(stop))
         await eventually(lambda: relayed, timeout_s=5)
         assert relayed == attempted
-        await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
+        await eventually(lambda: _empty(direct_entries(ledger)), timeout_s=5)
         stop.set()
         await asyncio.wait_for(sweeping, 5)
 
@@ -308,7 +308,7 @@ async def test_a_refused_holder_command_queues_and_publishes_nothing(ledger: Led
     async with running_direct_outbox(DirectOutbox(ledger), _storing(sent)) as direct:
         [reply] = await _command("ended", _holder_command("ended", stale, lease_id), ledger, direct)
         assert isinstance(reply, LeaseReply) and not reply.ok and reply.error == "stale_token"
-    assert sent == [] and await _direct_entries(ledger) == []
+    assert sent == [] and await direct_entries(ledger) == []
 
 
 # ---- bookkeeping: the ids of stored entries are deleted together, never before ---------------
@@ -350,10 +350,10 @@ async def test_the_direct_outbox_deletes_the_entries_of_its_linger_in_one_comman
         await direct.publish(result.entry, [granted_event(lease)])
         entries.append(result.entry)
     await asyncio.sleep(0.5)
-    assert await _direct_entries(ledger) == entries  # nothing stored yet: nothing deleted
+    assert await direct_entries(ledger) == entries  # nothing stored yet: nothing deleted
     for ack in acks:
         ack.set_result(None)
-    await eventually(lambda: _empty(_direct_entries(ledger)), timeout_s=5)
+    await eventually(lambda: _empty(direct_entries(ledger)), timeout_s=5)
     assert await _calls(ledger, "xdel") - before == 1
     stop.set()
     await asyncio.wait_for(confirming, 5)
@@ -374,10 +374,10 @@ async def test_the_direct_outbox_deletes_what_it_holds_when_stopped(ledger: Ledg
     await asyncio.sleep(0)
     await direct.publish(result.entry, [granted_event(lease)])
     await asyncio.sleep(0.3)
-    assert await _direct_entries(ledger) == [result.entry]  # stored, held for the linger
+    assert await direct_entries(ledger) == [result.entry]  # stored, held for the linger
     stop.set()
     await asyncio.wait_for(confirming, 5)
-    assert await _direct_entries(ledger) == []
+    assert await direct_entries(ledger) == []
 
 
 def _relay(ledger: Ledger, sent: list[str], linger_s: float) -> OutboxRelay:
