@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from xpupool.devstack.servers import RedisServer
 from xpupool.ledger.held import HeldConnections
@@ -105,5 +106,41 @@ async def test_a_small_pool_keeps_room_for_the_clients_other_commands(
             b"1",
             b"2",
         ]
+    finally:
+        await client.aclose()
+
+
+async def test_a_round_trip_past_the_socket_timeout_fails_and_leaves_no_late_reply(
+    redis_server: RedisServer,
+) -> None:
+    client = Redis.from_url(redis_server.url, socket_timeout=0.2)
+    try:
+        held = untraced(client)
+        # A held round trip is bounded as a whole by the client's socket timeout; the retry
+        # through redis-py's pipeline is bounded per read by it, and fails too.
+        with pytest.raises((RedisTimeoutError, TimeoutError)):
+            await held.execute([("BLPOP", "nothing-here", "1")])
+        await asyncio.sleep(1.1)
+        assert await held.execute([("ECHO", "after")]) == [b"after"]
+    finally:
+        await client.aclose()
+
+
+async def test_connections_go_back_to_the_pool_with_its_socket_timeout(
+    redis_server: RedisServer,
+) -> None:
+    client = Redis.from_url(redis_server.url, socket_timeout=0.7)
+    try:
+        held = untraced(client)
+        replies = await asyncio.gather(*(held.execute([("ECHO", str(i))]) for i in range(12)))
+        assert replies == [[str(i).encode()] for i in range(12)]
+        pool = client.connection_pool
+        handed_back = list(pool._available_connections)  # noqa: SLF001
+        assert handed_back, "a burst beyond the kept connections hands the extra back"
+        assert all(c.socket_timeout == 0.7 for c in handed_back)
+        # A dropped held connection goes back the same way.
+        await client.client_kill_filter(_type="normal", skipme=True)
+        assert await held.execute([("ECHO", "again")]) == [b"again"]
+        assert all(c.socket_timeout == 0.7 for c in pool._available_connections)  # noqa: SLF001
     finally:
         await client.aclose()

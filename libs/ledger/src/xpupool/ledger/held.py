@@ -12,6 +12,9 @@ What the pool's path gave is kept:
 
 - a connection that fails in flight (dropped, timed out, or its caller cancelled with replies
   unread) is disconnected and handed back to the pool, never used again with a reply pending;
+- the client's socket timeout bounds each round trip as a whole (redis-py bounds each write
+  and each read by it, the write with a task of its own, 30 µs of client CPU and a loop turn
+  per round trip on the 2-core machine); a connection handed back bounds its own again;
 - after a dropped or timed-out connection the round trip is made again through redis-py's
   pipeline and its retry policy: the same at-least-once sending as redis-py's own retries gave
   before (a script whose reply was lost may run again, and answers as it would to a caller
@@ -24,6 +27,7 @@ What the pool's path gave is kept:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -58,6 +62,10 @@ class HeldConnections:
         self._keep = min(keep, redis.connection_pool.max_connections // 4)
         self._traced = traced
         self._idle: list[AbstractConnection] = []
+        # On Python 3.11 redis-py's bound on a write is a task of its own (``asyncio.wait_for``)
+        # and each read's a timer: held connections drop theirs for one per round trip.
+        timeout = redis.connection_pool.connection_kwargs.get("socket_timeout")
+        self._round_trip_timeout: float | None = timeout
 
     async def execute(self, commands: Sequence[Command]) -> list[Any]:
         """Send ``commands`` in one write and read their replies in order; an error reply is
@@ -70,14 +78,17 @@ class HeldConnections:
             connection = self._idle.pop()
         else:
             connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+            connection.socket_timeout = None
         try:
-            await connection.send_packed_command(connection.pack_commands(commands))
-            replies: list[Any] = []
-            for _ in commands:
-                try:
-                    replies.append(await connection.read_response())
-                except redis_errors.ResponseError as refusal:
-                    replies.append(refusal)
+            async with asyncio.timeout(self._round_trip_timeout):
+                await connection.send_packed_command(connection.pack_commands(commands))
+                replies: list[Any] = []
+                for _ in commands:
+                    try:
+                        replies.append(await connection.read_response())
+                    except redis_errors.ResponseError as refusal:
+                        replies.append(refusal)
+        # The round trip's own bound is a TimeoutError, an OSError.
         except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
             await self._discard(connection)
             return await self._through_pipeline(commands)
@@ -88,11 +99,16 @@ class HeldConnections:
         if len(self._idle) < self._keep:
             self._idle.append(connection)
         else:
-            await pool.release(connection)
+            await self._hand_back(connection)
         return replies
 
     async def _discard(self, connection: AbstractConnection) -> None:
         await connection.disconnect()
+        await self._hand_back(connection)
+
+    async def _hand_back(self, connection: AbstractConnection) -> None:
+        """Back to the pool, bounded per write and read again as the pool's others are."""
+        connection.socket_timeout = self._round_trip_timeout
         await self._redis.connection_pool.release(connection)
 
     async def _through_pipeline(self, commands: Sequence[Command]) -> list[Any]:
