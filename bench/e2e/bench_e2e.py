@@ -65,7 +65,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -222,6 +222,44 @@ def scheduler_counts(text: str) -> dict[str, float]:
             elif sample.name == "python_gc_collections_total":
                 counts["gc_" + sample.labels["generation"]] = sample.value
     return counts
+
+
+def grant_order_counts(text: str) -> dict[str, float]:
+    """One lease-manager's later events that waited for their lease's grant to be stored
+    (``grant_waits``) and those that went after a copy of it (``grant_copies``: the grant never
+    came, which should stay at 0 while the scheduler runs), from one scrape of its exposition."""
+    names = {
+        "xpupool_grant_waits_total": "grant_waits",
+        "xpupool_grant_copies_total": "grant_copies",
+    }
+    return {
+        names[sample.name]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name in names
+    }
+
+
+def service_counts(scheduler_port: int, lease_manager_ports: Sequence[int]) -> dict[str, float]:
+    """``admission_views``'s figures (none without the scheduler's port) and the lease-managers'
+    ``grant_order_counts``, summed over the replicas."""
+    counts = admission_views(scheduler_port) if scheduler_port else {}
+    for port in lease_manager_ports:
+        url = f"http://127.0.0.1:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            for name, value in grant_order_counts(response.read().decode()).items():
+                counts[name] = counts.get(name, 0.0) + value
+    return counts
+
+
+def grant_order_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Between two ``service_counts`` scrapes: later events of a lease (its release, renewal,
+    expiry) that waited for its grant, published a loop turn after its answer, to be stored
+    first, and those that went after a copy of the grant instead."""
+    return {
+        name: after.get(name, 0.0) - before.get(name, 0.0)
+        for name in ("grant_waits", "grant_copies")
+    }
 
 
 def cycle_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -824,6 +862,12 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
     workload = trace_workload(work / sc.name) if sc.trace else synthetic_workload(sc.devices)
     # One scheduler's metrics (where the open loop runs): replicas would share the port.
     metrics_port = free_port() if sc.replicas == 1 else 0
+    # Every lease-manager's, each on a port of its own: their grant waits and copies, summed.
+    lease_manager_ports = [free_port() for _ in range(sc.replicas)]
+
+    def scrape() -> dict[str, float]:
+        return service_counts(metrics_port, lease_manager_ports)
+
     queues = work / sc.name / "queues.yaml"
     queues.parent.mkdir(parents=True, exist_ok=True)
     queues.write_text(BENCH_QUEUES)
@@ -837,6 +881,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
             "XPUPOOL_LOG_LEVEL": "warning",
             "XPUPOOL_NODE_GRACE_S": "600",
             "XPUPOOL_SCHEDULER_METRICS_PORT": str(metrics_port),
+            "XPUPOOL_LEASE_MANAGER_METRICS_PORT": str(lease_manager_ports[0]),
             "XPUPOOL_QUEUE_CONFIG": str(queues),
             **workload.env,
         },
@@ -856,8 +901,8 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
         if responder.stdout.readline().strip() != b"ready":
             raise RuntimeError("floor responder did not start")
         stack.start()
-        for _ in range(sc.replicas - 1):
-            stack.spawn("lease-manager")
+        for port in lease_manager_ports[1:]:
+            stack.spawn("lease-manager", XPUPOOL_LEASE_MANAGER_METRICS_PORT=str(port))
         nodes = workload.nodes
         spawn_fleet(stack, nodes, args.heartbeat_s, args.fleet_busy_share)
         ledger = Ledger(redis, stack.namespace)
@@ -908,7 +953,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 if args.profile
                 else []
             )
-            counts0 = await asyncio.to_thread(admission_views, metrics_port) if metrics_port else {}
+            counts0 = await asyncio.to_thread(scrape)
             # The floor and the closed loop take turns, in equal slices, so that both see the
             # same machine: on a shared one its speed drifts by tens of percent within minutes.
             usage = Usage(pids, redis, nats)
@@ -924,7 +969,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 await usage.start()
                 closed_rates.append(await load.closed(args.concurrency, args.duration_s / rounds))
                 await usage.stop()
-            counts1 = await asyncio.to_thread(admission_views, metrics_port) if metrics_port else {}
+            counts1 = await asyncio.to_thread(scrape)
             await stop_profilers(profilers, args.profile and args.profile / sc.name)
             grants = load.tally.kinds["AllocationGranted"] - g0
             rss = {k: proc_usage(pid)[1] for k, pid in pids.items()}
@@ -969,11 +1014,12 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 # request in flight), and the load generator's own (floor slices included).
                 "full_collections": counts1.get("gc_2", 0.0) - counts0.get("gc_2", 0.0),
                 "load_generator_full_collections": full_passes_since(gc_mark),
+                **grant_order_figures(counts0, counts1),
             }
             floor_serial_lat: list[float] = []
             if sc.open_loop:
                 opened: dict[str, Any] = {}
-                views0 = await asyncio.to_thread(admission_views, metrics_port)
+                views0 = await asyncio.to_thread(scrape)
                 if args.serial_costs:
                     await start_slowlog(redis)
                 serial_profilers = (
@@ -1006,7 +1052,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                 await stop_profilers(
                     serial_profilers, args.profile and args.profile / sc.name / "serial"
                 )
-                views1 = await asyncio.to_thread(admission_views, metrics_port)
+                views1 = await asyncio.to_thread(scrape)
                 fl["serial_p50_ms"] = 1000 * percentile(floor_serial_lat, 0.5)
                 fl["serial_p99_ms"] = 1000 * percentile(floor_serial_lat, 0.99)
                 fl["serial_host_steal_cores"] = floor_serial_steal.cores
@@ -1018,6 +1064,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     "host_steal_cores": usage.steal.cores,
                     # Placed on the kept copy without a read, and of those refused for a change.
                     **kept_copy_figures(views0, views1),
+                    **grant_order_figures(views0, views1),
                     # Each process's CPU per job (its release included): on two cores the
                     # serial loop is CPU-bound, so this is where its time goes.
                     "cpu_ms_per_job": usage.cpu_ms_per_job(len(serial)),
@@ -1030,7 +1077,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     )
                 for pct in (25, 50, 80):
                     usage = Usage(pids, redis, nats)
-                    views0 = await asyncio.to_thread(admission_views, metrics_port)
+                    views0 = await asyncio.to_thread(scrape)
                     rewrites0 = (await redis.info("persistence"))["aof_rewrites"]
                     open_dir = args.profile and args.profile / sc.name / f"open-{pct}"
                     open_profilers = (
@@ -1055,7 +1102,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     await usage.stop()
                     await stop_profilers(open_profilers, open_dir)
                     elapsed = time.monotonic() - started
-                    views1 = await asyncio.to_thread(admission_views, metrics_port)
+                    views1 = await asyncio.to_thread(scrape)
                     rewrites1 = (await redis.info("persistence"))["aof_rewrites"]
                     opened[f"{pct}%"] = {
                         "rate_per_s": rate * pct / 100,
@@ -1070,6 +1117,7 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                         "host_steal_cores": usage.steal.cores,
                         **kept_copy_figures(views0, views1),
                         **cycle_figures(views0, views1),
+                        **grant_order_figures(views0, views1),
                         # Each AOF rewrite forks and its child takes a core for a second or
                         # so at this ledger size: the open loop's tail follows them.
                         "aof_rewrites": rewrites1 - rewrites0,
@@ -1145,6 +1193,7 @@ def table(results: list[dict[str, Any]]) -> str:
             )
         elif note := stolen(c.get("host_steal_cores"), r["floor"].get("host_steal_cores")):
             lines.append(f"  closed loop: {note.removeprefix('; ')}")
+        lines.append(f"  closed loop: {grant_order(c)}")
         for k, v in r.get("open", {}).items():
             name = f"{k} {v['arrivals']}" if v.get("arrivals") == "poisson" else k
             lines.append(
@@ -1176,6 +1225,8 @@ def table(results: list[dict[str, Any]]) -> str:
                     f"    CPU ms per job{busy}: {per_job}"
                     + stolen(v.get("host_steal_cores"), floor)
                 )
+            if "grant_waits" in v:
+                lines.append(f"    {grant_order(v)}")
             if "syscalls_per_job" in v:
                 calls = ", ".join(
                     f"{n}={c['read']:.1f}/{c['write']:.1f}"
@@ -1190,6 +1241,14 @@ def table(results: list[dict[str, Any]]) -> str:
         for p in r["problems"]:
             lines.append(f"  PROBLEM: {p}")
     return "\n".join(lines)
+
+
+def grant_order(figures: Mapping[str, Any]) -> str:
+    """The table's note of what keeping a lease's later events after its grant cost."""
+    return (
+        f"later events that waited for their grant {figures.get('grant_waits', 0.0):.0f},"
+        f" went after a copy of it {figures.get('grant_copies', 0.0):.0f}"
+    )
 
 
 def stolen(cores: float | None, floor_cores: float | None = None) -> str:
