@@ -39,7 +39,7 @@ from xpupool.ledger import (
     new_lease_secret,
 )
 from xpupool.ledger.events import granted_event
-from xpupool.ledger.outbox import Send
+from xpupool.ledger.outbox import STALE_AFTER_MS, Send
 
 pytestmark = pytest.mark.integration
 
@@ -380,7 +380,13 @@ async def test_the_direct_outbox_deletes_what_it_holds_when_stopped(ledger: Ledg
     assert await direct_entries(ledger) == []
 
 
-def _relay(ledger: Ledger, sent: list[str], linger_s: float) -> OutboxRelay:
+def _relay(
+    ledger: Ledger,
+    sent: list[str],
+    linger_s: float,
+    consumer: str = "relay-1",
+    stale_after_ms: int = STALE_AFTER_MS,
+) -> OutboxRelay:
     async def build(entries: Sequence[dict[str, str]]) -> list[Sequence[msgspec.Struct]]:
         return [[JobCancelled(job_id=e["job_id"], tenant="t", waited_s=0.0)] for e in entries]
 
@@ -388,7 +394,15 @@ def _relay(ledger: Ledger, sent: list[str], linger_s: float) -> OutboxRelay:
         sent.append(getattr(event, "job_id", ""))
         return [_stored()]
 
-    return OutboxRelay(ledger, "test", build, send, consumer="relay-1", linger_s=linger_s)
+    return OutboxRelay(
+        ledger,
+        "test",
+        build,
+        send,
+        consumer=consumer,
+        linger_s=linger_s,
+        stale_after_ms=stale_after_ms,
+    )
 
 
 async def test_a_relay_acks_the_batches_of_its_linger_together(ledger: Ledger) -> None:
@@ -439,3 +453,33 @@ async def test_entries_a_relay_held_when_it_died_are_published_again_and_a_stop_
     assert await ledger.redis.xlen(stream) == 0
     pending: Any = await ledger.redis.xpending(stream, "relay")
     assert pending["pending"] == 0
+
+
+async def test_entries_a_dead_relay_held_are_published_by_a_peer_that_keeps_running(
+    ledger: Ledger,
+) -> None:
+    """A replica killed while it holds entries leaves them pending under its own name, which
+    nobody takes again (a restarted process names itself anew): a peer already running, or one
+    started before they grew stale, publishes them once they have been idle that long."""
+    stream = ledger.key("outbox", "test")
+    sent: list[str] = []
+    dead = _relay(ledger, sent, linger_s=60, consumer="relay-a", stale_after_ms=600)
+    crashed = asyncio.create_task(dead.run(asyncio.Event()))
+    await ledger.redis.xadd(stream, {"kind": "cancelled", "job_id": "j1"})
+    await eventually(lambda: sent == ["j1"], timeout_s=5)
+    crashed.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await crashed
+
+    stop = asyncio.Event()
+    peer = _relay(ledger, sent, linger_s=0.05, consumer="relay-b", stale_after_ms=600)
+    running = asyncio.create_task(peer.run(stop))
+    await asyncio.sleep(0.3)
+    assert sent == ["j1"]  # not stale yet: its holder might still be at work
+    await ledger.redis.xadd(stream, {"kind": "cancelled", "job_id": "j2"})
+    await eventually(lambda: sent == ["j1", "j2", "j1"], timeout_s=5)
+    await eventually(lambda: _zero(ledger.redis.xlen(stream)), timeout_s=5)
+    pending: Any = await ledger.redis.xpending(stream, "relay")
+    assert pending["pending"] == 0
+    stop.set()
+    await asyncio.wait_for(running, 5)

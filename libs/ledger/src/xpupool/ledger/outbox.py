@@ -2,7 +2,9 @@
 
 A script that changes state also XADDs an entry to its service's outbox in the same atomic step,
 so an event can be late but never lost: a relay killed before publishing leaves the entry
-pending, and the next relay (itself after a restart, or a peer via XAUTOCLAIM) publishes it.
+pending, and the next relay publishes it: any relay of the group, running or starting, takes
+the entries that stayed unacked for ``STALE_AFTER_MS`` (XAUTOCLAIM, looked for every few
+seconds), and a relay restarted under the same name reads its own at once.
 Events carry deterministic ids, so a republish is deduplicated by JetStream.
 
 A batch of entries read together is sent back to back and its JetStream acknowledgements are
@@ -67,6 +69,8 @@ GROUP = "relay"
 # Entry fields that name what an event is about, as span attributes operators search by.
 _IDS = ("job_id", "lease_id", "node_id")
 STALE_AFTER_MS = 15_000
+"""How long an entry read by a relay may stay unacked before another relay of the group takes
+it: its holder died (a process that restarts names itself anew, so only a peer takes them)."""
 
 
 def each_entry(build: BuildEntryEvents) -> BuildEvents:
@@ -91,9 +95,14 @@ class OutboxRelay:
         sweep_direct: bool = False,
         direct_stale_ms: int = DIRECT_STALE_MS,
         linger_s: float = BOOKKEEPING_LINGER_S,
+        stale_after_ms: int = STALE_AFTER_MS,
     ) -> None:
         self._ledger = ledger
         self._linger_s = linger_s
+        self._stale_after_ms = stale_after_ms
+        # Looked for a few times per stale period: a dead peer's entries go out at most a third
+        # of it late.
+        self._claim_every_s = stale_after_ms / 3000
         self._stream = ledger.key("outbox", service)
         self._direct = ledger.key("outbox", DIRECT_OUTBOX) if sweep_direct else None
         self._direct_stale_ms = direct_stale_ms
@@ -115,6 +124,7 @@ class OutboxRelay:
         backlog = True  # first drain what this consumer was given before a restart
         published: list[str] = []  # stored by JetStream, not yet acked
         ack_by = 0.0  # monotonic time by which they are acked
+        claimed_at = time.monotonic()  # when stale entries of the group were last taken
         while not stop.is_set():
             try:
                 if not grouped:
@@ -124,10 +134,15 @@ class OutboxRelay:
                     entries = await self._claim_stale()
                     entries += await self._read("0")
                     backlog = False
+                    claimed_at = time.monotonic()
                 else:
                     # Awake in time to ack what it holds (a block of 0 would wait forever).
                     due_ms = int(1000 * (ack_by - time.monotonic())) if published else 500
                     entries = await self._read(">", block_ms=max(1, min(500, due_ms)))
+                    # A peer that died holding entries left them pending under its name.
+                    if time.monotonic() - claimed_at >= self._claim_every_s:
+                        entries += await self._claim_stale()
+                        claimed_at = time.monotonic()
                 if self._direct is not None and time.monotonic() - self._swept_at >= (
                     SWEEP_INTERVAL_S
                 ):
@@ -239,7 +254,7 @@ class OutboxRelay:
             self._stream,
             GROUP,
             self._consumer,
-            min_idle_time=STALE_AFTER_MS,
+            min_idle_time=self._stale_after_ms,
             start_id="0",
             count=100,
         )
