@@ -347,3 +347,117 @@ async def test_the_watch_follows_again_after_nats_restarts(
             await eventually(lambda: grants.seen(lease.lease_id), timeout_s=40)
     finally:
         await client.close()
+
+
+async def _relay_granted(
+    ledger: Ledger, job: str = "a", device: int = 0
+) -> tuple[Holder, LeaseRecord, str]:
+    """A lease a cycle reserved and the lease-manager then granted (``grant.lua``): its grant
+    waits in the lease-manager's outbox for whichever replica's relay reads it."""
+    if device == 0:
+        devices = [device_spec("n1", i) for i in range(4)]
+        assert (await ledger.register_node("n1", devices, 64_000, 256_000)).ok
+    [waiting] = await ledger.admit_many([Admission(job, 500, b"{}", None, "queued", tenant="t")])
+    assert waiting.outcome == "pending"
+    assert (await ledger.reserve(reservation(job, SliceClaim(f"n1/nvidia{device}", whole=True)))).ok
+    secret = new_lease_secret()
+    granted = await ledger.grant(f"lease-{job}", secret)
+    lease = await ledger.get_lease(f"lease-{job}")
+    assert granted.ok and lease is not None and lease.grant_outbox == "lease-manager"
+    return Holder("t", secret, granted.token), lease, lease.grant_entry
+
+
+def _lease_manager_relay(
+    ledger: Ledger, grants: StoredGrants, send: Send, consumer: str
+) -> OutboxRelay:
+    """One lease-manager replica's relay (``consumer`` names it in the group)."""
+    build = functools.partial(build_events, ledger=ledger, grants=grants)
+    return OutboxRelay(ledger, "lease-manager", build, send, consumer=consumer)
+
+
+async def test_an_end_one_replica_relays_waits_for_the_grant_another_replica_holds(
+    ledger: Ledger, nc: Client
+) -> None:
+    """Two lease-managers: one replica's relay has read a lease's grant and stalls before
+    publishing it; the lease is then ended (a preemption) and the other replica's relay reads
+    the end. The end waits until JetStream holds the grant, then goes alone."""
+    _, lease, _ = await _relay_granted(ledger)
+    resume = asyncio.Event()
+    stalled_sent: list[msgspec.Struct] = []
+    stalled_publisher = Publisher(nc, nc.jetstream(), source="/lease-manager/a")
+
+    async def stalled(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
+        stalled_sent.append(event)
+        await resume.wait()
+        return await stalled_publisher.send(event)
+
+    peer_sent: list[msgspec.Struct] = []
+    peer_publisher = Publisher(nc, nc.jetstream(), source="/lease-manager/b")
+    stop = asyncio.Event()
+    async with _watching(nc) as grants:
+        replica_a = asyncio.create_task(
+            _lease_manager_relay(ledger, grants, stalled, "lm-a").run(stop)
+        )
+        await eventually(lambda: stalled_sent, timeout_s=5)  # it holds the grant
+        assert (await ledger.end(lease.lease_id, "preempted")).ok
+        replica_b = asyncio.create_task(
+            _lease_manager_relay(ledger, grants, _recording(peer_publisher, peer_sent), "lm-b").run(
+                stop
+            )
+        )
+        await eventually(lambda: grants.waiting == 1, timeout_s=5)
+        assert peer_sent == []
+        resume.set()
+        await eventually(lambda: peer_sent, timeout_s=5)
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(replica_a, replica_b), 5)
+    assert [type(e) for e in peer_sent] == [LeaseEnded] and grants.copies == 0
+    assert await _stored_in_both(nc) == [[AllocationGranted, LeaseEnded]] * 2
+
+
+async def test_a_release_goes_after_a_copy_of_a_grant_a_dead_replica_held(
+    ledger: Ledger, nc: Client
+) -> None:
+    """The replica that read a lease's grant died before publishing it (the entry waits for a
+    peer to take it once stale): the holder's release goes after a copy of the grant, on the
+    release's own entry; the grant's entry stays the relays' to publish again, and JetStream
+    keeps one grant."""
+    holder, lease, grant_entry = await _relay_granted(ledger)
+    stream = ledger.key("outbox", "lease-manager")
+    await ledger.redis.xgroup_create(stream, "relay", id="0")
+    await ledger.redis.xreadgroup("relay", "lm-dead", {stream: ">"})  # read, never published
+    lm_sent: list[msgspec.Struct] = []
+    lm = Publisher(nc, nc.jetstream(), source="/lease-manager")
+    async with (
+        _watching(nc, wait_s=0.3) as grants,
+        running_direct_outbox(DirectOutbox(ledger), _recording(lm, lm_sent)) as outbox,
+    ):
+        [reply] = await _holder_command("ended", holder, lease, ledger, outbox, grants)
+    assert getattr(reply, "ok", False)
+    assert [type(e) for e in lm_sent] == [AllocationGranted, LeaseEnded] and grants.copies == 1
+    assert lm_sent[0] == granted_event(lease)
+    assert await direct_entries(ledger) == []
+    held: Any = await ledger.redis.xrange(stream)  # the grant's entry stays the relays'
+    assert [entry_id for entry_id, _ in held] == [grant_entry.encode()]
+    await lm.publish(granted_event(lease))  # a peer relays the stale entry: a duplicate
+    assert await _stored_in_both(nc) == [[AllocationGranted, LeaseEnded]] * 2
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["held", "pipeline"])
+async def test_unconfirmed_grants_are_found_in_either_outbox_through_either_round_trip(
+    ledger: Ledger, traced: bool
+) -> None:
+    """A grant on admission (direct outbox) and a relayed one (the lease-manager's), read in one
+    round trip on a held connection, or through redis-py's pipeline in a traced process (which
+    answers XRANGE's fields as a dict)."""
+    _, direct, direct_entry = await _granted_unconfirmed(ledger)
+    _, relayed, relay_entry = await _relay_granted(ledger, "b", 1)
+    ledger._held._traced = lambda: traced  # noqa: SLF001
+    found = await ledger.unconfirmed_grants([direct, relayed])
+    assert {lease_id: fields["kind"] for lease_id, fields in found.items()} == {
+        direct.lease_id: "granted",
+        relayed.lease_id: "granted",
+    }
+    await ledger.confirm_direct([direct_entry])
+    await ledger.redis.xdel(ledger.key("outbox", "lease-manager"), relay_entry)
+    assert await ledger.unconfirmed_grants([direct, relayed]) == {}

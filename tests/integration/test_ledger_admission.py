@@ -356,11 +356,11 @@ async def test_the_three_ways_to_an_active_lease_leave_the_same_ledger(ledger: L
             for entry_id, fields in entries
         ]
         events = [e for e in events if e["lease_id"] == "LEASE"]
-        # A grant made on admission keeps its direct-outbox entry (its writer answers before it
-        # publishes; the lease-manager asks whether the entry is still there): the one
-        # difference the three ways leave.
-        direct = lease.pop("grant_entry", None)
-        assert direct == (events[0]["id"] if job == "a" else None)
+        # Each lease keeps its grant's entry (the lease-manager asks whether it is still there
+        # before it publishes a later event) and names the outbox that holds it unless that is
+        # the direct one: the one difference the three ways leave.
+        assert lease.pop("grant_entry") == events[0]["id"]
+        assert lease.pop("grant_outbox", None) == (None if job == "a" else "lease-manager")
         for event in events:
             event.pop("id")
             event["expires_ms"] = str(int(event["expires_ms"]) - granted)

@@ -13,7 +13,7 @@ import yaml
 
 from xpupool.contracts import access
 from xpupool.contracts.codec import ce_type
-from xpupool.contracts.subjects import CHANNELS, STREAMS, TENANT_SPACE, Channel
+from xpupool.contracts.subjects import CHANNELS, DELIVERY, STREAMS, TENANT_SPACE, Channel
 
 REF = "#/components/schemas/{name}"
 HEADERS_SCHEMA: dict[str, Any] = {
@@ -122,6 +122,8 @@ def asyncapi() -> dict[str, Any]:
                 "Events and commands of the xpupool accelerator pool. Payloads are JSON; every "
                 "event carries CloudEvents binary-mode headers. JetStream streams: "
                 + "; ".join(f"{s.name} ({', '.join(s.subjects)})" for s in STREAMS)
+                + ". "
+                + DELIVERY
             ),
         },
         "defaultContentType": "application/json",

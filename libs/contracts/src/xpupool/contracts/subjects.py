@@ -129,6 +129,16 @@ TENANT_EVENTS_STREAM: Final = Stream(
 )
 STREAMS: Final = (JOBS_STREAM, SCHED_STREAM, EVENTS_STREAM, TENANT_EVENTS_STREAM)
 
+DELIVERY: Final = (
+    "Every event is stored at least once; after a fault (a service or server restarted "
+    "mid-publish) a core NATS subscriber may get it twice, each copy with the same ce-id (its "
+    "Nats-Msg-Id: the streams keep one), so deduplicate by ce-id. Per lease, a stream and a "
+    "subscriber of its subjects get the AllocationGranted before any later event of that lease "
+    "(LeaseRenewed, LeaseEnding, LeaseEnded), whichever service or replica published each, also "
+    "when the holder renews or releases on the grant's submit reply. Events of different leases "
+    "come in no promised order."
+)
+
 TENANT_PARAM: Final = {"tenant": "the tenant's name, pinned to its credentials by the server"}
 
 JOB_REQUESTED: Final = Channel(

@@ -330,8 +330,10 @@ class LeaseRecord:
     deadline_ms: int | None = None
     #: The trace context of its job (W3C ``traceparent``/``tracestate``; empty: untraced).
     trace: dict[str, str] = field(default_factory=dict, repr=False)
-    #: A grant on admission: its entry in the direct outbox (``Ledger.unconfirmed_grants``).
+    #: Its grant's outbox entry (``Ledger.unconfirmed_grants``), and that outbox: the direct
+    #: outbox for a grant on admission (empty), else the lease-manager's relayed one.
     grant_entry: str = ""
+    grant_outbox: str = ""
 
 
 @dataclass(frozen=True)
@@ -674,19 +676,28 @@ class Ledger:
         return {_str(k): _str(v) for k, v in _pairs(result.grant).items()} if result.grant else None
 
     async def unconfirmed_grants(self, leases: Sequence[LeaseRecord]) -> dict[str, dict[str, str]]:
-        """The grant entries of ``leases`` still unconfirmed in the direct outbox, by lease id,
-        in one round trip (what ``unconfirmed_grant`` answers a holder's command, for the events
-        a relay publishes)."""
+        """The grant entries of ``leases`` still in their outboxes (not yet confirmed stored by
+        their publisher), by lease id, in one round trip (what ``unconfirmed_grant`` answers a
+        holder's command, for the events a relay publishes)."""
         granted = [lease for lease in leases if lease.grant_entry]
         if not granted:
             return {}
-        stream = self.key("outbox", DIRECT_OUTBOX)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for lease in granted:
-                pipe.xrange(stream, lease.grant_entry, lease.grant_entry)
-            found = await pipe.execute()
+        found = await self._held.execute(
+            [
+                (
+                    "XRANGE",
+                    self.key("outbox", lease.grant_outbox or DIRECT_OUTBOX),
+                    lease.grant_entry,
+                    lease.grant_entry,
+                )
+                for lease in granted
+            ]
+        )
+        for reply in found:
+            if isinstance(reply, Exception):
+                raise reply
         return {
-            lease.lease_id: {_str(k): _str(v) for k, v in entries[0][1].items()}
+            lease.lease_id: {_str(k): _str(v) for k, v in _entry_fields(entries[0][1]).items()}
             for lease, entries in zip(granted, found, strict=True)
             if entries
         }
@@ -1189,6 +1200,12 @@ def _pairs(flat: Sequence[Any]) -> dict[Any, Any]:
     return dict(zip(flat[0::2], flat[1::2], strict=True))
 
 
+def _entry_fields(fields: Any) -> dict[Any, Any]:
+    """A stream entry's fields as XRANGE answers them: Redis's own flat list, or redis-py's dict
+    where the round trip went through its pipeline (a traced process: ``HeldConnections``)."""
+    return fields if isinstance(fields, dict) else _pairs(fields)
+
+
 class _Incomplete:
     """A changed node whose unchanged devices the reader does not hold."""
 
@@ -1336,6 +1353,7 @@ def _lease(lease_id: str, row: dict[Any, Any]) -> LeaseRecord:
         deadline_ms=_int(r.get("deadline_ms")) or None,
         trace={name: r[name] for name in TRACE_FIELDS if r.get(name)},
         grant_entry=r.get("grant_entry", ""),
+        grant_outbox=r.get("grant_outbox", ""),
     )
 
 

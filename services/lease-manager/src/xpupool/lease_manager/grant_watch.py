@@ -1,9 +1,11 @@
 """Which grants JetStream has stored: a lease's later event waits for its grant, not a copy.
 
 The scheduler answers a grant made on admission before it publishes the grant's event, so a
-holder may renew or release before JetStream holds the grant. The ledger says when that may be
-so (the grant's direct-outbox entry is still unconfirmed: ``Ledger.unconfirmed_grant``); the
-lease-manager then publishes the later event only once it has seen the grant stored, through a
+holder may renew or release before JetStream holds the grant; and with several lease-managers,
+a grant one replica's relay holds may be overtaken by a later event another replica publishes
+(that first replica stalled or died). The ledger says when either may be so (the grant's outbox
+entry is still there, unconfirmed: ``Ledger.unconfirmed_grant``); the lease-manager then
+publishes the later event only once it has seen the grant stored, through a
 headers-only ordered consumer on the grant subject (``StoredGrants.run``). It follows the
 operator's copy, which the scheduler sends after the tenant's own on the same connection
 (``subjects.deliveries``): once the operator's copy is stored, the server has taken the
@@ -37,8 +39,9 @@ GRANT_WAIT_S: Final = 1.0
 beyond the scheduler's answer-to-publish gap (one turn of its loop), far inside the relay's
 sweep of an abandoned grant (``DIRECT_STALE_MS``)."""
 KEEP_S: Final = 60.0
-"""How long a stored grant is remembered: its entry is confirmed within the direct outbox's
-linger (50 ms), or swept after ``DIRECT_STALE_MS`` (10 s)."""
+"""How long a stored grant is remembered: its entry is confirmed within the direct outbox's or a
+relay's linger (50 ms), or published again by a peer after ``DIRECT_STALE_MS`` (10 s) or
+``STALE_AFTER_MS`` (15 s)."""
 _GRANTED_SUFFIX: Final = ":granted"  # ``dedup_id`` of an AllocationGranted: "<lease>:granted"
 
 

@@ -183,12 +183,17 @@ async def _announce(
     grant = ledger.unconfirmed_grant(result)
     if grant is not None and await _grants_to_copy({lease.lease_id: grant}, grants):
         copy = entry_events(grant, lease)
+    events = entry_events(fields, lease, metrics)
     with continue_trace(f"publish {kind}", {}, {"xpupool.lease_id": lease.lease_id}):
-        if copy:
-            # On the grant's own entry (the script read it with the lease), confirmed once
-            # stored: the relay's sweep then leaves it be.
+        if copy and not lease.grant_outbox:
+            # On the grant's own entry in the direct outbox (the script read it with the
+            # lease), confirmed once stored: the relay's sweep then leaves it be.
             await outbox.publish(lease.grant_entry, copy)
-        await outbox.publish(result.entry, entry_events(fields, lease, metrics))
+        elif copy:
+            # A relay holds the grant's entry (a stalled or dead replica): it stays that
+            # relay's, published again later and dropped by JetStream as a duplicate.
+            events = [*copy, *events]
+        await outbox.publish(result.entry, events)
 
 
 async def _grants_to_copy(

@@ -78,16 +78,23 @@ local function lease_event(service, lease_id, kind, ...)
   return traced_event(service, lease_id, kind, trace, ...)
 end
 
--- The fields of a lease's grant entry while it is still in the direct outbox, else nil: its
--- writer (the scheduler, which answers the grant before it publishes the grant's event) has not
--- yet confirmed that JetStream stored the event. Whoever publishes a later event of the lease
--- then waits until JetStream holds the grant, or publishes a copy of it first (the same
--- ``Nats-Msg-Id``: JetStream keeps one), so no later event of a lease is stored ahead of its
--- grant (lease_manager/grant_watch.py).
+-- The lease's fields that name its grant's outbox entry, written with the grant: the entry's id
+-- and, unless it is the direct outbox's, the outbox (for ``unconfirmed_grant``).
+local function grant_entry_fields(outbox, entry)
+  if outbox == 'direct' then return {'grant_entry', entry} end
+  return {'grant_entry', entry, 'grant_outbox', outbox}
+end
+
+-- The fields of a lease's grant entry while it is still in its outbox, else nil: its publisher
+-- (the scheduler, which answers a grant on admission before it publishes the grant's event, or
+-- the relay of any lease-manager replica) has not yet confirmed that JetStream stored the event.
+-- Whoever publishes a later event of the lease then waits until JetStream holds the grant, or
+-- publishes a copy of it first (the same ``Nats-Msg-Id``: JetStream keeps one), so no later
+-- event of a lease is stored ahead of its grant (lease_manager/grant_watch.py).
 local function unconfirmed_grant(lk)
-  local entry = redis.call('HGET', lk, 'grant_entry')
-  if not entry then return nil end
-  local found = redis.call('XRANGE', k('outbox', 'direct'), entry, entry)
+  local g = redis.call('HMGET', lk, 'grant_entry', 'grant_outbox')
+  if not g[1] then return nil end
+  local found = redis.call('XRANGE', k('outbox', g[2] or 'direct'), g[1], g[1])
   if #found == 0 then return nil end
   return found[1][2]
 end
@@ -219,18 +226,18 @@ local function activation(lease_id, ttl_ms, max_runtime_ms, idle_after_ms, slice
   return token, expires, fields
 end
 -- Turn the reserved lease into an active one (``activation``) and tell the lease-manager's outbox
--- to announce the grant (grant.lua: the lease-manager granting a reservation). The grant is
--- announced through ``outbox`` (the lease-manager's unless the caller publishes it itself:
--- 'direct', see outbox.py). Returns the fencing token, the term's end and the entry id.
-local function activate(lease_id, secret, now, outbox)
+-- to announce the grant (grant.lua: the lease-manager granting a reservation); the lease keeps the
+-- entry (``grant_entry_fields``). Returns the fencing token, the term's end and the entry id.
+local function activate(lease_id, secret, now)
   local lk = k('lease', lease_id)
   local l = redis.call('HMGET', lk, 'ttl_ms', 'job_id', 'max_runtime_ms', 'idle_after_ms',
     'slices')
   local token, expires, fields = activation(lease_id, l[1], l[3], l[4],
     cjson.decode(l[5] or '[]'), secret, now)
+  local entry = lease_event('lease-manager', lease_id, 'granted', 'expires_ms', expires)
+  for _, v in ipairs(grant_entry_fields('lease-manager', entry)) do fields[#fields + 1] = v end
   redis.call('HSET', lk, 'state', 'active', 'token', token, 'expires_ms', expires, unpack(fields))
   redis.call('HSET', k('job', l[2]), 'state', 'leased')
-  local entry = lease_event(outbox or 'lease-manager', lease_id, 'granted', 'expires_ms', expires)
   return token, expires, entry
 end
 

@@ -6,7 +6,7 @@
 -- rest of its hash); without one it stays reserved and the scheduler's outbox announces that.
 -- Shared by reserve.lua (a pending job) and pend.lua (a new job placed on admission). A grant is
 -- announced through ``grant_outbox`` (the lease-manager's unless the caller publishes it itself:
--- 'direct', see outbox.py; the lease then keeps the entry's id as ``grant_entry``, for
+-- 'direct', see outbox.py); the lease keeps the entry (``grant_entry_fields``, for
 -- ``unconfirmed_grant``). Returns the taken slices, the fencing token (0 when only reserved)
 -- and the grant's outbox entry id, or nil and the refusal; nothing is written before every check
 -- passed. ``new_job`` (pend.lua, which has just written the job and found no job waiting):
@@ -108,12 +108,9 @@ local function take_reservation(r, grant_outbox, new_job)
   end
   local entry = nil
   if granting then
-    entry = traced_event(grant_outbox or 'lease-manager', r.lease_id, 'granted', trace,
-      'expires_ms', expires)
-    if grant_outbox == 'direct' then
-      lease[#lease + 1] = 'grant_entry'
-      lease[#lease + 1] = entry
-    end
+    local outbox = grant_outbox or 'lease-manager'
+    entry = traced_event(outbox, r.lease_id, 'granted', trace, 'expires_ms', expires)
+    for _, v in ipairs(grant_entry_fields(outbox, entry)) do lease[#lease + 1] = v end
   end
   redis.call('HSET', lk, unpack(lease))
   redis.call('SADD', k('leases'), r.lease_id)
