@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -19,11 +20,19 @@ from xpupool.ledger.held import HeldConnections
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
 
+@asynccontextmanager
+async def _client(server: RedisServer, **options: Any) -> AsyncIterator[Redis]:
+    client = Redis.from_url(server.url, **options)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
 @pytest.fixture
 async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
+    async with _client(redis_server) as client:
+        yield client
 
 
 def untraced(redis: Redis) -> HeldConnections:
@@ -95,8 +104,7 @@ async def test_a_traced_process_goes_through_the_pipeline(
 async def test_a_small_pool_keeps_room_for_the_clients_other_commands(
     redis_server: RedisServer,
 ) -> None:
-    client = Redis.from_url(redis_server.url, max_connections=4)
-    try:
+    async with _client(redis_server, max_connections=4) as client:
         held = HeldConnections(client, traced=lambda: False)
         replies = await asyncio.gather(*(held.execute([("ECHO", str(i))]) for i in range(3)))
         assert replies == [[b"0"], [b"1"], [b"2"]]
@@ -106,15 +114,12 @@ async def test_a_small_pool_keeps_room_for_the_clients_other_commands(
             b"1",
             b"2",
         ]
-    finally:
-        await client.aclose()
 
 
 async def test_a_round_trip_past_the_socket_timeout_fails_and_leaves_no_late_reply(
     redis_server: RedisServer,
 ) -> None:
-    client = Redis.from_url(redis_server.url, socket_timeout=0.2)
-    try:
+    async with _client(redis_server, socket_timeout=0.2) as client:
         held = untraced(client)
         # A held round trip is bounded as a whole by the client's socket timeout; the retry
         # through redis-py's pipeline is bounded per read by it, and fails too.
@@ -122,15 +127,12 @@ async def test_a_round_trip_past_the_socket_timeout_fails_and_leaves_no_late_rep
             await held.execute([("BLPOP", "nothing-here", "1")])
         await asyncio.sleep(1.1)
         assert await held.execute([("ECHO", "after")]) == [b"after"]
-    finally:
-        await client.aclose()
 
 
 async def test_connections_go_back_to_the_pool_with_its_socket_timeout(
     redis_server: RedisServer,
 ) -> None:
-    client = Redis.from_url(redis_server.url, socket_timeout=0.7)
-    try:
+    async with _client(redis_server, socket_timeout=0.7) as client:
         held = untraced(client)
         replies = await asyncio.gather(*(held.execute([("ECHO", str(i))]) for i in range(12)))
         assert replies == [[str(i).encode()] for i in range(12)]
@@ -142,5 +144,3 @@ async def test_connections_go_back_to_the_pool_with_its_socket_timeout(
         await client.client_kill_filter(_type="normal", skipme=True)
         assert await held.execute([("ECHO", "again")]) == [b"again"]
         assert all(c.socket_timeout == 0.7 for c in pool._available_connections)  # noqa: SLF001
-    finally:
-        await client.aclose()
