@@ -144,3 +144,13 @@ async def test_connections_go_back_to_the_pool_with_its_socket_timeout(
         await client.client_kill_filter(_type="normal", skipme=True)
         assert await held.execute([("ECHO", "again")]) == [b"again"]
         assert all(c.socket_timeout == 0.7 for c in pool._available_connections)  # noqa: SLF001
+
+
+async def test_both_paths_give_redis_own_replies(redis: Redis) -> None:
+    """A traced process's round trip through redis-py's pipeline answers as the held path does
+    (no response callbacks: an XRANGE entry's fields stay Redis's flat list)."""
+    entry = await redis.xadd("s", {"kind": "granted"})
+    commands = [("XRANGE", "s", entry, entry), ("SET", "a", "x")]
+    held = await untraced(redis).execute(commands)
+    piped = await HeldConnections(redis, traced=lambda: True).execute(commands)
+    assert held == piped == [[[entry, [b"kind", b"granted"]]], b"OK"]

@@ -37,7 +37,7 @@ from redis.asyncio.connection import AbstractConnection
 
 from xpupool.obs.tracing import spans_recorded
 
-__all__ = ["HELD_CONNECTIONS", "HeldConnections"]
+__all__ = ["HELD_CONNECTIONS", "HeldConnections", "raise_first_error"]
 
 #: Connections kept between round trips; a burst of concurrent callers beyond it checks more
 #: out and hands the extra back once done. The services make a few concurrent ledger calls at
@@ -68,8 +68,9 @@ class HeldConnections:
         self._round_trip_timeout: float | None = timeout
 
     async def execute(self, commands: Sequence[Command]) -> list[Any]:
-        """Send ``commands`` in one write and read their replies in order; an error reply is
-        its exception in the list, as redis-py's pipeline gives it with ``raise_on_error``
+        """Send ``commands`` in one write and read their replies in order, as Redis gives them
+        (no redis-py response callbacks, whichever path the round trip takes); an error reply
+        is its exception in the list, as redis-py's pipeline gives it with ``raise_on_error``
         off."""
         if self._traced():
             return await self._through_pipeline(commands)
@@ -113,6 +114,17 @@ class HeldConnections:
 
     async def _through_pipeline(self, commands: Sequence[Command]) -> list[Any]:
         async with self._redis.pipeline(transaction=False) as pipe:
+            # Redis's own replies, as the held path reads them (an XRANGE entry's fields stay
+            # a flat list): this pipeline's, not the client's, callbacks are dropped.
+            pipe.response_callbacks = {}
             for command in commands:
                 pipe.execute_command(*command)
             return list(await pipe.execute(raise_on_error=False))
+
+
+def raise_first_error(replies: Sequence[Any]) -> list[Any]:
+    """``replies`` as they are, or the first error reply among them raised."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return list(replies)

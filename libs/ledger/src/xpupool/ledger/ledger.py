@@ -24,7 +24,7 @@ from redis.exceptions import NoScriptError
 
 from xpupool.contracts import DeviceSample, DeviceSlice, DeviceSpec, Health, PoolShape, Vendor
 from xpupool.ledger.group_commit import GroupCommit
-from xpupool.ledger.held import HeldConnections
+from xpupool.ledger.held import HeldConnections, raise_first_error
 
 _SPEC_DECODER = msgspec.json.Decoder(DeviceSpec)
 
@@ -682,22 +682,21 @@ class Ledger:
         granted = [lease for lease in leases if lease.grant_entry]
         if not granted:
             return {}
-        found = await self._held.execute(
-            [
-                (
-                    "XRANGE",
-                    self.key("outbox", lease.grant_outbox or DIRECT_OUTBOX),
-                    lease.grant_entry,
-                    lease.grant_entry,
-                )
-                for lease in granted
-            ]
+        found = raise_first_error(
+            await self._held.execute(
+                [
+                    (
+                        "XRANGE",
+                        self.key("outbox", lease.grant_outbox or DIRECT_OUTBOX),
+                        lease.grant_entry,
+                        lease.grant_entry,
+                    )
+                    for lease in granted
+                ]
+            )
         )
-        for reply in found:
-            if isinstance(reply, Exception):
-                raise reply
         return {
-            lease.lease_id: {_str(k): _str(v) for k, v in _entry_fields(entries[0][1]).items()}
+            lease.lease_id: {_str(k): _str(v) for k, v in _pairs(entries[0][1]).items()}
             for lease, entries in zip(granted, found, strict=True)
             if entries
         }
@@ -707,11 +706,9 @@ class Ledger:
         stored, so the lease-manager's relay never publishes them again."""
         if entry_ids:
             # On a held connection: it follows every grant and holder's release or renewal.
-            (deleted,) = await self._held.execute(
-                [("XDEL", self.key("outbox", DIRECT_OUTBOX), *entry_ids)]
+            raise_first_error(
+                await self._held.execute([("XDEL", self.key("outbox", DIRECT_OUTBOX), *entry_ids)])
             )
-            if isinstance(deleted, Exception):
-                raise deleted
 
     async def any_pending(self) -> bool:
         """Whether any request waits in the pending queue (one read, no script)."""
@@ -1198,12 +1195,6 @@ async def _announce(pubsub: Any, on_change: Callable[[bool, int, bool], None]) -
 def _pairs(flat: Sequence[Any]) -> dict[Any, Any]:
     """A hash as a script returns it (HGETALL's flat list) as redis-py's dict."""
     return dict(zip(flat[0::2], flat[1::2], strict=True))
-
-
-def _entry_fields(fields: Any) -> dict[Any, Any]:
-    """A stream entry's fields as XRANGE answers them: Redis's own flat list, or redis-py's dict
-    where the round trip went through its pipeline (a traced process: ``HeldConnections``)."""
-    return fields if isinstance(fields, dict) else _pairs(fields)
 
 
 class _Incomplete:
