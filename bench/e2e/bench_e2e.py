@@ -200,8 +200,13 @@ def admission_views(port: int) -> dict[str, float]:
     that had to wait turns placement on admission off until a cycle runs) and their time in all
     (``cycle_s``) and by phase (``cycle_read_s``, ``cycle_decide_s``, ``cycle_commit_s``), and its
     cyclic collector's passes by generation (``gc_0``, ``gc_1``, ``gc_2``)."""
+    return scheduler_counts(exposition(port))
+
+
+def exposition(port: int) -> str:
+    """One scrape of a service's metrics on this machine."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return scheduler_counts(response.read().decode())
+        return str(response.read().decode())
 
 
 def scheduler_counts(text: str) -> dict[str, float]:
@@ -245,10 +250,8 @@ def service_counts(scheduler_port: int, lease_manager_ports: Sequence[int]) -> d
     ``grant_order_counts``, summed over the replicas."""
     counts = admission_views(scheduler_port) if scheduler_port else {}
     for port in lease_manager_ports:
-        url = f"http://127.0.0.1:{port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            for name, value in grant_order_counts(response.read().decode()).items():
-                counts[name] = counts.get(name, 0.0) + value
+        for name, value in grant_order_counts(exposition(port)).items():
+            counts[name] = counts.get(name, 0.0) + value
     return counts
 
 
