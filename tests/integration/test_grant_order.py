@@ -448,8 +448,7 @@ async def test_unconfirmed_grants_are_found_in_either_outbox_through_either_roun
     ledger: Ledger, traced: bool
 ) -> None:
     """A grant on admission (direct outbox) and a relayed one (the lease-manager's), read in one
-    round trip on a held connection, or through redis-py's pipeline in a traced process (which
-    answers XRANGE's fields as a dict)."""
+    round trip on a held connection, or through redis-py's pipeline in a traced process."""
     _, direct, direct_entry = await _granted_unconfirmed(ledger)
     _, relayed, relay_entry = await _relay_granted(ledger, "b", 1)
     ledger._held._traced = lambda: traced  # noqa: SLF001
