@@ -174,6 +174,11 @@ async def test_a_javascript_client_from_proto_alone_runs_a_jobs_life(
     ended = [(s, p) for s, p in events if p["type"] == "xpupool.alloc.ended.v1"]
     assert sorted(p["lease_id"] for _, p in ended) == sorted(p["lease_id"] for p in granted)
     assert all(s.endswith(".ended.released") and p["reason"] == "released" for s, p in ended)
+    # The delivery promise (proto/asyncapi.yaml): per lease, the grant before any later event,
+    # though proto-1 was renewed and released on the submit reply, before its grant's event.
+    for lease_id in (p["lease_id"] for p in granted):
+        kinds = [p["type"] for _, p in events if p.get("lease_id") == lease_id]
+        assert kinds[0] == "xpupool.alloc.granted.v1" and kinds[-1] == "xpupool.alloc.ended.v1"
     done = next(line["payload"] for line in lines if line["dir"] == "done")
     assert done["renewed"] is True
 
