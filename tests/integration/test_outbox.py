@@ -39,7 +39,7 @@ from xpupool.ledger import (
     new_lease_secret,
 )
 from xpupool.ledger.events import granted_event
-from xpupool.ledger.outbox import STALE_AFTER_MS, Send
+from xpupool.ledger.outbox import GROUP, STALE_AFTER_MS, Send
 
 pytestmark = pytest.mark.integration
 
@@ -481,5 +481,83 @@ async def test_entries_a_dead_relay_held_are_published_by_a_peer_that_keeps_runn
     await eventually(lambda: _zero(ledger.redis.xlen(stream)), timeout_s=5)
     pending: Any = await ledger.redis.xpending(stream, "relay")
     assert pending["pending"] == 0
+    stop.set()
+    await asyncio.wait_for(running, 5)
+
+
+async def _consumers(ledger: Ledger, service: str = "test") -> dict[str, int]:
+    """The relay group's consumers of ``service``'s outbox, with the entries each holds."""
+    found: Any = await ledger.redis.xinfo_consumers(ledger.key("outbox", service), GROUP)
+    return {_text(c["name"]): int(c["pending"]) for c in found}
+
+
+async def _holds_nothing(ledger: Ledger, relay: OutboxRelay) -> bool:
+    return (await _consumers(ledger)).get(relay.consumer) == 0
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def test_reaping_deletes_only_consumers_that_hold_nothing(ledger: Ledger) -> None:
+    """A consumer holding entries is kept however long it has been idle (deleting it would drop
+    them from the group for good); one holding nothing goes once idle that long; the caller's
+    own name is kept. A group that is not there yet is no error."""
+    assert await ledger.reap_relay_consumers("test", GROUP, "relay-b", 0) == []
+    stream = ledger.key("outbox", "test")
+    await ledger.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    for job in ("j1", "j2"):
+        await ledger.redis.xadd(stream, {"kind": "cancelled", "job_id": job})
+    await ledger.redis.xreadgroup(GROUP, "holds-one", {stream: ">"}, count=1)
+    read: Any = await ledger.redis.xreadgroup(GROUP, "held-one", {stream: ">"})
+    [(_, [(done, _)])] = read
+    await ledger.redis.xack(stream, GROUP, done)
+    await ledger.redis.xreadgroup(GROUP, "relay-b", {stream: "0"})
+    assert await _consumers(ledger) == {"holds-one": 1, "held-one": 0, "relay-b": 0}
+
+    assert await ledger.reap_relay_consumers("test", GROUP, "relay-b", 60_000) == []
+    await asyncio.sleep(0.05)
+    assert await ledger.reap_relay_consumers("test", GROUP, "relay-b", 30) == ["held-one"]
+    assert await ledger.reap_relay_consumers("test", GROUP, "relay-b", 0) == []
+    assert await _consumers(ledger) == {"holds-one": 1, "relay-b": 0}
+    pending: Any = await ledger.redis.xpending(stream, GROUP)
+    assert pending["pending"] == 1
+
+
+async def test_a_relay_deletes_the_consumers_of_relays_that_died_once_their_entries_are_out(
+    ledger: Ledger,
+) -> None:
+    """Each restart of a relay adds a consumer to its group (a process names itself anew): a
+    running relay deletes those of relays that died, holding nothing or once it has published
+    what they held, so a group keeps about one consumer per live relay, and nothing is lost."""
+    stream = ledger.key("outbox", "test")
+    sent: list[str] = []
+
+    async def crash(relay: OutboxRelay, job: str, acked: bool) -> None:
+        crashed = asyncio.create_task(relay.run(asyncio.Event()))
+        await ledger.redis.xadd(stream, {"kind": "cancelled", "job_id": job})
+        await eventually(lambda: sent[-1:] == [job], timeout_s=5)
+        if acked:
+            await eventually(lambda: _holds_nothing(ledger, relay), timeout_s=5)
+        crashed.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await crashed
+
+    await crash(_relay(ledger, sent, linger_s=60, consumer="relay-a"), "j1", acked=False)
+    await crash(_relay(ledger, sent, linger_s=0, consumer="relay-c"), "j2", acked=True)
+    assert await _consumers(ledger) == {"relay-a": 1, "relay-c": 0}
+
+    stop = asyncio.Event()
+    peer = _relay(ledger, sent, linger_s=0.05, consumer="relay-b", stale_after_ms=600)
+    running = asyncio.create_task(peer.run(stop))
+    await eventually(lambda: sent == ["j1", "j2", "j1"], timeout_s=5)
+    await ledger.redis.xadd(stream, {"kind": "cancelled", "job_id": "j3"})
+    await eventually(lambda: sent[-1:] == ["j3"], timeout_s=5)
+
+    async def only_the_peer_left() -> bool:
+        return await _consumers(ledger) == {"relay-b": 0}
+
+    await eventually(only_the_peer_left, timeout_s=5)
+    assert await ledger.redis.xlen(stream) == 0
     stop.set()
     await asyncio.wait_for(running, 5)

@@ -33,9 +33,19 @@ from xpupool.bus.connection import JWT_CREDS_HEADER, connect_client, security_op
 from xpupool.client import connected
 from xpupool.contracts import AllocationGranted, Health, JobRequested, access
 from xpupool.contracts import subjects as s
-from xpupool.devstack.secure import LEDGER_SCRIPTS, MAX_PAYLOAD, SecureMaterial, ledger_scripts
+from xpupool.devstack.secure import (
+    LEDGER_SCRIPTS,
+    MAX_PAYLOAD,
+    RELAY_ROLES,
+    RELAY_SCRIPTS,
+    SecureMaterial,
+    ledger_scripts,
+    redis_acl_rules,
+    script_commands,
+)
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.ledger import Holder, Ledger, OutboxRelay, SliceClaim, audit
+from xpupool.ledger.outbox import GROUP
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -317,9 +327,21 @@ async def test_rotated_redis_password_replaces_the_old_one(
 
 
 def test_every_ledger_script_belongs_to_one_role() -> None:
-    """Each Lua script is in exactly one role's ACL list, so a new script cannot be forgotten."""
+    """Each Lua script is in exactly one role's ACL list, or the relay's (which every role with
+    an outbox runs), so a new script cannot be forgotten."""
     assigned = [name for names in LEDGER_SCRIPTS.values() for name in names]
-    assert sorted(assigned) == sorted(ledger_scripts())
+    assert sorted([*assigned, *RELAY_SCRIPTS]) == sorted(ledger_scripts())
+
+
+def test_a_script_allows_only_the_subcommands_it_names() -> None:
+    """The relay's script deletes consumers and reads the group: its roles may run
+    ``XGROUP DELCONSUMER`` and ``XINFO CONSUMERS``, not every XGROUP (DESTROY, SETID)."""
+    assert script_commands(RELAY_SCRIPTS) >= {"xgroup|delconsumer", "xinfo|consumers"}
+    assert not {"xgroup", "xinfo"} & script_commands(RELAY_SCRIPTS)
+    for role in RELAY_ROLES:
+        rules = redis_acl_rules(role, "ns").split()
+        assert "+xgroup|delconsumer" in rules and "+xgroup" not in rules
+    assert "+xgroup|delconsumer" not in redis_acl_rules(access.AUTOSCALER, "ns").split()
 
 
 async def _refused(call: Awaitable[object]) -> str:
@@ -500,7 +522,7 @@ async def test_redis_users_are_confined_to_the_ledger_prefix(
 
 async def _drain_outbox(ledger: Ledger, service: str, observer: Redis) -> None:
     """Run the service's outbox relay (consumer group, read, claim, ack, delete) until its
-    outbox is empty."""
+    outbox is empty, then delete its consumer as a peer's relay would once it is idle."""
     published: list[object] = []
 
     async def build(entries: list[dict[str, str]]) -> list[list[object]]:
@@ -523,6 +545,8 @@ async def _drain_outbox(ledger: Ledger, service: str, observer: Redis) -> None:
     finally:
         stop.set()
         await asyncio.wait_for(task, 5)
+    assert await ledger.reap_relay_consumers(service, GROUP, "a-peer", 0) != []
+    assert await observer.xinfo_consumers(outbox, GROUP) == []
 
 
 # ---- the whole stack -------------------------------------------------------------------------

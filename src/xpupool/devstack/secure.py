@@ -75,8 +75,9 @@ CERT_DAYS: Final = 825
 
 # ---- Redis ACL -------------------------------------------------------------------------------
 
-# The ledger scripts (lua/*.lua) each service runs. Every script belongs to exactly one role
-# (a test checks that none is left out); a role's ACL allows the commands its scripts call,
+# The ledger scripts (lua/*.lua) each service runs. Every script belongs to exactly one role,
+# or is the outbox relay's (``RELAY_SCRIPTS``; a test checks that none is left out or listed
+# twice); a role's ACL allows the commands its scripts call,
 # since Redis 7 checks each command a script runs against the caller's ACL.
 LEDGER_SCRIPTS: Final[Mapping[str, tuple[str, ...]]] = {
     access.SCHEDULER: (
@@ -113,6 +114,10 @@ LEDGER_SCRIPTS: Final[Mapping[str, tuple[str, ...]]] = {
 _CLIENT_COMMANDS: Final = ("evalsha", "script|load", "script|exists", "ping")
 # The outbox relay (``outbox.py``): a consumer group on the role's outbox stream.
 _RELAY_COMMANDS: Final = ("xgroup|create", "xreadgroup", "xautoclaim", "xack", "xdel")
+RELAY_SCRIPTS: Final = ("reap_consumers",)
+"""The ledger scripts of the outbox relay itself, run by every role in ``RELAY_ROLES`` (each
+other script belongs to one role, ``LEDGER_SCRIPTS``)."""
+RELAY_ROLES: Final = (access.SCHEDULER, access.LEASE_MANAGER)
 # Commands each role runs outside scripts (``ledger.py`` reads, ``note_pending``, the relay).
 DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
     access.SCHEDULER: (
@@ -208,7 +213,10 @@ _COLLECTOR_WRITES: Final[tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = 
 # The one channel: every script that changes a record announces it there (``touched`` in
 # _prelude.lua, so every role publishes), and the scheduler follows it.
 CHANGE_FEED: Final = "changes-feed"
-_LUA_CALL: Final = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'")
+# A command and, for the commands made of subcommands (XGROUP, XINFO), the subcommand its
+# script names: an ACL then allows ``xgroup|delconsumer``, not every ``xgroup``.
+_LUA_CALL: Final = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'([A-Za-z]+)')?")
+_CONTAINER_COMMANDS: Final = frozenset({"xgroup", "xinfo"})
 _GLOB_SPECIAL: Final = re.compile(r"([*?\[\]\\])")
 
 
@@ -217,7 +225,14 @@ def script_commands(names: Sequence[str]) -> set[str]:
     the shared parts each includes."""
     found: set[str] = set()
     for name in names:
-        found.update(c.lower() for c in _LUA_CALL.findall(script_source(name)))
+        for command, sub in _LUA_CALL.findall(script_source(name)):
+            command = command.lower()
+            if command not in _CONTAINER_COMMANDS:
+                found.add(command)
+            elif sub:
+                found.add(f"{command}|{sub.lower()}")
+            else:
+                raise ValueError(f"{name}.lua: name {command.upper()}'s subcommand literally")
     return found
 
 
@@ -255,6 +270,8 @@ def redis_acl_rules(role: str, namespace: str) -> str:
         raise ValueError(f"no Redis user for role {role!r}")
     commands = set(_CLIENT_COMMANDS) | set(DIRECT_COMMANDS[role])
     commands |= script_commands(LEDGER_SCRIPTS[role])
+    if role in RELAY_ROLES:
+        commands |= script_commands(RELAY_SCRIPTS)
     return " ".join(
         [f"~{prefix}*", "resetchannels", feed, "-@all", *(f"+{c}" for c in sorted(commands))]
     )

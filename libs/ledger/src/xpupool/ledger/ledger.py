@@ -710,6 +710,16 @@ class Ledger:
                 await self._held.execute([("XDEL", self.key("outbox", DIRECT_OUTBOX), *entry_ids)])
             )
 
+    async def reap_relay_consumers(
+        self, service: str, group: str, own: str, min_idle_ms: int
+    ) -> list[str]:
+        """Delete the consumers of ``service``'s outbox relay group (but ``own``) that hold no
+        entry and have had none delivered for ``min_idle_ms``: the names of the relays that
+        died or restarted (``reap_consumers.lua``, which checks and deletes in one step, so no
+        pending entry is ever dropped with its consumer). The names deleted."""
+        reply = await self._call("reap_consumers", [service, own, min_idle_ms, group])
+        return [_str(name) for name in reply]
+
     async def any_pending(self) -> bool:
         """Whether any request waits in the pending queue (one read, no script)."""
         return bool(await self._redis.zcard(self.key("pending")))

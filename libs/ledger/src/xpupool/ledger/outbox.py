@@ -4,7 +4,9 @@ A script that changes state also XADDs an entry to its service's outbox in the s
 so an event can be late but never lost: a relay killed before publishing leaves the entry
 pending, and the next relay publishes it: any relay of the group, running or starting, takes
 the entries that stayed unacked for ``STALE_AFTER_MS`` (XAUTOCLAIM, looked for every few
-seconds), and a relay restarted under the same name reads its own at once.
+seconds), and a relay restarted under the same name reads its own at once. The consumers of
+relays that died or restarted are deleted from the group once they hold nothing and have been
+idle that long (``reap_consumers.lua``): a group keeps about one consumer per live relay.
 Events carry deterministic ids, so a republish is deduplicated by JetStream.
 
 A batch of entries read together is sent back to back and its JetStream acknowledgements are
@@ -114,6 +116,11 @@ class OutboxRelay:
         self._service = service
         self._tracer = trace.get_tracer("xpupool.ledger")
 
+    @property
+    def consumer(self) -> str:
+        """This relay's name in its consumer group."""
+        return self._consumer
+
     async def run(self, stop: asyncio.Event) -> None:
         """Relay until ``stop`` is set; transient failures are retried, never fatal.
 
@@ -143,6 +150,7 @@ class OutboxRelay:
                     if time.monotonic() - claimed_at >= self._claim_every_s:
                         entries += await self._claim_stale()
                         claimed_at = time.monotonic()
+                        await self._reap_consumers()
                 if self._direct is not None and time.monotonic() - self._swept_at >= (
                     SWEEP_INTERVAL_S
                 ):
@@ -248,6 +256,20 @@ class OutboxRelay:
             GROUP, self._consumer, {self._stream: start}, count=100, block=block_ms
         )
         return [(_s(i), _fields(f)) for _, entries in (reply or []) for i, f in entries if f]
+
+    async def _reap_consumers(self) -> None:
+        """Delete the group's consumers that hold nothing and have been idle past the stale
+        period (the names of relays that died or restarted; ``Ledger.reap_relay_consumers``).
+        A failure here is logged and left for the next time: it never holds up relaying."""
+        try:
+            reaped = await self._ledger.reap_relay_consumers(
+                self._service, GROUP, self._consumer, self._stale_after_ms
+            )
+        except Exception as error:  # noqa: BLE001  (tried again at the next claim)
+            self._log.warning("relay_consumers_not_reaped", error=repr(error))
+            return
+        if reaped:
+            self._log.info("relay_consumers_reaped", consumers=reaped)
 
     async def _claim_stale(self) -> list[tuple[str, dict[str, str]]]:
         reply: Any = await self._ledger.redis.xautoclaim(
