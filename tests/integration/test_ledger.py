@@ -483,6 +483,25 @@ async def test_a_reader_that_keeps_its_nodes_is_sent_only_the_devices_that_chang
     assert partial.records is not None and partial.records.nodes == {}
 
 
+async def test_a_reader_is_sent_the_hash_of_live_leases_only(ledger: Ledger) -> None:
+    """A lease that ended since the cursor is named as gone, without its hash (most of what an
+    ended lease would cost the read); a live one comes whole, equal to a read of it."""
+    assert (await ledger.register_node("n1", [device_spec("n1", i) for i in range(2)])).ok
+    cursor = (await ledger.changes_since(None)).cursor
+    for job, device in (("a", "n1/nvidia0"), ("b", "n1/nvidia1")):
+        assert (await ledger.reserve(reservation(job, SliceClaim(device, whole=True)))).ok
+    ended = await ledger.grant("lease-a", "s")
+    assert (await ledger.release("lease-a", Holder("t", "s", ended.token))).ok
+
+    raw = await ledger._scripts["read_changes"](keys=[ledger.prefix], args=[cursor.seq, 256, ""])
+    rows = {lease_id.decode(): (live, row) for lease_id, live, row in raw[3]}
+    assert rows["lease-a"] == (0, None)
+    assert rows["lease-b"][0] == 1 and rows["lease-b"][1]
+    changes = await ledger.changes_since(cursor, max_records=256)
+    assert changes.records is not None
+    assert changes.records.leases == {"lease-a": None, "lease-b": await ledger.get_lease("lease-b")}
+
+
 async def test_lease_states_count_live_leases_a_chunk_at_a_time(ledger: Ledger) -> None:
     """What the lease gauge shows: live leases and reservations by state, as a full read of
     every lease counts them, whatever the chunk; an ended lease is not counted."""

@@ -11,7 +11,9 @@
 --   nodes   = {node_id, member (0/1), node hash (flat), {device id, ...}, {device hash (flat)
 --             or false, ...}} for every node the log names, directly or through one of its
 --             devices; its devices in device id order
---   leases  = {lease_id, live (0/1), lease hash (flat)} for every lease the log names
+--   leases  = {lease_id, live (0/1), lease hash (flat), false for a lease no longer live (the
+--             reader drops it; its hash is most of an ended lease's bytes)} for every lease the
+--             log names
 --   (nodes and leases are false when there were more records than ARGV[2])
 local t = redis.call('TIME')
 local run_id = server_run_id()
@@ -67,9 +69,7 @@ for _, node_id in ipairs(node_ids) do
 end
 local leases = {}
 for _, lease_id in ipairs(lease_ids) do
-  leases[#leases + 1] = {
-    lease_id, redis.call('SISMEMBER', k('leases'), lease_id),
-    redis.call('HGETALL', k('lease', lease_id)),
-  }
+  local live = redis.call('SISMEMBER', k('leases'), lease_id)
+  leases[#leases + 1] = {lease_id, live, live == 1 and redis.call('HGETALL', k('lease', lease_id))}
 end
 return {header, entries, nodes, leases}
