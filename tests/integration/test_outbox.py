@@ -9,6 +9,8 @@ from typing import Any
 
 import msgspec
 import pytest
+import structlog
+from redis.exceptions import NoPermissionError
 
 from tests.conftest import eventually
 from tests.integration.ledger_builders import (
@@ -561,3 +563,31 @@ async def test_a_relay_deletes_the_consumers_of_relays_that_died_once_their_entr
     assert await ledger.redis.xlen(stream) == 0
     stop.set()
     await asyncio.wait_for(running, 5)
+
+
+async def test_a_relay_whose_reaping_is_refused_says_so_once_and_keeps_relaying(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A role whose ACL predates the reaping script is refused at every claim: the relay says
+    so once per run of failures, not every few seconds, and relays all the same."""
+    attempts: list[str] = []
+
+    async def refused(service: str, group: str, own: str, min_idle_ms: int) -> list[str]:
+        attempts.append(own)
+        raise NoPermissionError("this user has no permissions to run the 'xinfo' command")
+
+    monkeypatch.setattr(ledger, "reap_relay_consumers", refused)
+    stream = ledger.key("outbox", "test")
+    sent: list[str] = []
+    stop = asyncio.Event()
+    with structlog.testing.capture_logs() as logs:
+        relay = _relay(ledger, sent, linger_s=0.05, stale_after_ms=150)
+        running = asyncio.create_task(relay.run(stop))
+        await eventually(lambda: len(attempts) >= 3, timeout_s=5)
+        await ledger.redis.xadd(stream, {"kind": "cancelled", "job_id": "j1"})
+        await eventually(lambda: sent == ["j1"], timeout_s=5)
+        await eventually(lambda: _zero(ledger.redis.xlen(stream)), timeout_s=5)
+        stop.set()
+        await asyncio.wait_for(running, 5)
+    warned = [entry for entry in logs if entry["event"] == "relay_consumers_not_reaped"]
+    assert len(warned) == 1 and "NoPermissionError" in warned[0]["error"]

@@ -115,6 +115,7 @@ class OutboxRelay:
         self._log = get_logger().bind(outbox=service)
         self._service = service
         self._tracer = trace.get_tracer("xpupool.ledger")
+        self._reap_failing = False  # the last reaping failed (and was logged)
 
     @property
     def consumer(self) -> str:
@@ -260,14 +261,18 @@ class OutboxRelay:
     async def _reap_consumers(self) -> None:
         """Delete the group's consumers that hold nothing and have been idle past the stale
         period (the names of relays that died or restarted; ``Ledger.reap_relay_consumers``).
-        A failure here is logged and left for the next time: it never holds up relaying."""
+        A failure here never holds up relaying: it is tried again at the next claim, and logged
+        once until it succeeds (a role whose ACL predates the script is refused every time)."""
         try:
             reaped = await self._ledger.reap_relay_consumers(
                 self._service, GROUP, self._consumer, self._stale_after_ms
             )
         except Exception as error:  # noqa: BLE001  (tried again at the next claim)
-            self._log.warning("relay_consumers_not_reaped", error=repr(error))
+            if not self._reap_failing:
+                self._log.warning("relay_consumers_not_reaped", error=repr(error))
+            self._reap_failing = True
             return
+        self._reap_failing = False
         if reaped:
             self._log.info("relay_consumers_reaped", consumers=reaped)
 
