@@ -50,9 +50,12 @@ local function take_reservation(r, grant_outbox, new_job)
     end
   end
   for _, u in ipairs(r.usage) do
-    local current = tonumber(redis.call('HGET', k('usage', u.scope), u.field) or '0')
-    if u.limit >= 0 and current + u.inc > u.limit + 1e-9 then
-      return nil, fail('quota_exceeded', u.scope .. '/' .. u.field)
+    -- Read only where a limit applies: most counters (every ancestor's, every model's) have none.
+    if u.limit >= 0 then
+      local current = tonumber(redis.call('HGET', k('usage', u.scope), u.field) or '0')
+      if current + u.inc > u.limit + 1e-9 then
+        return nil, fail('quota_exceeded', u.scope .. '/' .. u.field)
+      end
     end
   end
 
