@@ -40,6 +40,7 @@ from xpupool.ledger import (
     SliceClaim,
     new_lease_secret,
 )
+from xpupool.ledger import outbox as outbox_module
 from xpupool.ledger.events import granted_event
 from xpupool.ledger.outbox import GROUP, STALE_AFTER_MS, Send
 
@@ -430,6 +431,10 @@ async def _zero(count: Awaitable[int]) -> bool:
     return await count == 0
 
 
+async def _is(count: Awaitable[int], expected: int) -> bool:
+    return await count == expected
+
+
 async def test_entries_a_relay_held_when_it_died_are_published_again_and_a_stop_acks_them(
     ledger: Ledger,
 ) -> None:
@@ -591,3 +596,37 @@ async def test_a_relay_whose_reaping_is_refused_says_so_once_and_keeps_relaying(
         await asyncio.wait_for(running, 5)
     warned = [entry for entry in logs if entry["event"] == "relay_consumers_not_reaped"]
     assert len(warned) == 1 and "NoPermissionError" in warned[0]["error"]
+
+
+async def test_the_direct_outbox_confirms_an_entry_only_once_every_event_of_it_was_stored(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The acknowledgements of what was sent are awaited together, at most the send timeout:
+    an entry whose every event was stored is deleted; one with an event refused, or never
+    acknowledged, stays for the relay's sweep, and the acknowledgement still pending is
+    cancelled (which frees its slot in the connection's window)."""
+    monkeypatch.setattr(outbox_module, "SEND_TIMEOUT_S", 0.3)
+    stream = ledger.key("outbox", "direct")
+    entries = [_text(await ledger.redis.xadd(stream, {"kind": "cancelled"})) for _ in range(3)]
+    loop = asyncio.get_running_loop()
+    stored, refused, silent = loop.create_future(), loop.create_future(), loop.create_future()
+    stored.set_result(None)
+    refused.set_exception(RuntimeError("the stream refused it"))
+    # Per entry, the acknowledgements of its two events, in the order they are sent.
+    acks = iter([stored, stored, stored, refused, stored, silent])
+
+    async def send(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
+        return [next(acks)]
+
+    stop = asyncio.Event()
+    direct = DirectOutbox(ledger, linger_s=0.05)
+    confirming = asyncio.create_task(direct.run(send, stop))
+    await asyncio.sleep(0)
+    event = JobCancelled(job_id="j", tenant="t", waited_s=0.0)
+    for entry in entries:
+        await direct.publish(entry, [event, event])
+    await eventually(lambda: silent.cancelled(), timeout_s=5)
+    await eventually(lambda: _is(ledger.redis.xlen(stream), 2), timeout_s=5)
+    assert await direct_entries(ledger) == entries[1:]
+    stop.set()
+    await asyncio.wait_for(confirming, 5)

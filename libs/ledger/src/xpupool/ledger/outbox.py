@@ -288,6 +288,12 @@ class OutboxRelay:
         return [(_s(i), _fields(f)) for i, f in reply[1] if f]
 
 
+def _acknowledged(ack: asyncio.Future[Any]) -> bool:
+    """Whether a JetStream acknowledgement came back without error (retrieving the error, so
+    that none is reported as never retrieved)."""
+    return ack.done() and not ack.cancelled() and ack.exception() is None
+
+
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -365,15 +371,21 @@ class DirectOutbox:
         self._wake.set()
 
     async def _await_stored(self) -> None:
+        """Wait (at most ``SEND_TIMEOUT_S``) for the acknowledgements of what was sent, all in
+        one wait: no task or timer per entry. An entry counts as stored when every one of its
+        acknowledgements came back without error; one still pending is cancelled (which frees
+        its slot in the connection's window) and its entry left to the sweep."""
         sent, self._sent = self._sent, []
-        stored = await asyncio.gather(
-            *(asyncio.wait_for(asyncio.gather(*acks), SEND_TIMEOUT_S) for _, acks in sent),
-            return_exceptions=True,
-        )
+        futures = [[asyncio.ensure_future(ack) for ack in acks] for _, acks in sent]
+        pending = {future for entry_futures in futures for future in entry_futures}
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=SEND_TIMEOUT_S)
+            for future in late:
+                future.cancel()
         confirmed = [
             entry
-            for (entry, _), outcome in zip(sent, stored, strict=True)
-            if not isinstance(outcome, BaseException)
+            for (entry, _), entry_futures in zip(sent, futures, strict=True)
+            if all(map(_acknowledged, entry_futures))
         ]
         if len(confirmed) < len(sent):
             self._log.warning("direct_publish_unconfirmed", entries=len(sent) - len(confirmed))
