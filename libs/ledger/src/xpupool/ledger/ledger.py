@@ -467,9 +467,7 @@ class Ledger:
 
     async def _call(self, script: str, args: Sequence[ScriptArg]) -> Any:
         """One script call's raw reply; a refusal is raised."""
-        (reply,) = await self._pipelined([(script, args)])
-        if isinstance(reply, Exception):
-            raise reply
+        (reply,) = raise_first_error(await self._pipelined([(script, args)]))
         return reply
 
     async def _run(self, script: str, *args: ScriptArg) -> ScriptResult:
@@ -489,10 +487,7 @@ class Ledger:
     ) -> list[ScriptResult]:
         """Run ``script`` once per argument list, in order, in one pipelined round trip
         (``_pipelined``); the first refusal is raised."""
-        raw = await self._pipelined([(script, args) for args in calls])
-        for reply in raw:
-            if isinstance(reply, Exception):
-                raise reply
+        raw = raise_first_error(await self._pipelined([(script, args) for args in calls]))
         return [_decode_result(r) for r in raw]
 
     async def _pipelined(
@@ -745,11 +740,7 @@ class Ledger:
         calls: list[tuple[str, Sequence[ScriptArg]]] = [("list_pending", [limit])]
         if time_out_first:
             calls.insert(0, ("time_out_pending", [100]))
-        replies = await self._pipelined(calls)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        listed = replies[-1]
+        listed = raise_first_error(await self._pipelined(calls))[-1]
         entries = [
             (_str(job_id), body, {_str(f): _str(v) for f, v in _pairs(row).items()})
             for job_id, body, row in zip(listed[0::3], listed[1::3], listed[2::3], strict=True)
@@ -933,10 +924,7 @@ class Ledger:
         # Only a refused admission sends the round trip again (the read alone failing leaves
         # the reader to read on its own).
         raw = await self._pipelined(calls, deciding=len(admissions))
-        admitted, changes = raw[:-1], raw[-1]
-        for result in admitted:
-            if isinstance(result, Exception):
-                raise result
+        admitted, changes = raise_first_error(raw[:-1]), raw[-1]
         read_back = (
             None if isinstance(changes, Exception) else _parse_changes(changes, cursor, known)
         )
