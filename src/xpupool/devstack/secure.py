@@ -112,16 +112,15 @@ LEDGER_SCRIPTS: Final[Mapping[str, tuple[str, ...]]] = {
 # ask SCRIPT EXISTS first) and ping. (redis-py also sends CLIENT SETINFO, which Redis 7.0 does
 # not know, so an ACL naming it would not load there; redis-py ignores the refusal.)
 _CLIENT_COMMANDS: Final = ("evalsha", "script|load", "script|exists", "ping")
-# The outbox relay (``outbox.py``): a consumer group on the role's outbox stream.
+# The outbox relay (``outbox.py``), run by every role in ``RELAY_ROLES``: a consumer group on
+# the role's outbox stream (these commands), and its own scripts (``RELAY_SCRIPTS``; each other
+# script belongs to one role, ``LEDGER_SCRIPTS``).
+RELAY_ROLES: Final = (access.SCHEDULER, access.LEASE_MANAGER)
 _RELAY_COMMANDS: Final = ("xgroup|create", "xreadgroup", "xautoclaim", "xack", "xdel")
 RELAY_SCRIPTS: Final = ("reap_consumers",)
-"""The ledger scripts of the outbox relay itself, run by every role in ``RELAY_ROLES`` (each
-other script belongs to one role, ``LEDGER_SCRIPTS``)."""
-RELAY_ROLES: Final = (access.SCHEDULER, access.LEASE_MANAGER)
-# Commands each role runs outside scripts (``ledger.py`` reads, ``note_pending``, the relay).
+# Commands each role runs outside scripts (``ledger.py`` reads, ``note_pending``).
 DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
     access.SCHEDULER: (
-        *_RELAY_COMMANDS,
         # the ledger's change feed (Ledger.follow_changes), on its channel only
         "subscribe",
         "unsubscribe",
@@ -144,7 +143,6 @@ DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
     ),
     # get_lease/leases; tenant_leases: its jobs (zrevrange), their live leases (smismember)
     access.LEASE_MANAGER: (
-        *_RELAY_COMMANDS,
         "hgetall",
         "smembers",
         # lease_states: the live lease set a chunk at a time, for the lease gauge
@@ -271,7 +269,7 @@ def redis_acl_rules(role: str, namespace: str) -> str:
     commands = set(_CLIENT_COMMANDS) | set(DIRECT_COMMANDS[role])
     commands |= script_commands(LEDGER_SCRIPTS[role])
     if role in RELAY_ROLES:
-        commands |= script_commands(RELAY_SCRIPTS)
+        commands |= set(_RELAY_COMMANDS) | script_commands(RELAY_SCRIPTS)
     return " ".join(
         [f"~{prefix}*", "resetchannels", feed, "-@all", *(f"+{c}" for c in sorted(commands))]
     )
