@@ -421,14 +421,10 @@ async def test_a_relay_acks_the_batches_of_its_linger_together(ledger: Ledger) -
     await ledger.redis.xadd(stream, {"kind": "cancelled", "job_id": "j2"})
     await eventually(lambda: sent == ["j1", "j2"], timeout_s=5)
     assert await ledger.redis.xlen(stream) == 2  # published, not yet acked: still pending
-    await eventually(lambda: _zero(ledger.redis.xlen(stream)), timeout_s=5)
+    await eventually(lambda: _is(ledger.redis.xlen(stream), 0), timeout_s=5)
     assert await _calls(ledger, "xack") - before == 1
     stop.set()
     await asyncio.wait_for(relay, 5)
-
-
-async def _zero(count: Awaitable[int]) -> bool:
-    return await count == 0
 
 
 async def _is(count: Awaitable[int], expected: int) -> bool:
@@ -485,7 +481,7 @@ async def test_entries_a_dead_relay_held_are_published_by_a_peer_that_keeps_runn
     assert sent == ["j1"]  # not stale yet: its holder might still be at work
     await ledger.redis.xadd(stream, {"kind": "cancelled", "job_id": "j2"})
     await eventually(lambda: sent == ["j1", "j2", "j1"], timeout_s=5)
-    await eventually(lambda: _zero(ledger.redis.xlen(stream)), timeout_s=5)
+    await eventually(lambda: _is(ledger.redis.xlen(stream), 0), timeout_s=5)
     pending: Any = await ledger.redis.xpending(stream, "relay")
     assert pending["pending"] == 0
     stop.set()
@@ -591,7 +587,7 @@ async def test_a_relay_whose_reaping_is_refused_says_so_once_and_keeps_relaying(
         await eventually(lambda: len(attempts) >= 3, timeout_s=5)
         await ledger.redis.xadd(stream, {"kind": "cancelled", "job_id": "j1"})
         await eventually(lambda: sent == ["j1"], timeout_s=5)
-        await eventually(lambda: _zero(ledger.redis.xlen(stream)), timeout_s=5)
+        await eventually(lambda: _is(ledger.redis.xlen(stream), 0), timeout_s=5)
         stop.set()
         await asyncio.wait_for(running, 5)
     warned = [entry for entry in logs if entry["event"] == "relay_consumers_not_reaped"]
