@@ -626,3 +626,36 @@ async def test_the_direct_outbox_confirms_an_entry_only_once_every_event_of_it_w
     assert await direct_entries(ledger) == entries[1:]
     stop.set()
     await asyncio.wait_for(confirming, 5)
+
+
+async def test_a_live_relay_whose_name_a_peer_deleted_goes_on_relaying(ledger: Ledger) -> None:
+    """Two live relays with nothing to do: each deletes the other's name once it has been idle
+    the stale period (Redis 7.0 refreshes a consumer's idle time only by a delivery, so a quiet
+    live relay looks like a dead one), but only a name holding nothing; a relay so deleted is
+    made again by its next delivery, and every entry is published and acked all the same."""
+    stream = ledger.key("outbox", "test")
+    names = ("relay-a", "relay-b")
+    await ledger.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    for name in names:
+        await ledger.redis.xgroup_createconsumer(stream, GROUP, name)
+    assert await _consumers(ledger) == {"relay-a": 0, "relay-b": 0}
+    sent: list[str] = []
+    stop = asyncio.Event()
+    relays = [
+        _relay(ledger, sent, linger_s=0.05, consumer=name, stale_after_ms=300) for name in names
+    ]
+    running = [asyncio.create_task(relay.run(stop)) for relay in relays]
+
+    async def a_name_was_deleted() -> bool:
+        return len(await _consumers(ledger)) < 2
+
+    await eventually(a_name_was_deleted, timeout_s=5)
+    jobs = [f"j{i}" for i in range(10)]
+    for job in jobs:
+        await ledger.redis.xadd(stream, {"kind": "cancelled", "job_id": job})
+    await eventually(lambda: set(jobs) <= set(sent), timeout_s=5)
+    await eventually(lambda: _is(ledger.redis.xlen(stream), 0), timeout_s=5)
+    pending: Any = await ledger.redis.xpending(stream, GROUP)
+    assert pending["pending"] == 0
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*running), 5)
