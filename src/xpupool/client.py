@@ -33,6 +33,7 @@ from xpupool.contracts import (
     JobTimedOut,
     LeaseEnded,
     LeaseEnding,
+    LeaseError,
     LeaseList,
     LeaseRenewed,
     LeaseReply,
@@ -68,6 +69,15 @@ _ENDED_DECODER = decoder_for((LeaseEnded,))
 _REPLY_DECODER = decoder_for((LeaseReply,))
 _SUBMIT_DECODER = decoder_for((SubmitReply,))
 
+KNOWN_SECRETS = 100_000
+"""How many leases' secrets a client keeps for ``renew`` and ``release`` called without one:
+those of the grants it saw whose end it has not seen. Beyond that the oldest are forgotten, so
+that a long-running client (a gateway submitting for hours) does not grow without bound from
+grants whose end it never heard of (no subscription, a late copy of a grant); a caller holding
+more live leases than that passes the grant's secret itself."""
+# What a release (or renewal) refusal says about a lease that is over: its secret serves no more.
+_OVER = frozenset({LeaseError.LEASE_ENDED, LeaseError.UNKNOWN_LEASE})
+
 
 class XpupoolClient:
     """Submit jobs as a tenant, wait for their outcome, renew and release leases.
@@ -83,6 +93,7 @@ class XpupoolClient:
         tenant: str | None = None,
         source: str = "/clients/python",
         request_timeout_s: float = 5.0,
+        known_secrets: int = KNOWN_SECRETS,
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
@@ -90,7 +101,9 @@ class XpupoolClient:
         self.source = source
         self.request_timeout_s = request_timeout_s
         self._waiters: dict[str, asyncio.Future[JobOutcome]] = {}
-        self._grants: dict[str, AllocationGranted] = {}
+        # Lease id -> (secret, tenant) of the grants seen and not yet seen to end, oldest first.
+        self._secrets: dict[str, tuple[str, str]] = {}
+        self._known_secrets = known_secrets
         self._listeners: list[Callable[[TenantEvent], None]] = []
         self._subscriptions: list[Any] = []
 
@@ -116,7 +129,9 @@ class XpupoolClient:
         except msgspec.ValidationError:
             return
         if isinstance(event, AllocationGranted):
-            self._grants[event.lease_id] = event
+            self._remember(event)
+        elif isinstance(event, LeaseEnded):
+            self._secrets.pop(event.lease_id, None)
         for listener in self._listeners:
             listener(event)
         if isinstance(event, AllocationGranted | JobRejected | JobTimedOut | JobCancelled):
@@ -171,7 +186,7 @@ class XpupoolClient:
             return None
         if reply.granted is not None:
             # Known before its event arrives: a release right after the reply finds the secret.
-            self._grants[reply.granted.lease_id] = reply.granted
+            self._remember(reply.granted)
         return reply
 
     async def submit_expecting(
@@ -210,12 +225,21 @@ class XpupoolClient:
         finally:
             self._waiters.pop(request.job_id, None)
 
+    def _remember(self, grant: AllocationGranted) -> None:
+        """Keep a grant's secret for its holder's commands (``KNOWN_SECRETS``, oldest out); an
+        operator's copy carries none."""
+        if not grant.lease_secret:
+            return
+        self._secrets[grant.lease_id] = (grant.lease_secret, grant.tenant)
+        while len(self._secrets) > self._known_secrets:
+            del self._secrets[next(iter(self._secrets))]
+
     def _holder(self, lease_id: str, secret: str | None, tenant: str | None) -> tuple[str, str]:
-        grant = self._grants.get(lease_id)
-        secret = secret or (grant.lease_secret if grant else None)
+        known = self._secrets.get(lease_id)
+        secret = secret or (known[0] if known else None)
         if not secret:
             raise ValueError(f"no lease secret known for {lease_id}: pass the grant's secret")
-        return secret, self._space(tenant or (grant.tenant if grant else None))
+        return secret, self._space(tenant or (known[1] if known else None))
 
     async def _request(
         self, subject: str, command: msgspec.Struct, headers: dict[str, str] | None = None
@@ -271,7 +295,10 @@ class XpupoolClient:
         """Release a lease by request/reply."""
         secret, owner = self._holder(lease_id, secret, tenant)
         command = ReleaseLease(lease_id=lease_id, lease_secret=secret, fencing_token=token)
-        return await self._lease_request(s.LEASE_RELEASE.subject(tenant=owner), command)
+        reply = await self._lease_request(s.LEASE_RELEASE.subject(tenant=owner), command)
+        if reply.ok or reply.error in _OVER:
+            self._secrets.pop(lease_id, None)
+        return reply
 
     async def cancel(self, job_id: str, *, tenant: str | None = None) -> CancelReply:
         """Cancel a job by request/reply: a waiting one ends ``JobCancelled``, a granted one's

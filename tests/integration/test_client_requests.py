@@ -20,7 +20,10 @@ from xpupool.bus.connection import ensure_streams
 from xpupool.client import XpupoolClient, connected
 from xpupool.contracts import (
     AllocationGranted,
+    EndReason,
     JobRequested,
+    LeaseEnded,
+    LeaseError,
     LeaseReply,
     ReleaseLease,
     SubmitOutcome,
@@ -172,3 +175,109 @@ async def test_a_waiting_reply_is_followed_by_the_outcome_event(
     await _serve_submissions(service, answer)
     async with connected(nats_server.url, "acme") as client:
         assert await client.submit_and_wait(JobRequested(job_id="j-3"), timeout_s=5) == grant
+
+
+# ---- the secrets a client keeps for its holder's commands -------------------------------------
+
+
+async def _serve_releases(service: Client, answer: LeaseReply | None = None) -> list[ReleaseLease]:
+    released: list[ReleaseLease] = []
+
+    async def release(msg: Msg) -> None:
+        command = msgspec.json.decode(msg.data, type=ReleaseLease)
+        released.append(command)
+        await msg.respond(encode(answer or LeaseReply(ok=True, lease_id=command.lease_id)))
+
+    await service.subscribe(s.LEASE_RELEASE.subject(tenant="acme"), cb=release)
+    await service.flush()
+    return released
+
+
+async def _granted(service: Client, client: XpupoolClient, *grants: AllocationGranted) -> None:
+    """The tenant's copies of ``grants``, seen by ``client``."""
+    seen = [client.expect(grant.job_id) for grant in grants]
+    for grant in grants:
+        await service.publish(s.TENANT_ALLOC_GRANTED.subject(tenant="acme"), encode(grant))
+    await service.flush()
+    await asyncio.wait_for(asyncio.gather(*seen), 5)
+
+
+async def test_a_released_lease_s_secret_is_forgotten(
+    nats_server: NatsServer, service: Client
+) -> None:
+    grant = _grant("j-4")
+    released = await _serve_releases(service)
+    async with connected(nats_server.url, "acme") as client:
+        await _granted(service, client, grant)
+        assert (await client.release(grant.lease_id, grant.fencing_token)).ok
+        with pytest.raises(ValueError, match="no lease secret known"):
+            await client.release(grant.lease_id, grant.fencing_token)
+    assert [r.lease_secret for r in released] == [grant.lease_secret]
+
+
+async def test_a_refused_release_of_an_ended_lease_forgets_its_secret(
+    nats_server: NatsServer, service: Client
+) -> None:
+    grant = _grant("j-5")
+    await _serve_releases(service, LeaseReply(ok=False, lease_id="", error=LeaseError.LEASE_ENDED))
+    async with connected(nats_server.url, "acme") as client:
+        await _granted(service, client, grant)
+        assert not (await client.release(grant.lease_id, grant.fencing_token)).ok
+        with pytest.raises(ValueError, match="no lease secret known"):
+            await client.release(grant.lease_id, grant.fencing_token)
+
+
+async def test_a_release_refused_for_a_stale_token_keeps_the_secret(
+    nats_server: NatsServer, service: Client
+) -> None:
+    """A stale token is the caller's mistake: the lease goes on, and so does its secret."""
+    grant = _grant("j-6")
+    await _serve_releases(service, LeaseReply(ok=False, lease_id="", error=LeaseError.STALE_TOKEN))
+    async with connected(nats_server.url, "acme") as client:
+        await _granted(service, client, grant)
+        assert (await client.release(grant.lease_id, 1)).error is LeaseError.STALE_TOKEN
+        assert (await client.release(grant.lease_id, 1)).error is LeaseError.STALE_TOKEN
+
+
+async def test_a_lease_s_end_event_forgets_its_secret(
+    nats_server: NatsServer, service: Client
+) -> None:
+    grant = _grant("j-7")
+    async with connected(nats_server.url, "acme") as client:
+        await _granted(service, client, grant)
+        ended = asyncio.get_running_loop().create_future()
+        client.listen(lambda event: ended.set_result(event) if not ended.done() else None)
+        end = LeaseEnded(
+            job_id=grant.job_id,
+            lease_id=grant.lease_id,
+            tenant="acme",
+            reason=EndReason.EXPIRED,
+            fencing_token=grant.fencing_token,
+            ended_at=datetime.now(UTC),
+        )
+        await service.publish(
+            s.TENANT_ALLOC_ENDED.subject(tenant="acme", reason=end.reason), encode(end)
+        )
+        await service.flush()
+        await asyncio.wait_for(ended, 5)
+        with pytest.raises(ValueError, match="no lease secret known"):
+            await client.release(grant.lease_id, grant.fencing_token)
+
+
+async def test_a_client_keeps_at_most_its_bound_of_secrets_the_oldest_out(
+    nats_server: NatsServer, service: Client
+) -> None:
+    first, second, third = _grant("j-8"), _grant("j-9"), _grant("j-10")
+    released = await _serve_releases(service)
+    nc = await nats.connect(nats_server.url)
+    try:
+        client = XpupoolClient(nc, "acme", known_secrets=2)
+        await client.start()
+        await _granted(service, client, first, second, third)
+        with pytest.raises(ValueError, match="no lease secret known"):
+            await client.release(first.lease_id, first.fencing_token)
+        assert (await client.release(second.lease_id, second.fencing_token)).ok
+        assert (await client.release(third.lease_id, third.fencing_token)).ok
+    finally:
+        await nc.close()
+    assert [r.lease_id for r in released] == [second.lease_id, third.lease_id]
