@@ -215,28 +215,28 @@ async def test_a_released_lease_s_secret_is_forgotten(
     assert [r.lease_secret for r in released] == [grant.lease_secret]
 
 
-async def test_a_refused_release_of_an_ended_lease_forgets_its_secret(
-    nats_server: NatsServer, service: Client
+@pytest.mark.parametrize(
+    ("error", "forgotten"),
+    [
+        (LeaseError.LEASE_ENDED, True),
+        (LeaseError.UNKNOWN_LEASE, True),
+        # The caller's mistake: the lease goes on, and so does its secret.
+        (LeaseError.STALE_TOKEN, False),
+    ],
+)
+async def test_a_refused_release_forgets_the_secret_only_of_a_lease_that_is_over(
+    nats_server: NatsServer, service: Client, error: LeaseError, forgotten: bool
 ) -> None:
     grant = _grant("j-5")
-    await _serve_releases(service, LeaseReply(ok=False, lease_id="", error=LeaseError.LEASE_ENDED))
+    await _serve_releases(service, LeaseReply(ok=False, lease_id="", error=error))
     async with connected(nats_server.url, "acme") as client:
         await _granted(service, client, grant)
-        assert not (await client.release(grant.lease_id, grant.fencing_token)).ok
-        with pytest.raises(ValueError, match="no lease secret known"):
-            await client.release(grant.lease_id, grant.fencing_token)
-
-
-async def test_a_release_refused_for_a_stale_token_keeps_the_secret(
-    nats_server: NatsServer, service: Client
-) -> None:
-    """A stale token is the caller's mistake: the lease goes on, and so does its secret."""
-    grant = _grant("j-6")
-    await _serve_releases(service, LeaseReply(ok=False, lease_id="", error=LeaseError.STALE_TOKEN))
-    async with connected(nats_server.url, "acme") as client:
-        await _granted(service, client, grant)
-        assert (await client.release(grant.lease_id, 1)).error is LeaseError.STALE_TOKEN
-        assert (await client.release(grant.lease_id, 1)).error is LeaseError.STALE_TOKEN
+        assert (await client.release(grant.lease_id, grant.fencing_token)).error is error
+        if forgotten:
+            with pytest.raises(ValueError, match="no lease secret known"):
+                await client.release(grant.lease_id, grant.fencing_token)
+        else:
+            assert (await client.release(grant.lease_id, grant.fencing_token)).error is error
 
 
 async def test_a_lease_s_end_event_forgets_its_secret(
