@@ -2,15 +2,15 @@
 arrivals (``place_on_arrival`` on its kept copy).
 
 Each request is decided alone (``decide_batch`` of one, with the scheduler's registry: the
-learned default policy and the trace policies), its reservation is taken back out as
-``SnapshotCache.deciding`` does, and then the ledger's effect arrives as a refresh would bring
-it: the grant as a lease, and the previous job's lease ended. So each decision follows a node or
-two that changed, as in the end-to-end bench's serial run. Reports the p50 / mean / p90 of the
-decision after a warm-up. ``--dump PATH`` writes every decision, one per line, for comparing
-two versions of the placement code decision by decision. ``--fill F`` first holds that share of
-the devices with leases the same decisions placed (never released): a pool as busy as a
-production one, filled the way the scheduler fills it, cheapest classes first, so that those
-classes are full when the timed decisions try them.
+learned default policy and the trace policies), its reservation never put in the pool
+(``apply_last=False``, as the scheduler's ``_decide`` has it), and then the ledger's effect
+arrives as a refresh would bring it: the grant as a lease, and the previous job's lease ended.
+So each decision follows a node or two that changed, as in the end-to-end bench's serial run.
+Reports the p50 / mean / p90 of the decision after a warm-up. ``--dump PATH`` writes every
+decision, one per line, for comparing two versions of the placement code decision by decision.
+``--fill F`` first holds that share of the devices with leases the same decisions placed (never
+released): a pool as busy as a production one, filled the way the scheduler fills it, cheapest
+classes first, so that those classes are full when the timed decisions try them.
 
     uv run python services/scheduler/bench/bench_serial_decide.py [--devices 10000]
         [--jobs 3000] [--mix e2e|mixed|share] [--dump PATH] [--fill F]
@@ -57,11 +57,17 @@ def run(devices: int, jobs: int, mix: str, dump: Path | None, fill: float = 0.0)
     default = DefaultPolicy.create(half_life=settings.placement_shape_half_life)
 
     def decide(item: PendingRequest) -> tuple[str, list[Reserve]]:
-        """One lone decision, its reservation taken back out (as ``SnapshotCache.deciding``
-        does): what it decided, and the reservations to hold."""
+        """One lone decision, its reservation never put in or taken back out (as the
+        scheduler's ``_decide`` and ``SnapshotCache.deciding`` do): what it decided, and the
+        reservations to hold."""
         registry = default.cycle_registry(config.placement, extra)
         out = decide_batch(
-            [PendingRequest(item.request, bd.NOW)], pool, config, history=None, policies=registry
+            [PendingRequest(item.request, bd.NOW)],
+            pool,
+            config,
+            history=None,
+            policies=registry,
+            apply_last=False,
         )
         # A preemption is held as what it becomes: its victims gone (``decide_batch`` released
         # them) and the job on the slices it reserved.

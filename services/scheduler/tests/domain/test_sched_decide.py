@@ -36,6 +36,26 @@ def test_batch_never_over_allocates():
     )
 
 
+def test_a_batch_leaves_its_last_decision_out_of_the_pool_when_asked():
+    """``apply_last=False``: every reservation but the last is in the pool, so the batch still
+    never over-allocates, and the decisions are those of a batch that applies them all."""
+    applied = WorkingPool(snapshot(node("n", "A100", 4), now=NOW), default_config())
+    kept = WorkingPool(snapshot(node("n", "A100", 4), now=NOW), default_config())
+    requests = [job(f"j{i}", compute_pct=60) for i in range(3)]
+    every = decide_batch(requests, applied)
+    all_but_last = decide_batch(requests, kept, apply_last=False)
+    assert all_but_last == every
+    reserved = [d.job_id for _, d in every if isinstance(d, Reserve)]
+    assert len(reserved) == 3
+    assert f"reservation:{reserved[-1]}" in applied.leases
+    assert f"reservation:{reserved[-1]}" not in kept.leases
+    assert {f"reservation:{j}" for j in reserved[:-1]} <= set(kept.leases)
+    lone = WorkingPool(snapshot(node("n", "A100", 1), now=NOW), default_config())
+    [(_, decision)] = decide_batch([job("lone")], lone, apply_last=False)
+    assert isinstance(decision, Reserve)
+    assert not lone.leases
+
+
 def test_shares_pack_within_a_batch():
     """Shares in one batch share devices up to their memory and compute, never beyond."""
     snap = snapshot(node("n", "A100", 1), now=NOW)

@@ -784,7 +784,8 @@ def _decide(
     growable: Sequence[NodeState] = (),
 ) -> list[tuple[str, Decision]]:
     """``decide_batch`` with the scheduler's policies on the pool the snapshot cache keeps, the
-    batch's decisions taken back out of it afterwards (``SnapshotCache.deciding``)."""
+    batch's decisions taken back out of it afterwards (``SnapshotCache.deciding``); the last
+    one is never put in (``apply_last``), since nothing is decided after it."""
     # The learned default (kept across cycles) takes the classic ``xpupool`` policy's place.
     registry = deps.default_policy.cycle_registry(config.placement, deps.extra_policies)
     with deps.snapshots.deciding(pool) as settle:
@@ -797,6 +798,7 @@ def _decide(
                 policies=registry,
                 incoming=incoming,
                 growable=growable,
+                apply_last=False,
             )
         )
 

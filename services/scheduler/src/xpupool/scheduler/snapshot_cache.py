@@ -454,6 +454,8 @@ class SnapshotCache:
                     return decisions
             for _, decision in decisions:
                 if isinstance(decision, Reserve):
+                    # A batch's last reservation may never have been put in (``apply_last``):
+                    # releasing a reservation the pool does not hold changes nothing.
                     pool.release(f"reservation:{decision.job_id}")
             return decisions
 

@@ -694,6 +694,7 @@ def decide_batch(
     history: FairShareHistory | None = None,
     incoming: frozenset[str] = frozenset(),
     growable: Sequence[NodeState] = (),
+    apply_last: bool = True,
 ) -> list[tuple[str, Decision]]:
     """Decide every pending request against one snapshot, in fair-share order.
 
@@ -704,6 +705,9 @@ def decide_batch(
     The order and the anti-starvation holds are described in :mod:`.fairshare`. Each Reserve and
     Preempt is applied to the working pool before the next request is considered, so the batch
     never over-allocates. A :class:`~.pool.WorkingPool` passed in is mutated; a snapshot is not.
+    With ``apply_last=False`` the batch's last decision is not applied (no request follows it),
+    for a caller that takes every reservation back out of the pool anyway: a lone decision then
+    neither adds its reservation to the pool nor removes it again.
     Returns ``(job_id, decision)`` in decision order, one per request.
     """
     wp, ctx = _setup(pool, config, now_s, policies, history)
@@ -744,11 +748,13 @@ def decide_batch(
 
     out: list[tuple[str, Decision]] = list(rejected)
     holds = 0
+    to_decide = sum(len(group) for group in groups.values())
     order = FairOrder(groups, head_key, queue_key)
     for it in order:
         res = _decide_one(it, wp, ctx)
         d = res.decision
-        if isinstance(d, Reserve | Preempt):
+        to_decide -= 1
+        if isinstance(d, Reserve | Preempt) and (apply_last or to_decide > 0):
             apply_decision(wp, d, ctx.now_s)
         elif (
             isinstance(d, Wait)
