@@ -7,7 +7,8 @@
 script's median time inside Redis, without the round trip or the fsync. Then the same server
 times the parts such scripts are made of, as bare scripts: ``redis.call``s, key names built the
 scripts' way, and ``cjson`` encodes and decodes of a table the size of a lease's slices. The AOF
-bytes one admission and its release write are reported too.
+bytes one admission and its release write are reported too, and what the ledger keeps of each
+ended job: its records' memory, and the time an AOF rewrite of them all takes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import asyncio
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +102,25 @@ async def ledger_scripts(redis: Redis, nodes: int, jobs: int) -> None:
         got = durations.get(name, [])
         print(f"{name + '.lua':<30} {statistics.median(got):7.1f} us median over {len(got)} calls")
     print(f"{'AOF per admission + release':<30} {(aof1 - aof0) / jobs:7.0f} bytes")
+    await retained(redis, ledger, jobs)
+
+
+async def retained(redis: Redis, ledger: Ledger, jobs: int) -> None:
+    """What the ledger keeps of each ended job (``MEMORY USAGE`` of its lease's and its job's
+    records, medians over a sample), and how long rewriting the AOF of all that takes."""
+    sample = range(0, jobs, max(1, jobs // 200))
+    for kind, key in (("lease", "lease-j{}"), ("job", "j{}")):
+        sizes = [await redis.memory_usage(ledger.key(kind, key.format(j))) or 0 for j in sample]
+        print(f"{'memory per ended ' + kind:<30} {statistics.median(sizes):7.0f} bytes")
+    started = time.perf_counter()
+    await redis.bgrewriteaof()
+    while True:
+        info = await redis.info("persistence")
+        if not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]:
+            break
+        await asyncio.sleep(0.002)
+    took = time.perf_counter() - started
+    print(f"{'AOF rewrite of the ledger':<30} {1000 * took:7.1f} ms, {jobs} ended jobs")
 
 
 async def parts(redis: Redis) -> None:

@@ -20,6 +20,7 @@ from xpupool.autoscaler.pools import SimulatedProviderConfig, load_pools
 from xpupool.autoscaler.settings import AutoscalerSettings
 from xpupool.contracts import access
 from xpupool.devstack import secure
+from xpupool.devstack.servers import LEDGER_HASH_MAX_LISTPACK_VALUE
 from xpupool.lease_manager.settings import LeaseManagerSettings
 from xpupool.scheduler.domain import load_config
 from xpupool.scheduler.settings import SchedulerSettings
@@ -98,7 +99,12 @@ def test_compose_runs_the_secured_configuration(tmp_path: Path) -> None:
     assert '"0.0.0.0:4222"' in conf and "tls {" in conf and "authorization {" in conf
     assert '"/data"' in conf and "nats-data:/data" in services["nats"]["volumes"]
     redis = services["redis"]["command"]
-    for flag, value in (("--port", "0"), ("--tls-port", "6379"), ("--tls-auth-clients", "no")):
+    for flag, value in (
+        ("--port", "0"),
+        ("--tls-port", "6379"),
+        ("--tls-auth-clients", "no"),
+        ("--hash-max-listpack-value", LEDGER_HASH_MAX_LISTPACK_VALUE),
+    ):
         assert redis[redis.index(flag) + 1] == value, flag
     assert redis[redis.index("--aclfile") + 1] == "/secrets/users.acl"
     for name, service in services.items():
@@ -319,10 +325,10 @@ def test_kubernetes_workloads() -> None:
     read-only containers with resources and probes, and identities from the role's secret."""
     kinds = {(d["kind"], d["metadata"]["name"]): d for _, d in _manifests()}
     assert kinds[("StatefulSet", "nats")]["spec"]["volumeClaimTemplates"]
-    assert (
-        "--appendonly"
-        in kinds[("StatefulSet", "redis")]["spec"]["template"]["spec"]["containers"][0]["args"]
-    )
+    redis = kinds[("StatefulSet", "redis")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--appendonly" in redis
+    listpack = redis[redis.index("--hash-max-listpack-value") + 1]
+    assert listpack == LEDGER_HASH_MAX_LISTPACK_VALUE
     assert kinds[("Deployment", "scheduler")]["spec"]["replicas"] == 2
     assert kinds[("Deployment", "lease-manager")]["spec"]["replicas"] == 2
     assert ("Deployment", "autoscaler") in kinds and ("DaemonSet", "telemetry-collector") in kinds

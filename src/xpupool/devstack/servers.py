@@ -32,6 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 READY_TIMEOUT_S = 15.0
+LEDGER_HASH_MAX_LISTPACK_VALUE = "2048"
+"""The ledger's ``hash-max-listpack-value`` (Redis's default is 64 bytes): the longest value a
+hash may hold and keep the compact encoding. A lease's slices, a few hundred bytes of JSON per
+device (a gang of eight under 2 KB), would otherwise turn every lease record into a hash table;
+``docker-compose.yml`` and ``deploy/kubernetes/redis.yaml`` set the same."""
 
 
 class ServerUnavailable(RuntimeError):
@@ -356,6 +361,8 @@ class RedisServer(_Server):
             "yes",
             "--appendfsync",
             "always",
+            "--hash-max-listpack-value",
+            LEDGER_HASH_MAX_LISTPACK_VALUE,
             "--daemonize",
             "no",
             "--protected-mode",
