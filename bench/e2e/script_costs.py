@@ -107,11 +107,17 @@ async def ledger_scripts(redis: Redis, nodes: int, jobs: int) -> None:
 
 async def retained(redis: Redis, ledger: Ledger, jobs: int) -> None:
     """What the ledger keeps of each ended job (``MEMORY USAGE`` of its lease's and its job's
-    records, medians over a sample), and how long rewriting the AOF of all that takes."""
+    records, medians over a sample, and of the usage records over all), and how long rewriting
+    the AOF of all that takes."""
     sample = range(0, jobs, max(1, jobs // 200))
     for kind, key in (("lease", "lease-j{}"), ("job", "j{}")):
         sizes = [await redis.memory_usage(ledger.key(kind, key.format(j))) or 0 for j in sample]
         print(f"{'memory per ended ' + kind:<30} {statistics.median(sizes):7.0f} bytes")
+    usage = [
+        await redis.memory_usage(ledger.key(name), samples=0) or 0
+        for name in ("usage-rec", "usage-ended")
+    ]
+    print(f"{'memory per usage record':<30} {sum(usage) / jobs:7.0f} bytes (with its index)")
     started = time.perf_counter()
     await redis.bgrewriteaof()
     while True:
