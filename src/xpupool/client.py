@@ -75,7 +75,7 @@ those of the grants it saw whose end it has not seen. Beyond that the oldest are
 that a long-running client (a gateway submitting for hours) does not grow without bound from
 grants whose end it never heard of (no subscription, a late copy of a grant); a caller holding
 more live leases than that passes the grant's secret itself."""
-# What a release (or renewal) refusal says about a lease that is over: its secret serves no more.
+# What a release's or renewal's refusal says of a lease that is over: its secret serves no more.
 _OVER = frozenset({LeaseError.LEASE_ENDED, LeaseError.UNKNOWN_LEASE})
 
 
@@ -287,7 +287,10 @@ class XpupoolClient:
         command = RenewLease(
             lease_id=lease_id, lease_secret=secret, fencing_token=token, ttl_s=ttl_s
         )
-        return await self._lease_request(s.LEASE_RENEW.subject(tenant=owner), command)
+        reply = await self._lease_request(s.LEASE_RENEW.subject(tenant=owner), command)
+        if reply.error in _OVER:
+            self._secrets.pop(lease_id, None)
+        return reply
 
     async def release(
         self, lease_id: str, token: int, *, secret: str | None = None, tenant: str | None = None

@@ -26,11 +26,13 @@ from xpupool.contracts import (
     LeaseError,
     LeaseReply,
     ReleaseLease,
+    RenewLease,
     SubmitOutcome,
     SubmitReply,
     encode,
 )
 from xpupool.contracts import subjects as s
+from xpupool.contracts.subjects import Channel
 from xpupool.devstack.servers import NatsServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -180,17 +182,25 @@ async def test_a_waiting_reply_is_followed_by_the_outcome_event(
 # ---- the secrets a client keeps for its holder's commands -------------------------------------
 
 
-async def _serve_releases(service: Client, answer: LeaseReply | None = None) -> list[ReleaseLease]:
-    released: list[ReleaseLease] = []
+async def _serve_releases(
+    service: Client, answer: LeaseReply | None = None, channel: Channel = s.LEASE_RELEASE
+) -> list[ReleaseLease | RenewLease]:
+    """Answer the tenant's releases (or renewals, with ``channel``) with ``answer`` (default:
+    ok); the commands answered."""
+    received: list[ReleaseLease | RenewLease] = []
 
-    async def release(msg: Msg) -> None:
-        command = msgspec.json.decode(msg.data, type=ReleaseLease)
-        released.append(command)
+    async def on_command(msg: Msg) -> None:
+        command: ReleaseLease | RenewLease = (
+            msgspec.json.decode(msg.data, type=RenewLease)
+            if channel is s.LEASE_RENEW
+            else msgspec.json.decode(msg.data, type=ReleaseLease)
+        )
+        received.append(command)
         await msg.respond(encode(answer or LeaseReply(ok=True, lease_id=command.lease_id)))
 
-    await service.subscribe(s.LEASE_RELEASE.subject(tenant="acme"), cb=release)
+    await service.subscribe(channel.subject(tenant="acme"), cb=on_command)
     await service.flush()
-    return released
+    return received
 
 
 async def _granted(service: Client, client: XpupoolClient, *grants: AllocationGranted) -> None:
@@ -215,6 +225,7 @@ async def test_a_released_lease_s_secret_is_forgotten(
     assert [r.lease_secret for r in released] == [grant.lease_secret]
 
 
+@pytest.mark.parametrize("command", ["release", "renew"])
 @pytest.mark.parametrize(
     ("error", "forgotten"),
     [
@@ -224,19 +235,23 @@ async def test_a_released_lease_s_secret_is_forgotten(
         (LeaseError.STALE_TOKEN, False),
     ],
 )
-async def test_a_refused_release_forgets_the_secret_only_of_a_lease_that_is_over(
-    nats_server: NatsServer, service: Client, error: LeaseError, forgotten: bool
+async def test_a_refused_command_forgets_the_secret_only_of_a_lease_that_is_over(
+    nats_server: NatsServer, service: Client, command: str, error: LeaseError, forgotten: bool
 ) -> None:
     grant = _grant("j-5")
-    await _serve_releases(service, LeaseReply(ok=False, lease_id="", error=error))
+    refusal = LeaseReply(ok=False, lease_id="", error=error)
+    await _serve_releases(
+        service, refusal, s.LEASE_RELEASE if command == "release" else s.LEASE_RENEW
+    )
     async with connected(nats_server.url, "acme") as client:
         await _granted(service, client, grant)
-        assert (await client.release(grant.lease_id, grant.fencing_token)).error is error
+        send = getattr(client, command)
+        assert (await send(grant.lease_id, grant.fencing_token)).error is error
         if forgotten:
             with pytest.raises(ValueError, match="no lease secret known"):
-                await client.release(grant.lease_id, grant.fencing_token)
+                await send(grant.lease_id, grant.fencing_token)
         else:
-            assert (await client.release(grant.lease_id, grant.fencing_token)).error is error
+            assert (await send(grant.lease_id, grant.fencing_token)).error is error
 
 
 async def test_a_lease_s_end_event_forgets_its_secret(
