@@ -33,7 +33,6 @@ from xpupool.contracts import (
     JobTimedOut,
     LeaseEnded,
     LeaseEnding,
-    LeaseError,
     LeaseList,
     LeaseRenewed,
     LeaseReply,
@@ -70,13 +69,12 @@ _REPLY_DECODER = decoder_for((LeaseReply,))
 _SUBMIT_DECODER = decoder_for((SubmitReply,))
 
 KNOWN_SECRETS = 100_000
-"""How many leases' secrets a client keeps for ``renew`` and ``release`` called without one:
-those of the grants it saw whose end it has not seen. Beyond that the oldest are forgotten, so
-that a long-running client (a gateway submitting for hours) does not grow without bound from
-grants whose end it never heard of (no subscription, a late copy of a grant); a caller holding
-more live leases than that passes the grant's secret itself."""
-# What a release's or renewal's refusal says of a lease that is over: its secret serves no more.
-_OVER = frozenset({LeaseError.LEASE_ENDED, LeaseError.UNKNOWN_LEASE})
+"""How many leases' secrets a client keeps for ``renew`` and ``release`` called without one: the
+last this many grants it saw, the oldest forgotten first, so that a long-running client (a
+gateway submitting for hours) does not grow without bound. A secret is not dropped when its
+lease ends or is released: a holder that renews or releases again still hears the service's
+answer (``lease_ended``). A caller holding more live leases than this passes the grant's secret
+itself."""
 
 
 class XpupoolClient:
@@ -101,7 +99,7 @@ class XpupoolClient:
         self.source = source
         self.request_timeout_s = request_timeout_s
         self._waiters: dict[str, asyncio.Future[JobOutcome]] = {}
-        # Lease id -> (secret, tenant) of the grants seen and not yet seen to end, oldest first.
+        # Lease id -> (secret, tenant) of the last grants seen (``KNOWN_SECRETS``), oldest first.
         self._secrets: dict[str, tuple[str, str]] = {}
         self._known_secrets = known_secrets
         self._listeners: list[Callable[[TenantEvent], None]] = []
@@ -130,8 +128,6 @@ class XpupoolClient:
             return
         if isinstance(event, AllocationGranted):
             self._remember(event)
-        elif isinstance(event, LeaseEnded):
-            self._secrets.pop(event.lease_id, None)
         for listener in self._listeners:
             listener(event)
         if isinstance(event, AllocationGranted | JobRejected | JobTimedOut | JobCancelled):
@@ -226,11 +222,13 @@ class XpupoolClient:
             self._waiters.pop(request.job_id, None)
 
     def _remember(self, grant: AllocationGranted) -> None:
-        """Keep a grant's secret for its holder's commands (``KNOWN_SECRETS``, oldest out); an
-        operator's copy carries none."""
-        if not grant.lease_secret:
-            return
-        self._secrets[grant.lease_id] = (grant.lease_secret, grant.tenant)
+        """Keep a grant's secret and tenant for its holder's commands (``KNOWN_SECRETS``, oldest
+        out); a copy without the secret (an operator's) does not replace one with it."""
+        known = self._secrets.get(grant.lease_id)
+        self._secrets[grant.lease_id] = (
+            grant.lease_secret or (known[0] if known else ""),
+            grant.tenant,
+        )
         while len(self._secrets) > self._known_secrets:
             del self._secrets[next(iter(self._secrets))]
 
@@ -287,10 +285,7 @@ class XpupoolClient:
         command = RenewLease(
             lease_id=lease_id, lease_secret=secret, fencing_token=token, ttl_s=ttl_s
         )
-        reply = await self._lease_request(s.LEASE_RENEW.subject(tenant=owner), command)
-        if reply.error in _OVER:
-            self._secrets.pop(lease_id, None)
-        return reply
+        return await self._lease_request(s.LEASE_RENEW.subject(tenant=owner), command)
 
     async def release(
         self, lease_id: str, token: int, *, secret: str | None = None, tenant: str | None = None
@@ -298,10 +293,7 @@ class XpupoolClient:
         """Release a lease by request/reply."""
         secret, owner = self._holder(lease_id, secret, tenant)
         command = ReleaseLease(lease_id=lease_id, lease_secret=secret, fencing_token=token)
-        reply = await self._lease_request(s.LEASE_RELEASE.subject(tenant=owner), command)
-        if reply.ok or reply.error in _OVER:
-            self._secrets.pop(lease_id, None)
-        return reply
+        return await self._lease_request(s.LEASE_RELEASE.subject(tenant=owner), command)
 
     async def cancel(self, job_id: str, *, tenant: str | None = None) -> CancelReply:
         """Cancel a job by request/reply: a waiting one ends ``JobCancelled``, a granted one's

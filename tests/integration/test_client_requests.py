@@ -212,52 +212,40 @@ async def _granted(service: Client, client: XpupoolClient, *grants: AllocationGr
     await asyncio.wait_for(asyncio.gather(*seen), 5)
 
 
-async def test_a_released_lease_s_secret_is_forgotten(
+async def test_a_replayed_release_reaches_the_service_after_a_release(
     nats_server: NatsServer, service: Client
 ) -> None:
+    """The secret outlives the release: a replay is the service's to refuse (``lease_ended``)."""
     grant = _grant("j-4")
-    released = await _serve_releases(service)
+    answers = [
+        LeaseReply(ok=True, lease_id=grant.lease_id),
+        LeaseReply(ok=False, lease_id=grant.lease_id, error=LeaseError.LEASE_ENDED),
+    ]
+    released: list[ReleaseLease] = []
+
+    async def release(msg: Msg) -> None:
+        released.append(msgspec.json.decode(msg.data, type=ReleaseLease))
+        await msg.respond(encode(answers[len(released) - 1]))
+
+    await service.subscribe(s.LEASE_RELEASE.subject(tenant="acme"), cb=release)
+    await service.flush()
     async with connected(nats_server.url, "acme") as client:
         await _granted(service, client, grant)
         assert (await client.release(grant.lease_id, grant.fencing_token)).ok
-        with pytest.raises(ValueError, match="no lease secret known"):
-            await client.release(grant.lease_id, grant.fencing_token)
-    assert [r.lease_secret for r in released] == [grant.lease_secret]
+        replay = await client.release(grant.lease_id, grant.fencing_token)
+        assert replay.error is LeaseError.LEASE_ENDED
+    assert [r.lease_secret for r in released] == [grant.lease_secret] * 2
 
 
-@pytest.mark.parametrize("command", ["release", "renew"])
-@pytest.mark.parametrize(
-    ("error", "forgotten"),
-    [
-        (LeaseError.LEASE_ENDED, True),
-        (LeaseError.UNKNOWN_LEASE, True),
-        # The caller's mistake: the lease goes on, and so does its secret.
-        (LeaseError.STALE_TOKEN, False),
-    ],
-)
-async def test_a_refused_command_forgets_the_secret_only_of_a_lease_that_is_over(
-    nats_server: NatsServer, service: Client, command: str, error: LeaseError, forgotten: bool
-) -> None:
-    grant = _grant("j-5")
-    refusal = LeaseReply(ok=False, lease_id="", error=error)
-    await _serve_releases(
-        service, refusal, s.LEASE_RELEASE if command == "release" else s.LEASE_RENEW
-    )
-    async with connected(nats_server.url, "acme") as client:
-        await _granted(service, client, grant)
-        send = getattr(client, command)
-        assert (await send(grant.lease_id, grant.fencing_token)).error is error
-        if forgotten:
-            with pytest.raises(ValueError, match="no lease secret known"):
-                await send(grant.lease_id, grant.fencing_token)
-        else:
-            assert (await send(grant.lease_id, grant.fencing_token)).error is error
-
-
-async def test_a_lease_s_end_event_forgets_its_secret(
+async def test_a_lease_s_end_event_keeps_its_secret_for_the_service_to_answer(
     nats_server: NatsServer, service: Client
 ) -> None:
+    """A holder that renews after its lease ended (preempted, cancelled) hears ``lease_ended``
+    from the service, not a local error about a secret."""
     grant = _grant("j-7")
+    renewals = await _serve_releases(
+        service, LeaseReply(ok=False, lease_id="", error=LeaseError.LEASE_ENDED), s.LEASE_RENEW
+    )
     async with connected(nats_server.url, "acme") as client:
         await _granted(service, client, grant)
         ended = asyncio.get_running_loop().create_future()
@@ -266,7 +254,7 @@ async def test_a_lease_s_end_event_forgets_its_secret(
             job_id=grant.job_id,
             lease_id=grant.lease_id,
             tenant="acme",
-            reason=EndReason.EXPIRED,
+            reason=EndReason.PREEMPTED,
             fencing_token=grant.fencing_token,
             ended_at=datetime.now(UTC),
         )
@@ -275,8 +263,9 @@ async def test_a_lease_s_end_event_forgets_its_secret(
         )
         await service.flush()
         await asyncio.wait_for(ended, 5)
-        with pytest.raises(ValueError, match="no lease secret known"):
-            await client.release(grant.lease_id, grant.fencing_token)
+        refused = await client.renew(grant.lease_id, grant.fencing_token)
+        assert refused.error is LeaseError.LEASE_ENDED
+    assert [r.lease_secret for r in renewals] == [grant.lease_secret]
 
 
 async def test_a_client_keeps_at_most_its_bound_of_secrets_the_oldest_out(
