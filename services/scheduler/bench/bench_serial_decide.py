@@ -69,15 +69,15 @@ def run(devices: int, jobs: int, mix: str, dump: Path | None, fill: float = 0.0)
             policies=registry,
             apply_last=False,
         )
-        # A preemption is held as what it becomes: its victims gone (``decide_batch`` released
-        # them) and the job on the slices it reserved.
-        reserved = [
-            d.reserve if isinstance(d, Preempt) else d
-            for _, d in out
-            if isinstance(d, Reserve | Preempt)
-        ]
-        for decision in reserved:
-            pool.release(f"reservation:{decision.job_id}")
+        # A preemption is held as what it becomes: its victims gone (ended here, as the ledger
+        # ends them; the lone decision was not applied) and the job on the slices it reserved.
+        reserved: list[Reserve] = []
+        for _, d in out:
+            if isinstance(d, Preempt):
+                pool.release_many(d.victims)
+                reserved.append(d.reserve)
+            elif isinstance(d, Reserve):
+                reserved.append(d)
         return repr(out), reserved
 
     def hold(decision: Reserve, lease_id: str) -> None:
