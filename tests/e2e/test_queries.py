@@ -20,6 +20,7 @@ from xpupool.contracts import (
 )
 from xpupool.contracts import subjects as s
 from xpupool.devstack.stack import NodeSpec, Stack
+from xpupool.ledger import Retention
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -34,8 +35,12 @@ def stack_security(request: pytest.FixtureRequest) -> str:
 async def test_a_tenant_sees_its_jobs_and_leases_and_no_one_elses(
     make_stack: Callable[..., Stack], ready: Ready
 ) -> None:
-    stack = make_stack([NodeSpec("node-q", "1xA100-80GB")], tenants=[OWNER, OTHER])
-    await ready(stack, 1)
+    stack = make_stack(
+        [NodeSpec("node-q", "1xA100-80GB")],
+        tenants=[OWNER, OTHER],
+        extra_env={"XPUPOOL_JOB_RETENTION_S": "7200", "XPUPOOL_LEASE_RETENTION_S": "3600"},
+    )
+    ledger = await ready(stack, 1)
     async with stack.client(OWNER) as owner, stack.client(OTHER) as other:
         grant = await owner.submit_and_wait(JobRequested(job_id="q-run", tenant=OWNER))
         assert isinstance(grant, AllocationGranted)
@@ -77,6 +82,13 @@ async def test_a_tenant_sees_its_jobs_and_leases_and_no_one_elses(
         await eventually(ended)
         (after,) = (await owner.lease(grant.lease_id)).leases
         assert after.end_reason is not None and after.end_reason.value == "released"
+        # ... for the lease retention the lease-manager gave the ledger; the job's id is taken
+        # for the job retention.
+        assert await ledger.retention() == Retention(job_s=7200, lease_s=3600)
+        lease_ttl = await ledger.redis.ttl(ledger.key("lease", grant.lease_id))
+        job_ttl = await ledger.redis.ttl(ledger.key("job", "q-run"))
+        assert 3500 < lease_ttl <= 3600 and 7100 < job_ttl <= 7200
+        assert await ledger.redis.ttl(ledger.key("job", "q-wait")) == -1
 
         # A malformed query is answered, naming the field.
         raw = await owner.nc.request(s.JOB_LIST.subject(tenant=OWNER), b'{"limit": 0}', timeout=5)

@@ -8,10 +8,12 @@ import asyncio
 import json
 from collections.abc import Callable
 
+import msgspec
 import pytest
 
 from tests.e2e.conftest import Ready
 from tests.e2e.test_cli import _cli
+from xpupool.contracts import UsageRecord
 from xpupool.devstack.stack import NodeSpec, Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -53,6 +55,16 @@ async def test_a_released_job_is_in_the_usage_report(
     assert model["cost"] > 0 and model["capacity_hours"] == pytest.approx(model["device_hours"])
     assert model["efficiency"] is not None and 0.0 <= model["efficiency"] <= 1.0
 
+    exported = await asyncio.to_thread(_cli, stack, "usage", "--records", "--since", "1h")
+    assert exported.returncode == 0, exported.stderr
+    (line,) = exported.stdout.splitlines()
+    record = msgspec.json.decode(line, type=UsageRecord)
+    assert (record.lease_id, record.tenant, record.end_reason) == (
+        grant["lease_id"],
+        "acct",
+        "released",
+    )
+    assert not record.running and record.slices[0].granted_capacity_s > 0
     csv_out = (await asyncio.to_thread(_cli, stack, "usage", "--csv", "--since", "1h")).stdout
     assert csv_out.splitlines()[0].startswith("tenant,leases") and "acct," in csv_out
     bad = await asyncio.to_thread(_cli, stack, "usage", "--since", "yesterday-ish")

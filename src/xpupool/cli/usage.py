@@ -1,6 +1,8 @@
 """``xpupool usage``: device-hours, normalised capacity-hours, cost and efficiency per tenant,
 queue or model, from the ledger's usage records (ended leases) and the running leases up to now;
-``--idle`` lists running leases whose devices telemetry shows barely used, and who holds them.
+``--idle`` lists running leases whose devices telemetry shows barely used, and who holds them;
+``--records`` exports the ended leases' records themselves, one JSON line each (the
+``UsageRecord`` schema), for a store that keeps them longer than the ledger does.
 
 The aggregation is pure (``aggregate``, ``idle_leases``, ``parse_duration``, the formatters);
 ``read_usage`` is the only Redis I/O."""
@@ -238,6 +240,12 @@ def format_idle(leases: Sequence[IdleLease], fmt: Literal["text", "json", "csv"]
     return table(headers, cells) if cells else "no running lease is below that utilisation\n"
 
 
+def format_records(records: Iterable[UsageRecord]) -> str:
+    """Usage records as JSON lines, as the contract encodes them."""
+    encoder = msgspec.json.Encoder()
+    return "".join(encoder.encode(r).decode() + "\n" for r in records)
+
+
 async def read_usage(ledger: Ledger, since_ms: int, until_ms: int | None) -> list[UsageRecord]:
     """Ended leases' records in the range (``until_ms`` None: up to now), plus the running
     leases counted up to now when the range reaches now."""
@@ -260,6 +268,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     fmt = usage.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true")
     fmt.add_argument("--csv", action="store_true")
+    fmt.add_argument(
+        "--records",
+        action="store_true",
+        help="the ended leases' usage records themselves, one JSON line each, oldest end first",
+    )
     usage.add_argument(
         "--idle", action="store_true", help="running leases whose devices are barely used"
     )
@@ -282,6 +295,10 @@ async def run(args: argparse.Namespace, redis: Redis, namespace: str) -> int:
     except ValueError as error:
         sys.stderr.write(f"xpupool: error: {error}\n")
         return 2
+    if args.records:
+        ended = await ended_usage(ledger, since, now if until is None else until)
+        sys.stdout.write(format_records(ended))
+        return 0
     records = await read_usage(ledger, since, until)
     sys.stdout.write(format_rows(aggregate(records, args.by, load_catalog()), args.by, fmt))
     return 0

@@ -104,6 +104,8 @@ LEDGER_SCRIPTS: Final[Mapping[str, tuple[str, ...]]] = {
         "warn_deadlines",
         "reap_nodes",
         "lease_states",
+        # written at start from its settings (``keep_retention``)
+        "set_retention",
     ),
     access.TELEMETRY_COLLECTOR: ("register_node", "heartbeat", "set_health", "record_load"),
     access.AUTOSCALER: ("set_draining",),
@@ -198,7 +200,7 @@ _COLLECTOR_WRITES: Final[tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = 
     (("zadd",), ("node-seen",)),
     (("srem",), ("dev-leases:*", "node-leases:*", "leases")),
     (("del",), ("dev:*", "dev-leases:*")),
-    (("expire",), ("lease:*",)),
+    (("expire",), ("lease:*", "job:*")),
     (("zrem",), ("expiry", "idle-watch", "deadlines")),
     (("zadd", "zremrangebyrank"), ("changes",)),
     # end_lease's usage record (write_usage in _prelude.lua)

@@ -13,6 +13,7 @@ import yaml
 
 from xpupool.contracts import access
 from xpupool.contracts.codec import ce_type
+from xpupool.contracts.payloads import UsageRecord
 from xpupool.contracts.subjects import CHANNELS, DELIVERY, STREAMS, TENANT_SPACE, Channel
 
 REF = "#/components/schemas/{name}"
@@ -35,11 +36,17 @@ HEADERS_SCHEMA: dict[str, Any] = {
 }
 
 
+# Public formats that travel outside NATS: ``xpupool usage --records`` writes UsageRecords.
+FILE_FORMATS: tuple[type, ...] = (UsageRecord,)
+
+
 def _payload_types() -> list[type]:
     seen: dict[str, type] = {}
     for channel in CHANNELS:
         for t in (*channel.payloads, *((channel.reply,) if channel.reply else ())):
             seen.setdefault(t.__name__, t)
+    for t in FILE_FORMATS:
+        seen.setdefault(t.__name__, t)
     return list(seen.values())
 
 

@@ -554,7 +554,7 @@ class ListJobs(
     tag="xpupool.job.list.v1",
 ):
     """The tenant's jobs, newest first: waiting (with why), running, and recently ended (the
-    ledger keeps a job's record for 7 days)."""
+    ledger keeps an ended job's record for the deployment's job retention, 7 days by default)."""
 
     limit: Annotated[int, Meta(ge=1, le=MAX_QUERY_LIMIT)] = 50
 
@@ -589,7 +589,8 @@ class GetLease(
     tag_field="type",
     tag="xpupool.lease.get.v1",
 ):
-    """One of the tenant's leases by id (ended ones too, while the ledger keeps them)."""
+    """One of the tenant's leases by id: a live one, or an ended one for the deployment's lease
+    retention after its end (7 days by default); after that it is ``unknown_lease``."""
 
     lease_id: Identifier
 

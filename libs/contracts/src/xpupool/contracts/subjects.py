@@ -91,7 +91,8 @@ JOBS_STREAM: Final = Stream(
     work_queue=True,
     description="Accepted job requests until a scheduler has handled them (work queue).",
     # Long enough for a client to retry a publish whose ack it lost; the ledger's job record
-    # (kept 7 days) is the idempotency key beyond that, so a later resubmission of an ended job
+    # (kept while the job lives and XPUPOOL_JOB_RETENTION_S after, 7 days by default) is the
+    # idempotency key beyond that, so a later resubmission of an ended job
     # reaches the scheduler and is answered (duplicate_job) instead of being dropped unanswered.
     duplicate_window_s=10.0,
 )

@@ -3,9 +3,24 @@ compare it with the counters the scripts maintain. Used by tests and, later, the
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
+from collections.abc import AsyncIterator
+
+from redis.asyncio import Redis
 
 from xpupool.ledger.ledger import Ledger
+
+# A record of what is over expires (retain_s in _prelude.lua); one of what is live never does.
+_LIVE_STATES = {
+    "job": frozenset({"pending", "reserved", "leased"}),
+    "lease": frozenset({"reserved", "active"}),
+}
+_OVER_STATES = {
+    "job": frozenset({"ended", "rejected", "timed_out", "cancelled"}),
+    "lease": frozenset({"ended"}),
+}
+_GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 
 
 async def audit(ledger: Ledger) -> list[str]:
@@ -14,7 +29,9 @@ async def audit(ledger: Ledger) -> list[str]:
     Checked: no device is over-allocated (free memory and compute never below zero); a whole
     device has exactly one holder; the counters equal the sum of the live leases' slices; no
     node's host CPU or memory is over-allocated, and what its counters hold equals the sum of
-    the live leases' host charges there (host-only leases, without slices, included).
+    the live leases' host charges there (host-only leases, without slices, included); every job
+    and lease record of what is over expires, and none of what is live does
+    (``retention_problems``).
     """
     # Reads are not one atomic snapshot; retry until no script ran while we read.
     for _ in range(50):
@@ -76,4 +93,43 @@ async def audit(ledger: Ledger) -> list[str]:
                 )
             if 100 - d.compute_free_pct != compute[i] or d.holders != holders[i]:
                 problems.append(f"{i} compute/holder counters disagree with its leases")
+    return problems + await retention_problems(ledger)
+
+
+async def retention_problems(ledger: Ledger) -> list[str]:
+    """Job and lease records that would stay for ever (over, without an expiry) or could vanish
+    while in use (live, with one), and records in a state no script writes. Each record's state
+    and expiry are read in one transaction, so a script between the two reads cannot fool it."""
+    problems: list[str] = []
+    redis = ledger.redis
+    for kind in ("job", "lease"):
+        live, over = _LIVE_STATES[kind], _OVER_STATES[kind]
+        async for keys in _scanned(redis, _GLOB_SPECIAL.sub(r"\\\1", ledger.key(kind, "")) + "*"):
+            async with redis.pipeline(transaction=True) as pipe:
+                for key in keys:
+                    pipe.hget(key, "state")
+                    pipe.ttl(key)
+                replies = await pipe.execute()
+            for key, raw, ttl in zip(keys, replies[::2], replies[1::2], strict=True):
+                state = raw.decode() if isinstance(raw, bytes) else raw
+                name = (key.decode() if isinstance(key, bytes) else key).removeprefix(ledger.prefix)
+                if ttl == -2:
+                    continue  # expired between the scan and the read
+                if state in live and ttl != -1:
+                    problems.append(f"{name} is {state} and expires in {ttl} s")
+                elif state in over and ttl == -1:
+                    problems.append(f"{name} is {state} and never expires")
+                elif state not in live and state not in over:
+                    problems.append(f"{name} has no known state ({state!r})")
     return problems
+
+
+async def _scanned(redis: Redis, pattern: str) -> AsyncIterator[list[bytes | str]]:
+    """The keys matching ``pattern``, a SCAN batch at a time."""
+    cursor: int = 0
+    while True:
+        cursor, keys = await redis.scan(cursor, match=pattern, count=1000)
+        if keys:
+            yield list(keys)
+        if not cursor:
+            return

@@ -103,6 +103,28 @@ class ScriptResult(msgspec.Struct, frozen=True):
 
 _LIST_FIELDS = ("added", "removed", "lost", "ended", "lease", "grant")
 
+#: How long ended jobs' and ended leases' records are kept until a retention is set
+#: (``DEFAULT_RETAIN_S`` in _prelude.lua).
+DEFAULT_RETENTION_S: Final = 7 * 24 * 3600
+
+
+class Retention(msgspec.Struct, frozen=True):
+    """How long the ledger keeps what is over, in seconds: an ended job's record (its id is
+    refused as a duplicate that long; a live job's record never expires) and an ended lease's
+    (``lease.get`` answers for it, and an outbox entry about it can still be published, that
+    long)."""
+
+    job_s: int
+    lease_s: int
+
+
+class _RetentionSet(msgspec.Struct, frozen=True):
+    job_s: str
+    lease_s: str
+
+
+_RETENTION_SET = msgspec.json.Decoder(_RetentionSet)
+
 
 def _decode_result(raw: bytes | str) -> ScriptResult:
     """Decode a script's answer; Lua's cjson writes an empty list as ``{}``, so mend that."""
@@ -870,6 +892,25 @@ class Ledger:
         """Queue a ``LeaseEnding`` warning (once per lease) for every lease whose maximum run time
         ends within ``warning_ms``."""
         return await self._run("warn_deadlines", warning_ms, limit)
+
+    # ---- retention ---------------------------------------------------------------------------
+
+    async def set_retention(self, retention: Retention) -> Retention | None:
+        """Keep ended jobs' and ended leases' records this long from their next end on (records
+        already over keep their expiry); the retention it replaced, None if none was set."""
+        raw = await self._call("set_retention", [retention.job_s, retention.lease_s])
+        before = _RETENTION_SET.decode(raw)
+        if not before.job_s or not before.lease_s:
+            return None
+        return Retention(job_s=int(before.job_s), lease_s=int(before.lease_s))
+
+    async def retention(self) -> Retention:
+        """How long the ledger keeps ended jobs' and ended leases' records (a week each by
+        default, as ``retain_s`` in _prelude.lua)."""
+        job_s, lease_s = await self._redis.hmget(self.key("retention"), ["job_s", "lease_s"])
+        return Retention(
+            job_s=_int(job_s, DEFAULT_RETENTION_S), lease_s=_int(lease_s, DEFAULT_RETENTION_S)
+        )
 
     # ---- reads -------------------------------------------------------------------------------
 

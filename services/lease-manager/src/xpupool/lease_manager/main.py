@@ -6,6 +6,8 @@ import asyncio
 import functools
 from contextlib import AsyncExitStack, suppress
 
+import msgspec
+
 from xpupool.bus import DispatchStats, consume_stream, serve_subject
 from xpupool.bus.connection import bus_settings
 from xpupool.bus.lifecycle import (
@@ -26,7 +28,7 @@ from xpupool.lease_manager.metrics import (
     serve_metrics,
 )
 from xpupool.lease_manager.settings import LeaseManagerSettings
-from xpupool.ledger import DirectOutbox, Ledger, OutboxRelay, open_ledger
+from xpupool.ledger import DirectOutbox, Ledger, OutboxRelay, Retention, open_ledger
 from xpupool.ledger.usage import trim_usage
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
 from xpupool.obs.metrics import LoopLag, watch_loop_lag
@@ -68,6 +70,20 @@ async def trim_usage_records(
         except Exception as error:  # noqa: BLE001  (Redis away: try again next tick)
             log.warning("usage_trim_failed", error=repr(error))
         await asyncio.sleep(interval_s)
+
+
+async def keep_retention(ledger: Ledger, settings: LeaseManagerSettings) -> None:
+    """Write this deployment's retention of ended jobs and leases to the ledger; a failure
+    (Redis away) is logged, and the ledger keeps what it had until the next start."""
+    wanted = Retention(job_s=settings.job_retention_s, lease_s=settings.lease_retention_s)
+    log = get_logger().bind(job_retention_s=wanted.job_s, lease_retention_s=wanted.lease_s)
+    try:
+        before = await ledger.set_retention(wanted)
+    except Exception as error:  # noqa: BLE001
+        log.warning("retention_not_set", error=repr(error))
+        return
+    if before != wanted:
+        log.info("retention_set", before=None if before is None else msgspec.to_builtins(before))
 
 
 async def reap_nodes(
@@ -134,6 +150,7 @@ async def run(settings: LeaseManagerSettings) -> None:
                 bus = await open_bus(
                     bus_stack, bus_settings(access.LEASE_MANAGER, SERVICE, settings), SERVICE
                 )
+                await keep_retention(ledger, settings)
                 commands = (handlers.reject_invalid_command, handlers.reply_too_large)
                 queries = (handlers.reject_invalid_query, handlers.query_reply_too_large)
                 # A holder's renewal or release publishes its own event (the direct outbox).

@@ -6,6 +6,8 @@ from typing import Annotated
 
 import msgspec
 
+from xpupool.ledger.ledger import DEFAULT_RETENTION_S
+
 
 class LeaseManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the lease-manager reads from its environment."""
@@ -31,6 +33,12 @@ class LeaseManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
     # older ones are trimmed.
     usage_retention_s: Annotated[float, msgspec.Meta(gt=0)] = 90 * 24 * 3600.0
     usage_trim_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    # How long the ledger keeps an ended job's record (a resubmission of its id is refused as a
+    # duplicate that long) and an ended lease's (lease.get answers for it that long), written to
+    # the ledger at start (Ledger.set_retention). At least an hour: an outbox entry about a lease
+    # is published from its record, so the lease's must outlast any NATS outage to ride out.
+    job_retention_s: Annotated[int, msgspec.Meta(ge=3600)] = DEFAULT_RETENTION_S
+    lease_retention_s: Annotated[int, msgspec.Meta(ge=3600)] = DEFAULT_RETENTION_S
     node_grace_s: float = 15.0
     node_check_interval_s: float = 1.0
     # Prometheus text on this port (deployments use 9402); 0 serves no metrics. Loopback unless

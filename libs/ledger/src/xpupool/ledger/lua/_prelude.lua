@@ -13,7 +13,23 @@ end
 -- writes): always negate through this.
 local function neg(x) return 0 - math.floor(tonumber(x)) end
 local function bump() redis.call('INCR', k('ver')) end
-local RETAIN_S = 7 * 24 * 3600
+-- How long the ledger keeps what is over, in seconds: a job's record after the job ended (its
+-- id is refused as a duplicate that long; a live job's record never expires) and an ended
+-- lease's record (lease.get answers for it that long, and an outbox entry about it can still be
+-- built). The lease-manager writes them to the retention hash (set_retention.lua, from
+-- XPUPOOL_JOB_RETENTION_S and XPUPOOL_LEASE_RETENTION_S); a week each until one is written.
+local DEFAULT_RETAIN_S = 7 * 24 * 3600
+local retention = nil
+local function retain_s(kind)
+  if not retention then
+    local r = redis.call('HMGET', k('retention'), 'job_s', 'lease_s')
+    retention = {job = tonumber(r[1]) or DEFAULT_RETAIN_S,
+      lease = tonumber(r[2]) or DEFAULT_RETAIN_S}
+  end
+  return retention[kind]
+end
+-- A job's record once the job is over (ended, rejected, timed out, cancelled).
+local function job_over(job_id) redis.call('EXPIRE', k('job', job_id), retain_s('job')) end
 
 -- The change log, for readers that keep a copy of the ledger (the scheduler's snapshot cache):
 -- a sorted set of "node:<id>", "dev:<id>" and "lease:<id>", each scored with the change sequence
@@ -317,8 +333,9 @@ local function end_lease(lease_id, reason, detail, now, outbox)
   redis.call('SREM', k('leases'), lease_id)
   redis.call('HSET', lk, 'state', 'ended', 'end_reason', reason, 'end_detail', detail or '',
     'ended_ms', now)
-  redis.call('EXPIRE', lk, RETAIN_S)
+  redis.call('EXPIRE', lk, retain_s('lease'))
   redis.call('HSET', k('job', l.job_id), 'state', 'ended')
+  job_over(l.job_id)
   local entry = traced_event(outbox or 'lease-manager', lease_id, 'ended', {f[10], f[11]})
   bump()
   touched('lease', lease_id)

@@ -11,7 +11,7 @@
 -- and the grant's outbox entry id, or nil and the refusal; nothing is written before every check
 -- passed. ``new_job`` (pend.lua, which has just written the job and found no job waiting):
 -- {trace = {traceparent, tracestate} or false}, the job's trace as written; such a job has no
--- pending entries to clear and its record's expiry is already set.
+-- pending entries to clear.
 local function take_reservation(r, grant_outbox, new_job)
   if #r.slices == 0 and next(r.host) == nil then
     return nil, fail('empty_reservation', r.job_id)
@@ -119,7 +119,8 @@ local function take_reservation(r, grant_outbox, new_job)
   redis.call('SADD', k('leases'), r.lease_id)
   redis.call('HSET', jk, 'state', granting and 'leased' or 'reserved', 'lease_id', r.lease_id)
   if not new_job then
-    redis.call('EXPIRE', jk, RETAIN_S)
+    -- A live job's record does not expire (one pended by a version that set its expiry then).
+    redis.call('PERSIST', jk)
     unpend(r.job_id)
   end
   if not granting then

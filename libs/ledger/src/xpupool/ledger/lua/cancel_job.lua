@@ -10,6 +10,7 @@ if j[1] == 'pending' then
   local request = unpend(ARGV[1])
   local now = now_ms()
   redis.call('HSET', jk, 'state', 'cancelled', 'ended_ms', now)
+  job_over(ARGV[1])
   redis.call('XADD', k('outbox', 'scheduler'), '*', 'kind', 'cancelled', 'job_id', ARGV[1],
     'waited_ms', now - tonumber(j[4] or now), 'request', request or '{}')
   return cjson.encode({ok = true, outcome = 'cancelled'})

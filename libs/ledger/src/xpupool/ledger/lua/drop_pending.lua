@@ -6,6 +6,7 @@ if redis.call('HGET', jk, 'state') ~= 'pending' then
 end
 local request = unpend(ARGV[1])
 redis.call('HSET', jk, 'state', 'rejected', 'reason', ARGV[2], 'detail', ARGV[4])
+job_over(ARGV[1])
 redis.call('XADD', k('outbox', 'scheduler'), '*', 'kind', 'rejected', 'job_id', ARGV[1],
   'reason', ARGV[2], 'field', ARGV[3], 'detail', ARGV[4], 'request', request or '{}')
 return cjson.encode({ok = true})

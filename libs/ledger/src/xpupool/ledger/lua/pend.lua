@@ -70,14 +70,15 @@ if (ARGV[11] or '') ~= '' then
   trace = {ARGV[11], ARGV[12] or ''}
   for _, v in ipairs({'traceparent', trace[1], 'tracestate', trace[2]}) do job[#job + 1] = v end
 end
+-- A live job's record does not expire (job_over sets its retention once it is over).
 redis.call('HSET', jk, unpack(job))
-redis.call('EXPIRE', jk, RETAIN_S)
--- The tenant's jobs, newest last, for its queries: as long as job records live, at most 1,000.
-local tk = k('tenant-jobs', tenant)
+-- The tenant's jobs, newest last, for its queries: those submitted within the job retention,
+-- at most 1,000.
+local tk, job_retain_s = k('tenant-jobs', tenant), retain_s('job')
 redis.call('ZADD', tk, since, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', tk, '-inf', since - RETAIN_S * 1000)
+redis.call('ZREMRANGEBYSCORE', tk, '-inf', since - job_retain_s * 1000)
 redis.call('ZREMRANGEBYRANK', tk, 0, -1001)
-redis.call('EXPIRE', tk, RETAIN_S)
+redis.call('EXPIRE', tk, job_retain_s)
 -- Placed on admission: the job is granted here, in the same atomic step, when the scheduler
 -- found room for it and no other job waits (one placed ahead of the queue would overtake those).
 -- A placement the ledger refuses (decided on a view that is stale by now) is not an error: the

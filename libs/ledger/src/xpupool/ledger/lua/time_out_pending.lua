@@ -10,6 +10,7 @@ for _, job_id in ipairs(due) do
   if redis.call('HGET', jk, 'state') == 'pending' then
     local request = unpend(job_id)
     redis.call('HSET', jk, 'state', 'timed_out')
+    job_over(job_id)
     local since = tonumber(redis.call('HGET', jk, 'since_ms'))
     redis.call('XADD', k('outbox', 'scheduler'), '*', 'kind', 'timed_out', 'job_id', job_id,
       'waited_ms', now - since, 'request', request or '{}')
