@@ -20,7 +20,7 @@ from xpupool.autoscaler.pools import SimulatedProviderConfig, load_pools
 from xpupool.autoscaler.settings import AutoscalerSettings
 from xpupool.contracts import access
 from xpupool.devstack import secure
-from xpupool.devstack.servers import LEDGER_HASH_MAX_LISTPACK_VALUE
+from xpupool.devstack.servers import LEDGER_REDIS_TUNING
 from xpupool.lease_manager.settings import LeaseManagerSettings
 from xpupool.scheduler.domain import load_config
 from xpupool.scheduler.settings import SchedulerSettings
@@ -103,7 +103,7 @@ def test_compose_runs_the_secured_configuration(tmp_path: Path) -> None:
         ("--port", "0"),
         ("--tls-port", "6379"),
         ("--tls-auth-clients", "no"),
-        ("--hash-max-ziplist-value", LEDGER_HASH_MAX_LISTPACK_VALUE),
+        *LEDGER_REDIS_TUNING,
     ):
         assert redis[redis.index(flag) + 1] == value, flag
     assert redis[redis.index("--aclfile") + 1] == "/secrets/users.acl"
@@ -327,8 +327,8 @@ def test_kubernetes_workloads() -> None:
     assert kinds[("StatefulSet", "nats")]["spec"]["volumeClaimTemplates"]
     redis = kinds[("StatefulSet", "redis")]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--appendonly" in redis
-    listpack = redis[redis.index("--hash-max-ziplist-value") + 1]
-    assert listpack == LEDGER_HASH_MAX_LISTPACK_VALUE
+    for flag, value in LEDGER_REDIS_TUNING:
+        assert redis[redis.index(flag) + 1] == value, flag
     assert kinds[("Deployment", "scheduler")]["spec"]["replicas"] == 2
     assert kinds[("Deployment", "lease-manager")]["spec"]["replicas"] == 2
     assert ("Deployment", "autoscaler") in kinds and ("DaemonSet", "telemetry-collector") in kinds
