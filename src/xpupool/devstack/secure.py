@@ -104,8 +104,9 @@ LEDGER_SCRIPTS: Final[Mapping[str, tuple[str, ...]]] = {
         "warn_deadlines",
         "reap_nodes",
         "lease_states",
-        # written at start from its settings (``keep_retention``)
+        # at start (``prepare_ledger``): its retention settings, tenants' lease sets
         "set_retention",
+        "index_tenant_leases",
     ),
     access.TELEMETRY_COLLECTOR: ("register_node", "heartbeat", "set_health", "record_load"),
     access.AUTOSCALER: ("set_draining",),
@@ -143,13 +144,13 @@ DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
         # now_ms (changes_since is a script: read_changes)
         "time",
     ),
-    # get_lease/leases; tenant_leases: its jobs (zrevrange), their live leases (smismember)
+    # get_lease/leases; tenant_leases: the tenant's set of live leases (smembers), their
+    # records and whether each is live (smismember)
     access.LEASE_MANAGER: (
         "hgetall",
         "smembers",
         # lease_states: the live lease set a chunk at a time, for the lease gauge
         "sscan",
-        "zrevrange",
         "smismember",
         "time",
         # outbox lag for its metrics (lease_manager.metrics): entries and the oldest one
@@ -198,7 +199,7 @@ _COLLECTOR_WRITES: Final[tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = 
     (("sadd", "srem"), ("devices", "nodes", "node-devices:*")),
     # the heartbeat index (register_node, heartbeat; reap_nodes reads it)
     (("zadd",), ("node-seen",)),
-    (("srem",), ("dev-leases:*", "node-leases:*", "leases")),
+    (("srem",), ("dev-leases:*", "node-leases:*", "leases", "tenant-leases:*")),
     (("del",), ("dev:*", "dev-leases:*")),
     (("expire",), ("lease:*", "job:*")),
     (("zrem",), ("expiry", "idle-watch", "deadlines")),

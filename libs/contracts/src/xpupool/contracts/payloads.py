@@ -553,8 +553,9 @@ class ListJobs(
     tag_field="type",
     tag="xpupool.job.list.v1",
 ):
-    """The tenant's jobs, newest first: waiting (with why), running, and recently ended (the
-    ledger keeps an ended job's record for the deployment's job retention, 7 days by default)."""
+    """The tenant's jobs, newest first: waiting (with why), running, and recently ended, among
+    those it submitted within the deployment's job retention (7 days by default), the latest
+    1,000 at most (``lease.list`` lists every live lease, however old its job)."""
 
     limit: Annotated[int, Meta(ge=1, le=MAX_QUERY_LIMIT)] = 50
 

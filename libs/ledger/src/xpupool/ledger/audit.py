@@ -29,17 +29,28 @@ async def audit(ledger: Ledger) -> list[str]:
     Checked: no device is over-allocated (free memory and compute never below zero); a whole
     device has exactly one holder; the counters equal the sum of the live leases' slices; no
     node's host CPU or memory is over-allocated, and what its counters hold equals the sum of
-    the live leases' host charges there (host-only leases, without slices, included); every job
-    and lease record of what is over expires, and none of what is live does
-    (``retention_problems``).
+    the live leases' host charges there (host-only leases, without slices, included); each
+    tenant's set of live leases holds exactly its live leases; every job and lease record of
+    what is over expires, and none of what is live does (``retention_problems``).
     """
     # Reads are not one atomic snapshot; retry until no script ran while we read.
     for _ in range(50):
         version = await ledger.version()
         leases, nodes = await ledger.leases(), await ledger.nodes()
+        tenant_sets = await _tenant_lease_sets(ledger)
         if await ledger.version() == version:
             break
     problems: list[str] = []
+    by_tenant: dict[str, set[str]] = defaultdict(set)
+    for lease in leases:
+        by_tenant[lease.tenant].add(lease.lease_id)
+    for tenant in sorted(set(by_tenant) | set(tenant_sets)):
+        missing = sorted(by_tenant[tenant] - tenant_sets.get(tenant, set()))
+        extra = sorted(tenant_sets.get(tenant, set()) - by_tenant[tenant])
+        if missing or extra:
+            problems.append(
+                f"tenant {tenant}'s lease set lacks live leases {missing} and holds others {extra}"
+            )
     memory: dict[str, int] = defaultdict(int)
     compute: dict[str, int] = defaultdict(int)
     holders: dict[str, int] = defaultdict(int)
@@ -122,6 +133,20 @@ async def retention_problems(ledger: Ledger) -> list[str]:
                 elif state not in live and state not in over:
                     problems.append(f"{name} has no known state ({state!r})")
     return problems
+
+
+async def _tenant_lease_sets(ledger: Ledger) -> dict[str, set[str]]:
+    """Each tenant's set of live leases, as the scripts keep it (``tenant-leases:<tenant>``)."""
+    redis, prefix = ledger.redis, ledger.key("tenant-leases", "")
+    sets: dict[str, set[str]] = {}
+    async for keys in _scanned(redis, _GLOB_SPECIAL.sub(r"\\\1", prefix) + "*"):
+        for key in keys:
+            name = key.decode() if isinstance(key, bytes) else key
+            members = await redis.smembers(name)
+            sets[name.removeprefix(prefix)] = {
+                m.decode() if isinstance(m, bytes) else m for m in members
+            }
+    return sets
 
 
 async def _scanned(redis: Redis, pattern: str) -> AsyncIterator[list[bytes | str]]:

@@ -99,6 +99,8 @@ class ScriptResult(msgspec.Struct, frozen=True):
     grant: list[str] = msgspec.field(default_factory=list)
     """With ``entry``, from a holder's renewal or release: the lease's grant entry (its fields,
     flat) while it is still unconfirmed in the direct outbox (``unconfirmed_grant``)."""
+    cursor: str = ""
+    """A script that walks a set a chunk per call: where the next call starts ('0': done)."""
 
 
 _LIST_FIELDS = ("added", "removed", "lost", "ended", "lease", "grant")
@@ -1174,12 +1176,26 @@ class Ledger:
         return [_job(j, row) for j, row in zip(job_ids, rows, strict=True) if row]
 
     async def tenant_leases(self, tenant: str, limit: int) -> list[LeaseRecord]:
-        """``tenant``'s live leases (reserved or active), newest first, at most ``limit``: read
-        through its latest jobs (a tenant holds at most as many leases as it has jobs)."""
-        jobs = await self.tenant_jobs(tenant, 1000)
-        lease_ids = [j.lease_id for j in jobs if j.lease_id and j.state in ("reserved", "leased")]
-        leases = await self.live_leases(lease_ids)
-        return [lease for lease in leases if lease is not None and lease.tenant == tenant][:limit]
+        """``tenant``'s live leases (reserved or active), newest first, at most ``limit``: its set
+        of live leases, which the reservation and end scripts keep."""
+        lease_ids = sorted(map(_str, await self._redis.smembers(self.key("tenant-leases", tenant))))
+        leases = [
+            lease
+            for lease in await self.live_leases(lease_ids)
+            if lease is not None and lease.tenant == tenant
+        ]
+        leases.sort(key=lambda lease: (lease.created_ms, lease.lease_id), reverse=True)
+        return leases[:limit]
+
+    async def index_tenant_leases(self, chunk: int = 1000) -> int:
+        """Put every live lease into its tenant's set of live leases (a ledger written before
+        those sets: ``index_tenant_leases.lua``), a chunk per script call; how many it added."""
+        cursor, added = "0", 0
+        while True:
+            result = await self._run("index_tenant_leases", cursor, chunk)
+            cursor, added = result.cursor, added + len(result.added)
+            if cursor == "0":
+                return added
 
     async def get_job(self, job_id: str) -> JobRecord | None:
         """What the ledger knows about a job id."""

@@ -72,18 +72,22 @@ async def trim_usage_records(
         await asyncio.sleep(interval_s)
 
 
-async def keep_retention(ledger: Ledger, settings: LeaseManagerSettings) -> None:
-    """Write this deployment's retention of ended jobs and leases to the ledger; a failure
-    (Redis away) is logged, and the ledger keeps what it had until the next start."""
+async def prepare_ledger(ledger: Ledger, settings: LeaseManagerSettings) -> None:
+    """Write this deployment's retention of ended jobs and leases to the ledger, and index the
+    live leases of a ledger written before tenants' lease sets (``index_tenant_leases``). A
+    failure (Redis away) is logged: the ledger keeps what it had until the next start."""
     wanted = Retention(job_s=settings.job_retention_s, lease_s=settings.lease_retention_s)
     log = get_logger().bind(job_retention_s=wanted.job_s, lease_retention_s=wanted.lease_s)
     try:
         before = await ledger.set_retention(wanted)
+        indexed = await ledger.index_tenant_leases()
     except Exception as error:  # noqa: BLE001
-        log.warning("retention_not_set", error=repr(error))
+        log.warning("ledger_not_prepared", error=repr(error))
         return
     if before != wanted:
         log.info("retention_set", before=None if before is None else msgspec.to_builtins(before))
+    if indexed:
+        log.info("tenant_leases_indexed", count=indexed)
 
 
 async def reap_nodes(
@@ -150,7 +154,7 @@ async def run(settings: LeaseManagerSettings) -> None:
                 bus = await open_bus(
                     bus_stack, bus_settings(access.LEASE_MANAGER, SERVICE, settings), SERVICE
                 )
-                await keep_retention(ledger, settings)
+                await prepare_ledger(ledger, settings)
                 commands = (handlers.reject_invalid_command, handlers.reply_too_large)
                 queries = (handlers.reject_invalid_query, handlers.query_reply_too_large)
                 # A holder's renewal or release publishes its own event (the direct outbox).

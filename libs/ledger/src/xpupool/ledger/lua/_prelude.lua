@@ -331,6 +331,7 @@ local function end_lease(lease_id, reason, detail, now, outbox)
   redis.call('ZREM', k('idle-watch'), lease_id)
   redis.call('ZREM', k('deadlines'), lease_id)
   redis.call('SREM', k('leases'), lease_id)
+  redis.call('SREM', k('tenant-leases', l.tenant), lease_id)
   redis.call('HSET', lk, 'state', 'ended', 'end_reason', reason, 'end_detail', detail or '',
     'ended_ms', now)
   redis.call('EXPIRE', lk, retain_s('lease'))

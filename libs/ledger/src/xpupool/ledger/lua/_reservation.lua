@@ -117,6 +117,8 @@ local function take_reservation(r, grant_outbox, new_job)
   end
   redis.call('HSET', lk, unpack(lease))
   redis.call('SADD', k('leases'), r.lease_id)
+  -- The tenant's live leases, for its lease.list (whatever became of its job's record).
+  redis.call('SADD', k('tenant-leases', r.tenant), r.lease_id)
   redis.call('HSET', jk, 'state', granting and 'leased' or 'reserved', 'lease_id', r.lease_id)
   if not new_job then
     -- A live job's record does not expire (one pended by a version that set its expiry then).

@@ -1,0 +1,85 @@
+"""A tenant's live leases (lease.list) come from its own set of live leases, which the scripts
+keep: a lease is listed while it lives, whatever became of its job's entry in the tenant's job
+index, and a ledger written before those sets is indexed once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.integration.ledger_builders import device_spec, reservation
+from xpupool.ledger import Ledger, SliceClaim, audit
+
+pytestmark = pytest.mark.integration
+
+
+async def _eight_gpus(ledger: Ledger) -> None:
+    specs = [device_spec("n1", i) for i in range(8)]
+    assert (await ledger.register_node("n1", specs, 64_000, 256_000)).ok
+
+
+async def test_a_tenant_lists_its_live_leases_newest_first_and_no_one_elses(
+    ledger: Ledger,
+) -> None:
+    await _eight_gpus(ledger)
+    for i, tenant in enumerate(["a", "a", "b", "a"]):
+        claim = SliceClaim(f"n1/nvidia{i}", whole=True)
+        assert (await ledger.reserve(reservation(f"j{i}", claim, tenant=tenant))).ok
+        await asyncio.sleep(0.002)  # created_ms orders them
+    assert (await ledger.grant("lease-j0")).ok
+    assert [x.lease_id for x in await ledger.tenant_leases("a", 10)] == [
+        "lease-j3",
+        "lease-j1",
+        "lease-j0",
+    ]
+    assert [x.lease_id for x in await ledger.tenant_leases("a", 2)] == ["lease-j3", "lease-j1"]
+    assert [x.lease_id for x in await ledger.tenant_leases("b", 10)] == ["lease-j2"]
+    assert (await ledger.end("lease-j1", "released")).ok
+    assert (await ledger.end("lease-j2", "released")).ok
+    assert [x.lease_id for x in await ledger.tenant_leases("a", 10)] == ["lease-j3", "lease-j0"]
+    assert await ledger.tenant_leases("b", 10) == []
+    # A tenant whose leases all ended keeps no set at all.
+    assert not await ledger.redis.exists(ledger.key("tenant-leases", "b"))
+    assert await audit(ledger) == []
+
+
+async def test_a_long_running_lease_stays_listed_after_its_job_left_the_job_index(
+    ledger: Ledger,
+) -> None:
+    """The job index keeps a tenant's jobs of the job retention, at most 1,000; a lease that
+    outlives its job's entry there (a week-long run, or 1,000 newer jobs) is still the
+    tenant's."""
+    await _eight_gpus(ledger)
+    assert (await ledger.pend("long", 1, b"{}", None, "queued", tenant="t")).ok
+    assert (await ledger.reserve(reservation("long", SliceClaim("n1/nvidia0", whole=True)))).ok
+    await ledger.redis.zrem(ledger.key("tenant-jobs", "t"), "long")
+    assert [x.lease_id for x in await ledger.tenant_leases("t", 10)] == ["lease-long"]
+
+
+async def test_a_ledger_written_before_tenant_lease_sets_is_indexed_once(ledger: Ledger) -> None:
+    await _eight_gpus(ledger)
+    for i in range(5):
+        claim = SliceClaim(f"n1/nvidia{i}", whole=True)
+        assert (await ledger.reserve(reservation(f"j{i}", claim, tenant=f"t{i % 2}"))).ok
+    assert (await ledger.end("lease-j4", "released")).ok
+    for tenant in ("t0", "t1"):
+        await ledger.redis.delete(ledger.key("tenant-leases", tenant))
+    assert sorted(await audit(ledger)) == [
+        "tenant t0's lease set lacks live leases ['lease-j0', 'lease-j2'] and holds others []",
+        "tenant t1's lease set lacks live leases ['lease-j1', 'lease-j3'] and holds others []",
+    ]
+    assert await ledger.index_tenant_leases(chunk=1) == 4
+    assert await ledger.index_tenant_leases() == 0
+    assert await audit(ledger) == []
+    assert {x.lease_id for x in await ledger.tenant_leases("t1", 10)} == {"lease-j1", "lease-j3"}
+
+
+async def test_the_audit_names_a_set_that_holds_a_lease_no_longer_live(ledger: Ledger) -> None:
+    await _eight_gpus(ledger)
+    assert (await ledger.reserve(reservation("j", SliceClaim("n1/nvidia0", whole=True)))).ok
+    assert (await ledger.end("lease-j", "released")).ok
+    await ledger.redis.sadd(ledger.key("tenant-leases", "t"), "lease-j")
+    assert await audit(ledger) == [
+        "tenant t's lease set lacks live leases [] and holds others ['lease-j']"
+    ]
