@@ -59,7 +59,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from xpupool.contracts import access
 from xpupool.contracts.subjects import TENANT_NAME
-from xpupool.ledger.ledger import SCRIPTS, script_source
+from xpupool.ledger.ledger import SCRIPTS, glob_escaped, script_source
 
 # Lower than nats-server's 1 MiB default on purpose: no xpupool message comes near it, and a
 # small limit bounds what one (tenant) connection can make every subscriber receive.
@@ -218,7 +218,6 @@ CHANGE_FEED: Final = "changes-feed"
 # script names: an ACL then allows ``xgroup|delconsumer``, not every ``xgroup``.
 _LUA_CALL: Final = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'([A-Za-z]+)')?")
 _CONTAINER_COMMANDS: Final = frozenset({"xgroup", "xinfo"})
-_GLOB_SPECIAL: Final = re.compile(r"([*?\[\]\\])")
 
 
 def script_commands(names: Sequence[str]) -> set[str]:
@@ -244,7 +243,7 @@ def ledger_scripts() -> set[str]:
 
 def _key_prefix(namespace: str) -> str:
     """The ledger's key prefix as an ACL glob (``Ledger.prefix``, glob characters escaped)."""
-    return _GLOB_SPECIAL.sub(r"\\\1", "{" + namespace + "}:")
+    return glob_escaped("{" + namespace + "}:")
 
 
 def redis_acl_rules(role: str, namespace: str) -> str:

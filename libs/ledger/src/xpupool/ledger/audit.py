@@ -3,11 +3,7 @@ compare it with the counters the scripts maintain. Used by tests and, later, the
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
-from collections.abc import AsyncIterator
-
-from redis.asyncio import Redis
 
 from xpupool.ledger.ledger import Ledger
 
@@ -20,7 +16,8 @@ _OVER_STATES = {
     "job": frozenset({"ended", "rejected", "timed_out", "cancelled"}),
     "lease": frozenset({"ended"}),
 }
-_GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
+# Records whose state and expiry one transaction reads.
+_CHUNK = 1000
 
 
 async def audit(ledger: Ledger) -> list[str]:
@@ -109,21 +106,22 @@ async def audit(ledger: Ledger) -> list[str]:
 
 async def retention_problems(ledger: Ledger) -> list[str]:
     """Job and lease records that would stay for ever (over, without an expiry) or could vanish
-    while in use (live, with one), and records in a state no script writes. Each record's state
-    and expiry are read in one transaction, so a script between the two reads cannot fool it."""
+    while in use (live, with one), and records in a state no script writes. Each chunk's states
+    and expiries are read in one transaction, so a script between the two reads cannot fool it."""
     problems: list[str] = []
     redis = ledger.redis
     for kind in ("job", "lease"):
         live, over = _LIVE_STATES[kind], _OVER_STATES[kind]
-        async for keys in _scanned(redis, _GLOB_SPECIAL.sub(r"\\\1", ledger.key(kind, "")) + "*"):
+        keys = [_text(k) async for k in redis.scan_iter(match=ledger.keys_of(kind), count=1000)]
+        for start in range(0, len(keys), _CHUNK):
+            chunk = keys[start : start + _CHUNK]
             async with redis.pipeline(transaction=True) as pipe:
-                for key in keys:
+                for key in chunk:
                     pipe.hget(key, "state")
                     pipe.ttl(key)
                 replies = await pipe.execute()
-            for key, raw, ttl in zip(keys, replies[::2], replies[1::2], strict=True):
-                state = raw.decode() if isinstance(raw, bytes) else raw
-                name = (key.decode() if isinstance(key, bytes) else key).removeprefix(ledger.prefix)
+            for key, raw, ttl in zip(chunk, replies[::2], replies[1::2], strict=True):
+                state, name = _text(raw) if raw else raw, key.removeprefix(ledger.prefix)
                 if ttl == -2:
                     continue  # expired between the scan and the read
                 if state in live and ttl != -1:
@@ -136,25 +134,19 @@ async def retention_problems(ledger: Ledger) -> list[str]:
 
 
 async def _tenant_lease_sets(ledger: Ledger) -> dict[str, set[str]]:
-    """Each tenant's set of live leases, as the scripts keep it (``tenant-leases:<tenant>``)."""
+    """Each tenant's set of live leases, as the scripts keep it (``tenant-leases:<tenant>``),
+    read in one round trip."""
     redis, prefix = ledger.redis, ledger.key("tenant-leases", "")
-    sets: dict[str, set[str]] = {}
-    async for keys in _scanned(redis, _GLOB_SPECIAL.sub(r"\\\1", prefix) + "*"):
+    keys = [_text(k) async for k in redis.scan_iter(match=ledger.keys_of("tenant-leases"))]
+    async with redis.pipeline(transaction=False) as pipe:
         for key in keys:
-            name = key.decode() if isinstance(key, bytes) else key
-            members = await redis.smembers(name)
-            sets[name.removeprefix(prefix)] = {
-                m.decode() if isinstance(m, bytes) else m for m in members
-            }
-    return sets
+            pipe.smembers(key)
+        members = await pipe.execute()
+    return {
+        key.removeprefix(prefix): {_text(m) for m in found}
+        for key, found in zip(keys, members, strict=True)
+    }
 
 
-async def _scanned(redis: Redis, pattern: str) -> AsyncIterator[list[bytes | str]]:
-    """The keys matching ``pattern``, a SCAN batch at a time."""
-    cursor: int = 0
-    while True:
-        cursor, keys = await redis.scan(cursor, match=pattern, count=1000)
-        if keys:
-            yield list(keys)
-        if not cursor:
-            return
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

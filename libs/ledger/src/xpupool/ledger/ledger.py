@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -430,6 +431,14 @@ class JobRecord:
     """The job's W3C trace context (``traceparent``, ``tracestate``), empty when it has none."""
 
 
+_GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
+
+
+def glob_escaped(text: str) -> str:
+    """``text`` with Redis's glob characters escaped, for a key pattern (SCAN MATCH, an ACL)."""
+    return _GLOB_SPECIAL.sub(r"\\\1", text)
+
+
 def _int(value: Any, default: int = 0) -> int:
     return int(float(value)) if value not in (None, b"", "") else default
 
@@ -488,6 +497,10 @@ class Ledger:
     def key(self, *parts: str) -> str:
         """A key of this ledger, as the scripts build it."""
         return self.prefix + ":".join(parts)
+
+    def keys_of(self, family: str) -> str:
+        """The pattern that matches every key of one family (``job`` for ``job:<id>``)."""
+        return glob_escaped(self.key(family, "")) + "*"
 
     async def _call(self, script: str, args: Sequence[ScriptArg]) -> Any:
         """One script call's raw reply; a refusal is raised."""
@@ -1178,7 +1191,7 @@ class Ledger:
     async def tenant_leases(self, tenant: str, limit: int) -> list[LeaseRecord]:
         """``tenant``'s live leases (reserved or active), newest first, at most ``limit``: its set
         of live leases, which the reservation and end scripts keep."""
-        lease_ids = sorted(map(_str, await self._redis.smembers(self.key("tenant-leases", tenant))))
+        lease_ids = [_str(i) for i in await self._redis.smembers(self.key("tenant-leases", tenant))]
         leases = [
             lease
             for lease in await self.live_leases(lease_ids)
@@ -1189,7 +1202,8 @@ class Ledger:
 
     async def index_tenant_leases(self, chunk: int = 1000) -> int:
         """Put every live lease into its tenant's set of live leases (a ledger written before
-        those sets: ``index_tenant_leases.lua``), a chunk per script call; how many it added."""
+        those sets: ``index_tenant_leases.lua``), a chunk per script call; how many it added.
+        Once a pass has finished, the ledger remembers it and a later call is one round trip."""
         cursor, added = "0", 0
         while True:
             result = await self._run("index_tenant_leases", cursor, chunk)
