@@ -7,10 +7,18 @@ from __future__ import annotations
 import asyncio
 import json
 
+import msgspec
 import pytest
 
 from tests.integration.ledger_builders import device_spec, reservation
-from xpupool.cli.usage import aggregate, format_rows, idle_leases, read_usage
+from xpupool.cli.usage import (
+    aggregate,
+    format_records,
+    format_rows,
+    idle_leases,
+    read_usage,
+    records_ended_in,
+)
 from xpupool.contracts import DeviceSample
 from xpupool.devices.catalog import load_catalog
 from xpupool.ledger import Holder, Ledger, SliceClaim, SliceMeta
@@ -192,3 +200,21 @@ async def test_an_unclaimed_reservation_ends_with_a_record_of_nothing_used(ledge
     (record,) = await ended_usage(ledger, 0, 2**62)
     assert record.granted_ms == 0 and record.end_reason == "expired" and record.duration_s == 0
     assert record.slices[0].granted_capacity_s == 0 and not record.running
+
+
+async def test_exports_of_consecutive_windows_hold_each_lease_once(ledger: Ledger) -> None:
+    """``xpupool usage --records``: a window takes the leases that ended from its start to
+    before its end, so a lease that ended exactly where two windows meet is in the later one
+    only."""
+    await ledger.register_node("n1", [device_spec("n1", i) for i in range(3)], 64_000, 256_000)
+    for i in range(3):
+        lease = await _grant(ledger, f"w{i}", _claim(i))
+        assert (await ledger.end(lease, "released")).ok
+        await asyncio.sleep(0.005)
+    every = await ended_usage(ledger, 0, 2**62)
+    cut = every[1].ended_ms
+    earlier = await records_ended_in(ledger, 0, cut)
+    later = await records_ended_in(ledger, cut, 2**62)
+    assert [r.lease_id for r in earlier] == ["lease-w0"]
+    assert [r.lease_id for r in later] == ["lease-w1", "lease-w2"]
+    assert format_records(later).splitlines()[0] == msgspec.json.encode(later[0]).decode()

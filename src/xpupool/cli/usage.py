@@ -246,6 +246,12 @@ def format_records(records: Iterable[UsageRecord]) -> str:
     return "".join(encoder.encode(r).decode() + "\n" for r in records)
 
 
+async def records_ended_in(ledger: Ledger, since_ms: int, until_ms: int) -> list[UsageRecord]:
+    """The records of leases that ended at or after ``since_ms`` and before ``until_ms``: end
+    times are whole milliseconds, so exports of consecutive windows hold each lease once."""
+    return await ended_usage(ledger, since_ms, until_ms - 1)
+
+
 async def read_usage(ledger: Ledger, since_ms: int, until_ms: int | None) -> list[UsageRecord]:
     """Ended leases' records in the range (``until_ms`` None: up to now), plus the running
     leases counted up to now when the range reaches now."""
@@ -271,7 +277,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     fmt.add_argument(
         "--records",
         action="store_true",
-        help="the ended leases' usage records themselves, one JSON line each, oldest end first",
+        help="the usage records of leases that ended from --since to before --until, one JSON "
+        "line each, oldest end first",
     )
     usage.add_argument(
         "--idle", action="store_true", help="running leases whose devices are barely used"
@@ -286,6 +293,11 @@ async def run(args: argparse.Namespace, redis: Redis, namespace: str) -> int:
     ledger = Ledger(redis, namespace)
     fmt: Literal["text", "json", "csv"] = "json" if args.json else "csv" if args.csv else "text"
     now = await ledger.now_ms()
+    if args.idle and args.records:
+        sys.stderr.write(
+            "xpupool: error: --records exports ended leases; --idle lists running ones\n"
+        )
+        return 2
     if args.idle:
         sys.stdout.write(format_idle(idle_leases(await live_usage(ledger), args.below), fmt))
         return 0
@@ -296,7 +308,7 @@ async def run(args: argparse.Namespace, redis: Redis, namespace: str) -> int:
         sys.stderr.write(f"xpupool: error: {error}\n")
         return 2
     if args.records:
-        ended = await ended_usage(ledger, since, now if until is None else until)
+        ended = await records_ended_in(ledger, since, now if until is None else until)
         sys.stdout.write(format_records(ended))
         return 0
     records = await read_usage(ledger, since, until)
