@@ -9,8 +9,11 @@ import asyncio
 import pytest
 
 from tests.integration.ledger_builders import device_spec, reservation
+from xpupool.lease_manager.main import prepare_ledger
+from xpupool.lease_manager.settings import LeaseManagerSettings
 from xpupool.ledger import Ledger, Retention, SliceClaim, audit
 from xpupool.ledger.ledger import DEFAULT_RETENTION_S
+from xpupool.obs import load_settings
 
 pytestmark = pytest.mark.integration
 
@@ -112,3 +115,31 @@ async def test_once_its_retention_is_over_an_ended_job_is_forgotten(ledger: Ledg
     assert await ledger.get_job("once") is None
     assert (await ledger.pend("once", 1, b"{}", None, "queued", tenant="t")).ok
     assert await audit(ledger) == []
+
+
+async def test_before_any_retention_is_set_the_scripts_keep_a_week(ledger: Ledger) -> None:
+    """The scripts' own default (``DEFAULT_RETAIN_S`` in _prelude.lua) is the one the ledger
+    reports (``DEFAULT_RETENTION_S``)."""
+    await ledger.register_node("n1", [device_spec("n1", 0)], 64_000, 256_000)
+    assert (await ledger.reserve(reservation("d", SliceClaim("n1/nvidia0", whole=True)))).ok
+    assert (await ledger.end("lease-d", "released")).ok
+    assert _about(await _ttl(ledger, "job", "d"), DEFAULT_RETENTION_S)
+    assert _about(await _ttl(ledger, "lease", "lease-d"), DEFAULT_RETENTION_S)
+
+
+async def test_the_lease_manager_prepares_the_ledger_with_its_settings(ledger: Ledger) -> None:
+    """At start: its retention written, and the live leases of a ledger written before tenant
+    lease sets indexed; a retention under an hour is refused at start-up, naming the variable."""
+    settings = load_settings(
+        LeaseManagerSettings,
+        {"XPUPOOL_JOB_RETENTION_S": "7200", "XPUPOOL_LEASE_RETENTION_S": "3600"},
+    )
+    await ledger.register_node("n1", [device_spec("n1", 0)], 64_000, 256_000)
+    assert (await ledger.reserve(reservation("old", SliceClaim("n1/nvidia0", whole=True)))).ok
+    await ledger.redis.delete(ledger.key("tenant-leases", "t"))
+    await prepare_ledger(ledger, settings)
+    assert await ledger.retention() == Retention(job_s=7200, lease_s=3600)
+    assert [x.lease_id for x in await ledger.tenant_leases("t", 10)] == ["lease-old"]
+    assert await audit(ledger) == []
+    with pytest.raises(SystemExit, match="job_retention_s"):
+        load_settings(LeaseManagerSettings, {"XPUPOOL_JOB_RETENTION_S": "600"})
