@@ -18,6 +18,8 @@ import asyncio
 import statistics
 import tempfile
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,15 @@ from redis.asyncio import Redis
 
 from xpupool.contracts import DeviceSpec, Vendor
 from xpupool.devstack.servers import RedisServer
-from xpupool.ledger import Admission, Holder, Ledger, Reservation, SliceClaim, new_lease_secret
+from xpupool.ledger import (
+    Admission,
+    Holder,
+    Ledger,
+    Reservation,
+    SliceClaim,
+    SliceMeta,
+    new_lease_secret,
+)
 from xpupool.ledger.ledger import SCRIPTS
 
 # Bare scripts of the parts the ledger's scripts are made of (KEYS[1]: a hash of 30 fields).
@@ -45,50 +55,86 @@ PARTS = {
 }
 
 
-def _spec(node: str, index: int) -> DeviceSpec:
+def _spec(node: str, index: int, production: bool = False) -> DeviceSpec:
     return DeviceSpec(
         device_id=f"{node}/nvidia{index}",
         vendor=Vendor.NVIDIA,
-        model="A100",
+        model="A100-SXM4-80GB" if production else "A100",
         index=index,
-        uuid=f"GPU-{node}-{index}",
+        uuid=f"GPU-{uuid.uuid4()}" if production else f"GPU-{node}-{index}",
         memory_mib=81920,
     )
+
+
+@dataclass(frozen=True)
+class Ids:
+    """The names one job's records carry: short ones (``j7``, ``t``), or as production makes
+    them (``production``): a client's UUID job id, ``lease-<32 hex>`` (the scheduler's
+    ``_new_lease_id``), a 15-character tenant and queue, node names of 29 characters, and each
+    slice's device metadata (vendor, model, index, UUID) as the scheduler sends it."""
+
+    production: bool
+
+    def node(self, i: int) -> str:
+        return f"gpu-a100-pool-7f9c2-node-{i:04d}" if self.production else f"n{i:05d}"
+
+    def job(self, j: int) -> tuple[str, str]:
+        if self.production:
+            return str(uuid.uuid4()), f"lease-{uuid.uuid4().hex}"
+        return f"j{j}", f"lease-j{j}"
+
+    @property
+    def tenant(self) -> str:
+        return "research-vision" if self.production else "t"
 
 
 async def _slowlog(redis: Redis) -> list[dict[str, Any]]:
     return list(await redis.slowlog_get(1_000_000))
 
 
-async def ledger_scripts(redis: Redis, nodes: int, jobs: int) -> None:
+async def ledger_scripts(redis: Redis, nodes: int, jobs: int, ids: Ids) -> None:
     ledger = Ledger(redis, "bench")
+    specs: dict[str, DeviceSpec] = {}
     for i in range(nodes):
-        node = f"n{i:05d}"
-        await ledger.register_node(node, [_spec(node, d) for d in range(8)], 256_000, 2_000_000)
+        node = ids.node(i)
+        devices = [_spec(node, d, ids.production) for d in range(8)]
+        specs.update((d.device_id, d) for d in devices)
+        await ledger.register_node(node, devices, 256_000, 2_000_000)
     names = {ledger._scripts[name].sha: name for name in SCRIPTS}  # noqa: SLF001
     await redis.slowlog_reset()
     aof0 = (await redis.info("persistence"))["aof_current_size"]
+    kept: list[tuple[str, str]] = []
     for j in range(jobs):
-        node = f"n{j % nodes:05d}"
-        claim = SliceClaim(f"{node}/nvidia{(j // nodes) % 8}", memory_mib=1000)
+        spec = specs[f"{ids.node(j % nodes)}/nvidia{(j // nodes) % 8}"]
+        meta = (
+            SliceMeta(vendor=spec.vendor.value, model=spec.model, index=spec.index, uuid=spec.uuid)
+            if ids.production
+            else None
+        )
+        claim = SliceClaim(spec.device_id, memory_mib=1000, meta=meta)
+        job_id, lease_id = ids.job(j)
+        kept.append((job_id, lease_id))
         placement = Reservation(
-            job_id=f"j{j}",
-            lease_id=f"lease-j{j}",
-            tenant="t",
-            queue="q",
+            job_id=job_id,
+            lease_id=lease_id,
+            tenant=ids.tenant,
+            queue=ids.tenant if ids.production else "q",
             priority=500,
-            owner="o",
+            owner=ids.tenant if ids.production else "o",
             ttl_ms=60_000,
             hold_ms=60_000,
             slices=[claim],
             secret=new_lease_secret(),
         )
-        admission = Admission(f"j{j}", 500, b"{}", None, "queued", tenant="t", placement=placement)
+        admission = Admission(
+            job_id, 500, b"{}", None, "queued", tenant=ids.tenant, placement=placement
+        )
         [admitted] = await ledger.admit_many([admission])
         lease = ledger.granted_lease(admitted)
         if lease is None:
-            raise RuntimeError(f"job j{j} was not granted: {admitted}")
-        released = await ledger.release(lease.lease_id, Holder("t", lease.secret, lease.token))
+            raise RuntimeError(f"job {job_id} was not granted: {admitted}")
+        holder = Holder(ids.tenant, lease.secret, lease.token)
+        released = await ledger.release(lease.lease_id, holder)
         if not released.ok:
             raise RuntimeError(f"lease {lease.lease_id} was not released: {released}")
     aof1 = (await redis.info("persistence"))["aof_current_size"]
@@ -102,16 +148,17 @@ async def ledger_scripts(redis: Redis, nodes: int, jobs: int) -> None:
         got = durations.get(name, [])
         print(f"{name + '.lua':<30} {statistics.median(got):7.1f} us median over {len(got)} calls")
     print(f"{'AOF per admission + release':<30} {(aof1 - aof0) / jobs:7.0f} bytes")
-    await retained(redis, ledger, jobs)
+    await retained(redis, ledger, kept)
 
 
-async def retained(redis: Redis, ledger: Ledger, jobs: int) -> None:
+async def retained(redis: Redis, ledger: Ledger, kept: list[tuple[str, str]]) -> None:
     """What the ledger keeps of each ended job (``MEMORY USAGE`` of its lease's and its job's
     records, medians over a sample, and of the usage records over all), and how long rewriting
     the AOF of all that takes."""
-    sample = range(0, jobs, max(1, jobs // 200))
-    for kind, key in (("lease", "lease-j{}"), ("job", "j{}")):
-        sizes = [await redis.memory_usage(ledger.key(kind, key.format(j))) or 0 for j in sample]
+    jobs = len(kept)
+    sample = kept[:: max(1, jobs // 200)]
+    for kind, position in (("lease", 1), ("job", 0)):
+        sizes = [await redis.memory_usage(ledger.key(kind, ids[position])) or 0 for ids in sample]
         print(f"{'memory per ended ' + kind:<30} {statistics.median(sizes):7.0f} bytes")
     usage = [
         await redis.memory_usage(ledger.key(name), samples=0) or 0
@@ -145,7 +192,7 @@ async def parts(redis: Redis) -> None:
         print(f"{name:<30} {statistics.median(got):7.1f} us median")
 
 
-async def main(nodes: int, jobs: int) -> None:
+async def main(nodes: int, jobs: int, ids: Ids) -> None:
     server = RedisServer(Path(tempfile.mkdtemp(prefix="xpupool-script-costs-")) / "redis")
     server.start()
     try:
@@ -153,7 +200,7 @@ async def main(nodes: int, jobs: int) -> None:
         await redis.config_set("slowlog-log-slower-than", 0)
         await redis.config_set("slowlog-max-len", 1_000_000)
         try:
-            await ledger_scripts(redis, nodes, jobs)
+            await ledger_scripts(redis, nodes, jobs, ids)
             await parts(redis)
         finally:
             await redis.aclose()
@@ -165,5 +212,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument(
+        "--production-ids",
+        action="store_true",
+        help="records named as production names them (UUID job ids, long node names, slice "
+        "metadata) instead of short ids: what the ledger keeps per job then",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.nodes, args.jobs))
+    asyncio.run(main(args.nodes, args.jobs, Ids(args.production_ids)))

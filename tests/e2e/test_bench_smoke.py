@@ -105,3 +105,33 @@ def test_script_costs_times_the_ledger_scripts_and_their_parts() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     for line in ("pend.lua", "end.lua", "AOF per admission + release", "4 cjson encode+decode"):
         assert line in done.stdout, done.stdout
+
+
+def test_script_costs_names_records_as_production_does_when_asked() -> None:
+    """``--production-ids``: UUID ids, long node names and slice metadata make every record
+    larger than the short ids do, and the figures are reported the same way."""
+
+    def kept(*flags: str) -> dict[str, float]:
+        command = [sys.executable, str(BENCH / "script_costs.py"), "--nodes", "4", "--jobs", "20"]
+        done = subprocess.run(
+            [*command, *flags], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return {
+            line[:30].strip(): float(line[30:].split()[0])
+            for line in done.stdout.splitlines()
+            if line.startswith(("memory per", "AOF per"))
+        }
+
+    short, production = kept(), kept("--production-ids")
+    assert (
+        set(short)
+        == set(production)
+        == {
+            "AOF per admission + release",
+            "memory per ended lease",
+            "memory per ended job",
+            "memory per usage record",
+        }
+    )
+    assert all(production[name] > short[name] for name in short)
