@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from pathlib import Path
 
+import jsonschema
 import msgspec
 import pytest
 
@@ -15,6 +17,8 @@ from tests.e2e.conftest import Ready
 from tests.e2e.test_cli import _cli
 from xpupool.contracts import UsageRecord
 from xpupool.devstack.stack import NodeSpec, Stack
+
+PROTO = Path(__file__).resolve().parents[2] / "proto"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -58,6 +62,9 @@ async def test_a_released_job_is_in_the_usage_report(
     exported = await asyncio.to_thread(_cli, stack, "usage", "--records", "--since", "1h")
     assert exported.returncode == 0, exported.stderr
     (line,) = exported.stdout.splitlines()
+    # What a billing store written from proto/ alone reads: the published schema holds.
+    schema = json.loads((PROTO / "schemas" / "UsageRecord.json").read_text())
+    jsonschema.validate(json.loads(line), schema)
     record = msgspec.json.decode(line, type=UsageRecord)
     assert (record.lease_id, record.tenant, record.end_reason) == (
         grant["lease_id"],
