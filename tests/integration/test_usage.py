@@ -203,8 +203,8 @@ async def test_an_unclaimed_reservation_ends_with_a_record_of_nothing_used(ledge
 
 
 async def test_exports_of_consecutive_windows_hold_each_lease_once(ledger: Ledger) -> None:
-    """``xpupool usage --records``: a window takes the leases that ended from its start to
-    before its end, so a lease that ended exactly where two windows meet is in the later one
+    """``xpupool usage`` and ``--records``: a window takes the leases that ended from its start
+    to before its end, so a lease that ended exactly where two windows meet is in the later one
     only."""
     await ledger.register_node("n1", [device_spec("n1", i) for i in range(3)], 64_000, 256_000)
     for i in range(3):
@@ -218,3 +218,6 @@ async def test_exports_of_consecutive_windows_hold_each_lease_once(ledger: Ledge
     assert [r.lease_id for r in earlier] == ["lease-w0"]
     assert [r.lease_id for r in later] == ["lease-w1", "lease-w2"]
     assert format_records(later).splitlines()[0] == msgspec.json.encode(later[0]).decode()
+    # The report (``xpupool usage``) reads its windows the same way.
+    assert [r.lease_id for r in await read_usage(ledger, 0, cut)] == ["lease-w0"]
+    assert [r.lease_id for r in await read_usage(ledger, cut, None)] == ["lease-w1", "lease-w2"]

@@ -248,18 +248,19 @@ def format_records(records: Iterable[UsageRecord]) -> str:
 
 async def records_ended_in(ledger: Ledger, since_ms: int, until_ms: int) -> list[UsageRecord]:
     """The records of leases that ended at or after ``since_ms`` and before ``until_ms``: end
-    times are whole milliseconds, so exports of consecutive windows hold each lease once."""
+    times are whole milliseconds, so reports and exports of consecutive windows hold each lease
+    once."""
     return await ended_usage(ledger, since_ms, until_ms - 1)
 
 
 async def read_usage(ledger: Ledger, since_ms: int, until_ms: int | None) -> list[UsageRecord]:
-    """Ended leases' records in the range (``until_ms`` None: up to now), plus the running
-    leases counted up to now when the range reaches now."""
+    """Ended leases' records in the window (``records_ended_in``; ``until_ms`` None: up to and
+    including now), plus the running leases counted up to now when the window reaches now."""
     now = await ledger.now_ms()
-    until = now if until_ms is None else until_ms
-    records = await ended_usage(ledger, since_ms, until)
-    if until >= now:
-        records += [r for r in await live_usage(ledger) if r.granted_ms <= until]
+    until = now + 1 if until_ms is None else until_ms
+    records = await records_ended_in(ledger, since_ms, until)
+    if until > now:
+        records += [r for r in await live_usage(ledger) if r.granted_ms < until]
     return records
 
 
