@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
+import numpy.ma  # noqa: F401  (np.unique imports it on first use: here, not in a first decision)
 
 from xpupool.placement import POLICIES, ClusterState, NodeSpec, PodDemand, Policy, PolicyContext
 from xpupool.placement.demand import Demand
