@@ -11,23 +11,24 @@ import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 import nats.errors
-import redis.exceptions
-from redis.asyncio import Redis
 
 from xpupool.cli import usage as usage_cli
 from xpupool.client import connected
 from xpupool.contracts import DeviceDemand, DeviceSelector, HostDemand, JobRequested, Vendor
-from xpupool.devices.catalog import CatalogError
-from xpupool.devices.simulated import ProfileError
-from xpupool.devstack.servers import ServerUnavailable
-from xpupool.devstack.stack import NodeSpec
-from xpupool.ledger import Ledger
 from xpupool.runner import EXIT_LEASE_LOST, EXIT_NOT_GRANTED, RunOptions, parse_size_mib, run_job
-from xpupool.scheduler.domain import ConfigError
+
+if TYPE_CHECKING:
+    # Imported by the commands that use them: `xpupool run`, `submit` and the other NATS
+    # commands start without Redis's client, the ledger, numpy or the dev stack (a third of
+    # the command's start).
+    from redis.asyncio import Redis
+
+    from xpupool.devstack.stack import NodeSpec
 
 DEFAULT_NATS = "nats://127.0.0.1:4222"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -51,6 +52,8 @@ def _nats_security(args: argparse.Namespace) -> dict[str, str | None]:
 
 def _redis_client(args: argparse.Namespace, url: str) -> Redis:
     """A Redis client; a rediss:// URL is verified with --redis-tls-ca / $XPUPOOL_REDIS_TLS_CA."""
+    from redis.asyncio import Redis
+
     ca = args.redis_tls_ca or os.environ.get("XPUPOOL_REDIS_TLS_CA")
     return Redis.from_url(url, ssl_ca_certs=ca) if ca else Redis.from_url(url)
 
@@ -155,6 +158,8 @@ async def _lease_command(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
+    from xpupool.ledger import Ledger
+
     _, redis_url, namespace = _urls(args)
     redis = _redis_client(args, redis_url)
     if not args.nodes:
@@ -219,6 +224,8 @@ async def _usage(args: argparse.Namespace) -> int:
 
 
 async def _explain(args: argparse.Namespace) -> int:
+    from xpupool.ledger import Ledger
+
     _, redis_url, namespace = _urls(args)
     redis = _redis_client(args, redis_url)
     try:
@@ -252,6 +259,7 @@ async def _explain(args: argparse.Namespace) -> int:
 async def _scale_status(args: argparse.Namespace) -> int:
     """``xpupool scale status``: the acting autoscaler's last snapshot, read from the ledger."""
     from xpupool.autoscaler.status import decode_status, render
+    from xpupool.ledger import Ledger
 
     _, redis_url, namespace = _urls(args)
     redis = _redis_client(args, redis_url)
@@ -301,6 +309,7 @@ def _fleet(text: str | None) -> list[NodeSpec]:
     from xpupool.devices import load_catalog
     from xpupool.devices.simulated import SimulatedBackend
     from xpupool.devstack.demo import DEFAULT_FLEET
+    from xpupool.devstack.stack import NodeSpec
 
     if text is None:
         return list(DEFAULT_FLEET)
@@ -627,22 +636,39 @@ def _redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+# Errors the user can act on, said as they are, by the module that defines them.
+_SAID_AS_IS: Final = (
+    ("xpupool.devstack.servers", "ServerUnavailable"),
+    ("xpupool.devices.simulated", "ProfileError"),
+    ("xpupool.devices.catalog", "CatalogError"),
+    ("xpupool.scheduler.domain.config", "ConfigError"),
+)
+_REDIS_REFUSED: Final = ("AuthenticationError", "NoPermissionError")
+_REDIS_UNREACHABLE: Final = ("ConnectionError", "TimeoutError")
+
+
+def _loaded(module: str, *names: str) -> tuple[type[BaseException], ...]:
+    """The error types ``names`` of ``module`` if it was imported: an error cannot be of a type
+    whose module never loaded, and importing it here would cost every command its start."""
+    loaded = sys.modules.get(module)
+    return tuple(getattr(loaded, name) for name in names) if loaded is not None else ()
+
+
 def _user_error(error: BaseException, args: argparse.Namespace | None) -> str | None:
     """The one line to print for an error the user can act on (an unreachable or refusing
     server, a missing server binary or file, a model the catalog lacks, a bad queue file);
     None for anything else, which is a bug and keeps its traceback."""
     nats_url, redis_url = (_urls(args)[:2]) if args is not None else ("NATS", "Redis")
-    if isinstance(
-        error, UsageError | ServerUnavailable | ProfileError | CatalogError | ConfigError
-    ):
+    said_as_is = tuple(t for module, name in _SAID_AS_IS for t in _loaded(module, name))
+    if isinstance(error, (UsageError, *said_as_is)):
         return str(error)
     if isinstance(error, nats.errors.AuthorizationError):
         return f"NATS at {nats_url} refused the credentials: {error}"
     if isinstance(error, nats.errors.Error):
         return f"cannot reach NATS at {nats_url}: {error}"
-    if isinstance(error, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
+    if isinstance(error, _loaded("redis.exceptions", *_REDIS_REFUSED)):
         return f"Redis at {_redacted(redis_url)} refused: {error}"
-    if isinstance(error, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+    if isinstance(error, _loaded("redis.exceptions", *_REDIS_UNREACHABLE)):
         return f"cannot reach Redis at {_redacted(redis_url)}: {error}"
     if isinstance(error, OSError):
         if error.filename is not None and error.strerror:

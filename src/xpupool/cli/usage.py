@@ -17,15 +17,19 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
-from redis.asyncio import Redis
 
 from xpupool.contracts import UsageRecord
-from xpupool.devices.catalog import Catalog, load_catalog
-from xpupool.ledger import Ledger
-from xpupool.ledger.usage import ended_usage, live_usage
+
+if TYPE_CHECKING:
+    # Imported where used: every command's parser registers ``usage``, and ``xpupool run``
+    # needs neither Redis's client nor the ledger.
+    from redis.asyncio import Redis
+
+    from xpupool.devices.catalog import Catalog
+    from xpupool.ledger import Ledger
 
 GroupBy = Literal["tenant", "queue", "model"]
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -250,12 +254,16 @@ async def records_ended_in(ledger: Ledger, since_ms: int, until_ms: int) -> list
     """The records of leases that ended at or after ``since_ms`` and before ``until_ms``: end
     times are whole milliseconds, so reports and exports of consecutive windows hold each lease
     once."""
+    from xpupool.ledger.usage import ended_usage
+
     return await ended_usage(ledger, since_ms, until_ms - 1)
 
 
 async def read_usage(ledger: Ledger, since_ms: int, until_ms: int | None) -> list[UsageRecord]:
     """Ended leases' records in the window (``records_ended_in``; ``until_ms`` None: up to and
     including now), plus the running leases counted up to now when the window reaches now."""
+    from xpupool.ledger.usage import live_usage
+
     now = await ledger.now_ms()
     until = now + 1 if until_ms is None else until_ms
     records = await records_ended_in(ledger, since_ms, until)
@@ -291,6 +299,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 async def run(args: argparse.Namespace, redis: Redis, namespace: str) -> int:
     """``xpupool usage`` against an open Redis client (closed by the caller)."""
+    from xpupool.devices.catalog import load_catalog
+    from xpupool.ledger import Ledger
+    from xpupool.ledger.usage import live_usage
+
     ledger = Ledger(redis, namespace)
     fmt: Literal["text", "json", "csv"] = "json" if args.json else "csv" if args.csv else "text"
     now = await ledger.now_ms()
