@@ -57,6 +57,35 @@ async def test_a_long_running_lease_stays_listed_after_its_job_left_the_job_inde
     assert [x.lease_id for x in await ledger.tenant_leases("t", 10)] == ["lease-long"]
 
 
+async def test_a_running_job_stays_in_its_tenants_job_list_after_it_left_the_job_index(
+    ledger: Ledger,
+) -> None:
+    """jobs.list: the index's jobs and, in their place by admission time, the jobs of the
+    tenant's live leases that its trim dropped; the newest ``limit`` of them all."""
+    await _eight_gpus(ledger)
+    assert (await ledger.pend("long", 1, b"{}", None, "queued", tenant="t")).ok
+    assert (await ledger.reserve(reservation("long", SliceClaim("n1/nvidia0", whole=True)))).ok
+    for i in range(3):
+        await asyncio.sleep(0.002)  # admission times order them
+        assert (await ledger.pend(f"later{i}", 1, b"{}", None, "queued", tenant="t")).ok
+    assert (await ledger.pend("other", 1, b"{}", None, "queued", tenant="u")).ok
+    # What the index's trim does to an entry older than the job retention, or 1,000 jobs back.
+    await ledger.redis.zrem(ledger.key("tenant-jobs", "t"), "long")
+    assert [j.job_id for j in await ledger.tenant_jobs("t", 10)] == [
+        "later2",
+        "later1",
+        "later0",
+        "long",
+    ]
+    assert [j.job_id for j in await ledger.tenant_jobs("t", 2)] == ["later2", "later1"]
+    (running,) = [j for j in await ledger.tenant_jobs("t", 10) if j.job_id == "long"]
+    assert running.state == "reserved" and running.lease_id == "lease-long"
+    assert [j.job_id for j in await ledger.tenant_jobs("u", 10)] == ["other"]
+    # Once its lease ends, an unindexed job is no longer listed: ended jobs are the index's.
+    assert (await ledger.end("lease-long", "released")).ok
+    assert "long" not in [j.job_id for j in await ledger.tenant_jobs("t", 10)]
+
+
 async def test_a_ledger_written_before_tenant_lease_sets_is_indexed_once(ledger: Ledger) -> None:
     await _eight_gpus(ledger)
     for i in range(5):

@@ -555,7 +555,7 @@ class ListJobs(
 ):
     """The tenant's jobs, newest first: waiting (with why), running, and recently ended, among
     those it submitted within the deployment's job retention (7 days by default), the latest
-    1,000 at most (``lease.list`` lists every live lease, however old its job)."""
+    1,000 at most, and every job that holds a lease, however old."""
 
     limit: Annotated[int, Meta(ge=1, le=MAX_QUERY_LIMIT)] = 50
 

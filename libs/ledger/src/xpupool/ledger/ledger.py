@@ -1180,13 +1180,26 @@ class Ledger:
         return [_str(i) for i in ids]
 
     async def tenant_jobs(self, tenant: str, limit: int) -> list[JobRecord]:
-        """``tenant``'s latest jobs, newest first (those whose record the ledger still keeps)."""
-        job_ids = await self.tenant_job_ids(tenant, limit)
+        """``tenant``'s latest jobs, newest first (those whose record the ledger still keeps):
+        its job index's, and the jobs of its live leases, which the index's trim (the job
+        retention, the latest 1,000) may have dropped while they run. The trim drops the oldest
+        entries, so the live leases are read only when the index holds fewer than ``limit``."""
+        indexed = await self.tenant_job_ids(tenant, limit)
+        running: list[str] = []
+        if len(indexed) < limit:
+            leases = await self.tenant_leases(tenant, len(indexed) + limit)
+            running = [lease.job_id for lease in leases if lease.job_id not in indexed]
+        job_ids = [*indexed, *dict.fromkeys(running)]
         async with self._redis.pipeline(transaction=False) as pipe:
             for job_id in job_ids:
                 pipe.hgetall(self.key("job", job_id))
             rows = await pipe.execute()
-        return [_job(j, row) for j, row in zip(job_ids, rows, strict=True) if row]
+        jobs = [_job(j, row) for j, row in zip(job_ids, rows, strict=True) if row]
+        if running:
+            # The index's order is its admission time, the record's since_ms (a stable sort keeps
+            # the index's order among equals).
+            jobs.sort(key=lambda job: job.since_ms or 0, reverse=True)
+        return jobs[:limit]
 
     async def tenant_leases(self, tenant: str, limit: int) -> list[LeaseRecord]:
         """``tenant``'s live leases (reserved or active), newest first, at most ``limit``: its set
