@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import structlog
 
 from tests.integration.ledger_builders import device_spec, reservation
 from xpupool.lease_manager.main import prepare_ledger
@@ -137,9 +138,19 @@ async def test_the_lease_manager_prepares_the_ledger_with_its_settings(ledger: L
     await ledger.register_node("n1", [device_spec("n1", 0)], 64_000, 256_000)
     assert (await ledger.reserve(reservation("old", SliceClaim("n1/nvidia0", whole=True)))).ok
     await ledger.redis.delete(ledger.key("tenant-leases", "t"))
-    await prepare_ledger(ledger, settings)
+    with structlog.testing.capture_logs() as logs:
+        await prepare_ledger(ledger, settings)
     assert await ledger.retention() == Retention(job_s=7200, lease_s=3600)
     assert [x.lease_id for x in await ledger.tenant_leases("t", 10)] == ["lease-old"]
     assert await audit(ledger) == []
+    # What changed is said once: the retention the ledger had (none: a week) and the leases
+    # indexed. A start that changes nothing says nothing.
+    said = {entry["event"]: entry for entry in logs}
+    assert said["retention_set"]["before"] is None
+    assert said["retention_set"]["job_retention_s"] == 7200
+    assert said["tenant_leases_indexed"]["count"] == 1
+    with structlog.testing.capture_logs() as again:
+        await prepare_ledger(ledger, settings)
+    assert again == []
     with pytest.raises(SystemExit, match="job_retention_s"):
         load_settings(LeaseManagerSettings, {"XPUPOOL_JOB_RETENTION_S": "600"})
