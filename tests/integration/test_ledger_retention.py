@@ -118,6 +118,22 @@ async def test_once_its_retention_is_over_an_ended_job_is_forgotten(ledger: Ledg
     assert await audit(ledger) == []
 
 
+async def test_a_tenants_job_index_outlives_its_newest_entrys_retention(ledger: Ledger) -> None:
+    """Its expiry is set to twice the job retention when less than one is left: never shorter
+    than an entry's retention, and not written again at every admission."""
+    await ledger.set_retention(Retention(job_s=JOB_S, lease_s=LEASE_S))
+    index = ledger.key("tenant-jobs", "t")
+    assert (await ledger.pend("first", 1, b"{}", None, "queued", tenant="t")).ok
+    assert _about(int(await ledger.redis.ttl(index)), 2 * JOB_S)
+    await ledger.redis.expire(index, JOB_S + 100)
+    assert (await ledger.pend("second", 1, b"{}", None, "queued", tenant="t")).ok
+    assert _about(int(await ledger.redis.ttl(index)), JOB_S + 100)  # more than one left: kept
+    await ledger.redis.expire(index, JOB_S - 100)
+    assert (await ledger.pend("third", 1, b"{}", None, "queued", tenant="t")).ok
+    assert _about(int(await ledger.redis.ttl(index)), 2 * JOB_S)
+    assert await ledger.tenant_job_ids("t", 10) == ["third", "second", "first"]
+
+
 async def test_before_any_retention_is_set_the_scripts_keep_a_week(ledger: Ledger) -> None:
     """The scripts' own default (``DEFAULT_RETAIN_S`` in _prelude.lua) is the one the ledger
     reports (``DEFAULT_RETENTION_S``)."""

@@ -73,12 +73,13 @@ end
 -- A live job's record does not expire (job_over sets its retention once it is over).
 redis.call('HSET', jk, unpack(job))
 -- The tenant's jobs, newest last, for its queries: those submitted within the job retention,
--- at most 1,000.
+-- at most 1,000. The index outlives its newest entry's retention: its expiry is set to twice the
+-- retention once less than one is left, not at every admission (an EXPIRE is an AOF write).
 local tk, job_retain_s = k('tenant-jobs', tenant), retain_s('job')
 redis.call('ZADD', tk, since, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', tk, '-inf', since - job_retain_s * 1000)
 redis.call('ZREMRANGEBYRANK', tk, 0, -1001)
-redis.call('EXPIRE', tk, job_retain_s)
+if redis.call('TTL', tk) < job_retain_s then redis.call('EXPIRE', tk, 2 * job_retain_s) end
 -- Placed on admission: the job is granted here, in the same atomic step, when the scheduler
 -- found room for it and no other job waits (one placed ahead of the queue would overtake those).
 -- A placement the ledger refuses (decided on a view that is stale by now) is not an error: the
