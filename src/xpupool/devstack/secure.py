@@ -127,7 +127,8 @@ DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
         # the ledger's change feed (Ledger.follow_changes), on its channel only
         "subscribe",
         "unsubscribe",
-        # nodes/get_nodes/leases/live_leases/pending/pending_jobs/get_job/pending_count
+        # nodes/get_nodes/leases/live_leases/pending/pending_jobs/get_job/pending_count; and
+        # tenant_jobs, when the tenant's job index is short: its live leases (tenant_leases)
         "hgetall",
         "hget",
         "smembers",
