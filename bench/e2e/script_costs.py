@@ -3,12 +3,19 @@
 ``python bench/e2e/script_costs.py [--nodes 200] [--jobs 2000]``: a redis-server of its own
 (AOF, ``appendfsync always``, as the ledger runs), ``--nodes`` nodes of eight devices, then
 ``--jobs`` admissions that grant on arrival (``pend.lua``) each followed by its release
-(``end.lua``), one at a time, nothing else running. Redis's SLOWLOG (threshold 0) gives each
+(``end.lua``), one at a time, nothing else running, shaped as the stack sends them (``Jobs``:
+the host charge and the quota counters of a queue and its parent; a holder's release whose event
+the lease-manager publishes). Redis's SLOWLOG (threshold 0) gives each
 script's median time inside Redis, without the round trip or the fsync. Then the same server
 times the parts such scripts are made of, as bare scripts: ``redis.call``s, key names built the
 scripts' way, and ``cjson`` encodes and decodes of a table the size of a lease's slices. The AOF
 bytes one admission and its release write are reported too, and what the ledger keeps of each
 ended job: its records' memory, and the time an AOF rewrite of them all takes.
+
+``--baseline-lua DIR`` compares two versions of the scripts on one server: this machine's speed
+moves by a third within minutes, more than most changes to a script, so runs one after another
+cannot tell them apart. Each job then runs on this version's ledger and on one whose scripts come
+from ``DIR``, in turn, and each script's median is given as a ratio to the baseline's.
 """
 
 from __future__ import annotations
@@ -30,13 +37,15 @@ from xpupool.devstack.servers import RedisServer
 from xpupool.ledger import (
     Admission,
     Holder,
+    HostClaim,
     Ledger,
     Reservation,
     SliceClaim,
     SliceMeta,
+    UsageClaim,
     new_lease_secret,
 )
-from xpupool.ledger.ledger import SCRIPTS
+from xpupool.ledger.ledger import SCRIPTS, script_parts
 
 # Bare scripts of the parts the ledger's scripts are made of (KEYS[1]: a hash of 30 fields).
 PARTS = {
@@ -92,51 +101,105 @@ async def _slowlog(redis: Redis) -> list[dict[str, Any]]:
     return list(await redis.slowlog_get(1_000_000))
 
 
-async def ledger_scripts(redis: Redis, nodes: int, jobs: int, ids: Ids) -> None:
-    ledger = Ledger(redis, "bench")
-    specs: dict[str, DeviceSpec] = {}
-    for i in range(nodes):
-        node = ids.node(i)
-        devices = [_spec(node, d, ids.production) for d in range(8)]
-        specs.update((d.device_id, d) for d in devices)
-        await ledger.register_node(node, devices, 256_000, 2_000_000)
-    names = {ledger._scripts[name].sha: name for name in SCRIPTS}  # noqa: SLF001
-    await redis.slowlog_reset()
-    aof0 = (await redis.info("persistence"))["aof_current_size"]
-    kept: list[tuple[str, str]] = []
-    for j in range(jobs):
-        spec = specs[f"{ids.node(j % nodes)}/nvidia{(j // nodes) % 8}"]
+def _source_from(lua: Path, name: str) -> str:
+    """A script's whole source as ``script_source`` builds it, from another ``lua/`` directory
+    (a baseline's: ``git worktree add /tmp/base REV``, then ``--baseline-lua
+    /tmp/base/libs/ledger/src/xpupool/ledger/lua``)."""
+    return "\n".join((lua / f"{part}.lua").read_text() for part in script_parts(name))
+
+
+class Jobs:
+    """One ledger's nodes and the admissions and releases of its jobs, as the stack makes them:
+    each placement carries the host charge and the quota counters the scheduler's
+    ``reservation_of`` adds (units and the device's model, for the job's queue and its parent),
+    and each release is a holder's, whose ``LeaseEnded`` the lease-manager publishes itself
+    (``direct``)."""
+
+    def __init__(self, ledger: Ledger, nodes: int, ids: Ids) -> None:
+        self.ledger = ledger
+        self.nodes = nodes
+        self.ids = ids
+        self.specs: dict[str, DeviceSpec] = {}
+        self.kept: list[tuple[str, str]] = []
+
+    async def register(self) -> None:
+        for i in range(self.nodes):
+            node = self.ids.node(i)
+            devices = [_spec(node, d, self.ids.production) for d in range(8)]
+            self.specs.update((d.device_id, d) for d in devices)
+            await self.ledger.register_node(node, devices, 256_000, 2_000_000)
+
+    async def one(self, j: int) -> None:
+        """Admit job ``j`` placed on arrival (``pend.lua``), then release it (``end.lua``)."""
+        ids = self.ids
+        node = ids.node(j % self.nodes)
+        spec = self.specs[f"{node}/nvidia{(j // self.nodes) % 8}"]
         meta = (
             SliceMeta(vendor=spec.vendor.value, model=spec.model, index=spec.index, uuid=spec.uuid)
             if ids.production
             else None
         )
-        claim = SliceClaim(spec.device_id, memory_mib=1000, meta=meta)
+        claim = SliceClaim(spec.device_id, memory_mib=1000, compute_pct=25, meta=meta)
         job_id, lease_id = ids.job(j)
-        kept.append((job_id, lease_id))
+        self.kept.append((job_id, lease_id))
+        queue = ids.tenant if ids.production else "q"
         placement = Reservation(
             job_id=job_id,
             lease_id=lease_id,
             tenant=ids.tenant,
-            queue=ids.tenant if ids.production else "q",
+            queue=queue,
             priority=500,
             owner=ids.tenant if ids.production else "o",
             ttl_ms=60_000,
             hold_ms=60_000,
             slices=[claim],
+            host={node: HostClaim(cpu_milli=4000, memory_mib=16_384)},
+            usage=[
+                UsageClaim(scope, field, 0.25)
+                for scope in (queue, "root")
+                for field in ("units", f"devices:{spec.model}")
+            ],
             secret=new_lease_secret(),
         )
         admission = Admission(
             job_id, 500, b"{}", None, "queued", tenant=ids.tenant, placement=placement
         )
-        [admitted] = await ledger.admit_many([admission])
-        lease = ledger.granted_lease(admitted)
+        [admitted] = await self.ledger.admit_many([admission])
+        lease = self.ledger.granted_lease(admitted)
         if lease is None:
             raise RuntimeError(f"job {job_id} was not granted: {admitted}")
         holder = Holder(ids.tenant, lease.secret, lease.token)
-        released = await ledger.release(lease.lease_id, holder)
+        released = await self.ledger.release(lease.lease_id, holder, direct=True)
         if not released.ok:
             raise RuntimeError(f"lease {lease.lease_id} was not released: {released}")
+
+
+async def ledger_scripts(
+    redis: Redis, nodes: int, jobs: int, ids: Ids, baseline_lua: Path | None = None
+) -> None:
+    ledger = Ledger(redis, "bench")
+    measured = Jobs(ledger, nodes, ids)
+    await measured.register()
+    names = {ledger._scripts[name].sha: name for name in SCRIPTS}  # noqa: SLF001
+    baseline = None
+    if baseline_lua is not None:
+        # The same jobs on a ledger of its own whose scripts are the baseline's, one job each in
+        # turn on the same server: both see the machine as it is at that moment.
+        base_ledger = Ledger(redis, "baseline")
+        base_ledger._scripts = {  # noqa: SLF001
+            name: redis.register_script(_source_from(baseline_lua, name)) for name in SCRIPTS
+        }
+        names.update(
+            {s.sha: f"baseline {name}" for name, s in base_ledger._scripts.items()}  # noqa: SLF001
+        )
+        baseline = Jobs(base_ledger, nodes, ids)
+        await baseline.register()
+    await redis.slowlog_reset()
+    aof0 = (await redis.info("persistence"))["aof_current_size"]
+    for j in range(jobs):
+        await measured.one(j)
+        if baseline is not None:
+            await baseline.one(j)
     aof1 = (await redis.info("persistence"))["aof_current_size"]
     durations: dict[str, list[int]] = {}
     for entry in await _slowlog(redis):
@@ -145,10 +208,15 @@ async def ledger_scripts(redis: Redis, nodes: int, jobs: int, ids: Ids) -> None:
             name = names.get(command[1].decode(), command[1].decode())
             durations.setdefault(name, []).append(entry["duration"])
     for name in ("pend", "end"):
-        got = durations.get(name, [])
-        print(f"{name + '.lua':<30} {statistics.median(got):7.1f} us median over {len(got)} calls")
-    print(f"{'AOF per admission + release':<30} {(aof1 - aof0) / jobs:7.0f} bytes")
-    await retained(redis, ledger, kept)
+        got = statistics.median(durations.get(name, [0]))
+        line = f"{name + '.lua':<30} {got:7.1f} us median over {len(durations.get(name, []))} calls"
+        if baseline is not None:
+            base = statistics.median(durations.get(f"baseline {name}", [0]))
+            line += f"; the baseline's {base:.1f} us, {got / base:.3f} of it (interleaved)"
+        print(line)
+    if baseline is None:
+        print(f"{'AOF per admission + release':<30} {(aof1 - aof0) / jobs:7.0f} bytes")
+        await retained(redis, ledger, measured.kept)
 
 
 async def retained(redis: Redis, ledger: Ledger, kept: list[tuple[str, str]]) -> None:
@@ -192,7 +260,7 @@ async def parts(redis: Redis) -> None:
         print(f"{name:<30} {statistics.median(got):7.1f} us median")
 
 
-async def main(nodes: int, jobs: int, ids: Ids) -> None:
+async def main(nodes: int, jobs: int, ids: Ids, baseline_lua: Path | None = None) -> None:
     server = RedisServer(Path(tempfile.mkdtemp(prefix="xpupool-script-costs-")) / "redis")
     server.start()
     try:
@@ -200,8 +268,9 @@ async def main(nodes: int, jobs: int, ids: Ids) -> None:
         await redis.config_set("slowlog-log-slower-than", 0)
         await redis.config_set("slowlog-max-len", 1_000_000)
         try:
-            await ledger_scripts(redis, nodes, jobs, ids)
-            await parts(redis)
+            await ledger_scripts(redis, nodes, jobs, ids, baseline_lua)
+            if baseline_lua is None:
+                await parts(redis)
         finally:
             await redis.aclose()
     finally:
@@ -218,5 +287,13 @@ if __name__ == "__main__":
         help="records named as production names them (UUID job ids, long node names, slice "
         "metadata) instead of short ids: what the ledger keeps per job then",
     )
+    parser.add_argument(
+        "--baseline-lua",
+        type=Path,
+        default=None,
+        help="another version's lua/ directory: the same jobs run on a ledger of their own with "
+        "those scripts, interleaved with this version's on the same server, and each script's "
+        "median is given against the baseline's",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.nodes, args.jobs, Ids(args.production_ids)))
+    asyncio.run(main(args.nodes, args.jobs, Ids(args.production_ids), args.baseline_lua))

@@ -1,9 +1,21 @@
 -- Shared by every ledger script (prepended at load time). KEYS[1] is the key prefix, a Redis
 -- Cluster hash tag such as "{xpupool}:", so every key of one ledger lives in one slot.
 local P = KEYS[1]
-local function k(...) return P .. table.concat({...}, ':') end
+-- A key name: the prefix and one or two parts ("dev", id). No script names three; building a
+-- table to join them cost a script a third of a microsecond per key, about fifty per job.
+local function k(kind, id)
+  if id == nil then return P .. kind end
+  return P .. kind .. ':' .. id
+end
+-- The server's clock, read once per script: a script runs atomically, so each of its steps is
+-- at the same instant (and each TIME is a command, about 2 us inside a script).
+local clock = nil
+local function server_time()
+  if not clock then clock = redis.call('TIME') end
+  return clock
+end
 local function now_ms()
-  local t = redis.call('TIME')
+  local t = server_time()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function fail(reason, detail)
@@ -52,7 +64,7 @@ local change_seq, capacity_noted = nil, false
 local function log_change(kind, id, load_only)
   if not change_seq then
     change_seq = redis.call('INCR', k('changes-seq'))
-    local t = redis.call('TIME')
+    local t = server_time()
     redis.call('SET', k('changes-epoch'), t[1] .. '.' .. t[2], 'NX')
     local size = redis.call('ZCARD', k('changes'))
     if size >= CHANGE_LOG_MAX then
