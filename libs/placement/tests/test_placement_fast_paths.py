@@ -436,7 +436,7 @@ def test_kept_costs_follow_the_state_between_one_off_copies(constrained: float) 
     between, and while more shapes than ``KEPT_SHAPES`` come and go; with model constraints
     (a claim added per decision) and without (the kept costs already rounded)."""
     rng = np.random.default_rng(13)
-    pods = [_random_pod(rng, constrained) for _ in range(150)]
+    pods = [_random_pod(rng, constrained) for _ in range(400)]
     shapes = {(p.cpu_milli, p.num_gpu, p.gpu_milli) for p in pods}
     assert len(shapes) > KEPT_SHAPES
     state = ClusterState.from_nodes(_twin_cluster(20))

@@ -347,7 +347,7 @@ class FragCache:
             self._versions = state.node_version.copy()
             self._token = state.token
             return self._values
-        stale = np.flatnonzero(self._versions != state.node_version)
+        stale = (self._versions != state.node_version).nonzero()[0]
         if len(stale):
             self._values[stale] = self.evaluator.nodes(state, stale)
             self._versions[stale] = state.node_version[stale]

@@ -296,7 +296,7 @@ class ClusterState:
             kept = self._feasible[key] = (mask, self.node_version.copy())
         else:
             mask, versions = kept
-            stale = np.flatnonzero(versions != self.node_version)
+            stale = (versions != self.node_version).nonzero()[0]
             if len(stale):
                 mask[stale] = self._feasible_rows(pod, stale)
                 versions[stale] = self.node_version[stale]
@@ -310,7 +310,7 @@ class ClusterState:
         )
         if pod.num_gpu > 0:
             mask &= self.model_mask(pod.allowed_models)[rows]
-            mask &= (self.gpu_free[rows] >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
+            mask &= np.add.reduce(self.gpu_free[rows] >= pod.gpu_milli, axis=1) >= pod.num_gpu
         return mask
 
     def check(self, placement: NodeChoice) -> str | None:
