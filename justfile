@@ -120,6 +120,11 @@ bench *ARGS: sync
 bench-scripts *ARGS: sync
     uv run --frozen python bench/e2e/script_costs.py {{ARGS}}
 
+# A pair of acknowledged JetStream publishes: nats-py's publish_async against the bus's own acks
+[group("bench")]
+bench-acks *ARGS: sync
+    uv run --frozen python bench/e2e/bench_acks.py {{ARGS}}
+
 # Where one job's submit -> grant time goes, step by step, from the services' spans (issue 14)
 [group("bench")]
 bench-anatomy *ARGS: sync

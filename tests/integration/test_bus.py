@@ -45,7 +45,7 @@ async def test_handler_results_are_published_before_the_ack(nc: Client) -> None:
     leaves the work queue only after that."""
     provider = TracerProvider()
     tracer = provider.get_tracer("test")
-    publisher = Publisher(nc, nc.jetstream(), source="/tests")
+    publisher = Publisher(nc, source="/tests")
     rejections = await _received(nc, subjects.JOB_REJECTED.address)
     tenant_rejections = await _received(nc, subjects.TENANT_JOB_REJECTED.pattern)
     requests = await _received(nc, subjects.JOB_REQUESTED.pattern)
@@ -85,7 +85,7 @@ async def test_handler_results_are_published_before_the_ack(nc: Client) -> None:
 
 async def test_bad_input_is_answered_and_acknowledged(nc: Client) -> None:
     """A payload that does not decode gets the channel's rejection and is not redelivered."""
-    publisher = Publisher(nc, nc.jetstream(), source="/tests")
+    publisher = Publisher(nc, source="/tests")
     rejections = await _received(nc, subjects.JOB_REJECTED.address)
     stop = asyncio.Event()
     calls: list[object] = []
@@ -128,7 +128,7 @@ async def test_bad_input_is_answered_and_acknowledged(nc: Client) -> None:
 
 async def test_a_handler_that_keeps_failing_ends_in_give_up(nc: Client) -> None:
     """A failing handler is retried, and on its last delivery the give-up events go out."""
-    publisher = Publisher(nc, nc.jetstream(), source="/tests")
+    publisher = Publisher(nc, source="/tests")
     rejections = await _received(nc, subjects.JOB_REJECTED.address)
     stop = asyncio.Event()
     attempts: list[int] = []
@@ -173,7 +173,7 @@ async def test_readiness_waits_for_a_pulling_consumer(nc: Client, nats_server: N
         return []
 
     stop = asyncio.Event()
-    publisher = Publisher(nc, js, source="/tests")
+    publisher = Publisher(nc, source="/tests")
     task = asyncio.create_task(consume_stream(js, durable, ignore, publisher, stop))
     await wait_until_pulling(nats_server.url, [durable], timeout_s=10)
     stop.set()

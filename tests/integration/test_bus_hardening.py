@@ -179,7 +179,7 @@ async def _start_consumer(
             nc.jetstream(),
             _durable(name),
             recorder.handle,
-            _EchoPublisher(nc, nc.jetstream(), source="/tests"),
+            _EchoPublisher(nc, source="/tests"),
             stop,
             on_invalid=recorder.on_invalid,
             stats=stats,
@@ -321,7 +321,7 @@ async def test_a_reply_never_carries_the_request_headers(service: Client, client
     async def answer(ask: Ask, *, tenant: str) -> Sequence[msgspec.Struct]:
         return [Answer(ok=True, echo=f"{tenant}:{ask.name * 3}")]
 
-    publisher = Publisher(service, service.jetstream(), source="/tests/rpc")
+    publisher = Publisher(service, source="/tests/rpc")
     await serve_subject(service, RPC, answer, publisher, queue="rpc", stats=stats)
     junk = {"X-Junk": "y" * 1_000_000}
     body = json.dumps({"name": "n" * 40_000}).encode()
@@ -344,7 +344,7 @@ async def test_a_subject_is_served_as_soon_as_serve_subject_returns(
     async def answer(ask: Ask) -> Sequence[msgspec.Struct]:
         return [Answer(ok=True, echo=ask.name)]
 
-    publisher = Publisher(service, service.jetstream(), source="/tests/rpc")
+    publisher = Publisher(service, source="/tests/rpc")
     for i in range(40):
         channel = subjects.Channel(
             f"tests.rpc.fresh{i}", (Ask,), "Fresh.", sender="t", receivers=("t",), reply=Answer
@@ -373,7 +373,7 @@ async def test_an_early_reply_is_the_only_one_and_goes_out_before_the_handler_re
     channel = subjects.Channel(
         "tests.rpc.early", (Ask,), "Early.", sender="t", receivers=("t",), reply=Answer
     )
-    publisher = Publisher(service, service.jetstream(), source="/tests/rpc")
+    publisher = Publisher(service, source="/tests/rpc")
     await serve_subject(service, channel, answer, publisher, queue="early", concurrency=4)
     inbox = client.new_inbox()
     replies = await client.subscribe(inbox)
@@ -405,7 +405,7 @@ async def test_a_reply_over_max_payload_is_replaced_by_a_short_error(
     def too_large(reply: msgspec.Struct) -> msgspec.Struct:
         return Answer(ok=False, echo="response too large")
 
-    publisher = Publisher(service, service.jetstream(), source="/tests")
+    publisher = Publisher(service, source="/tests")
     await serve_subject(
         service, RPC, huge, publisher, queue="hook", stats=stats, too_large_reply=too_large
     )
@@ -434,7 +434,7 @@ async def test_a_reply_over_max_payload_is_replaced_by_a_short_error(
 async def test_an_event_over_max_payload_is_refused_before_it_is_sent(service: Client) -> None:
     """An event whose payload fits max_payload but whose headers push it over raises
     MessageTooLarge instead of being sent (the server would close the connection for it)."""
-    publisher = _EchoPublisher(service, service.jetstream(), source="/tests")
+    publisher = _EchoPublisher(service, source="/tests")
     echoes = await _received(service, ECHOES.address)
     overhead = len(msgspec.json.encode(Echo(text="")))
     nearly = Echo(text="e" * (service.max_payload - overhead))

@@ -48,7 +48,7 @@ def _named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
 async def test_send_process_send_is_one_trace_with_semantic_attributes(
     nc: Client, spans: InMemorySpanExporter
 ) -> None:
-    publisher = Publisher(nc, nc.jetstream(), source="/tests")
+    publisher = Publisher(nc, source="/tests")
     stop = asyncio.Event()
     seen_in: list[int] = []
 
@@ -103,7 +103,7 @@ async def test_a_message_without_trace_context_starts_a_root(
 ) -> None:
     """A bare message (no traceparent, no CloudEvents headers) is still traced, as a root, and
     its invalid payload is answered inside that trace."""
-    publisher = Publisher(nc, nc.jetstream(), source="/tests")
+    publisher = Publisher(nc, source="/tests")
     stop = asyncio.Event()
 
     async def handler(request: JobRequested) -> Sequence[msgspec.Struct]:

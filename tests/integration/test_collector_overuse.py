@@ -39,7 +39,7 @@ async def bus(nats_server: NatsServer) -> AsyncIterator[Bus]:
     nc = await connect(BusSettings(url=nats_server.url, name="test-collector"))
     js = nc.jetstream()
     await ensure_streams(js, subjects.STREAMS)
-    result = Bus(Publisher(nc, js, source="/tests/collector"), js)
+    result = Bus(Publisher(nc, source="/tests/collector"), js)
     decoder = decoder_for((LeaseOverused,))
 
     async def on_event(msg: Msg) -> None:

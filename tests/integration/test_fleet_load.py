@@ -55,7 +55,7 @@ async def test_fleet_load_enters_the_change_log_every_interval(
     stop = asyncio.Event()
     try:
         loop = asyncio.create_task(
-            heartbeat_loop(fleet, Publisher(nc, nc.jetstream(), "test"), stop, busy_share=0.25)
+            heartbeat_loop(fleet, Publisher(nc, "test"), stop, busy_share=0.25)
         )
         await asyncio.sleep(0.5)  # two intervals and a half
         stop.set()

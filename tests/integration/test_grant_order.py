@@ -168,7 +168,7 @@ async def test_a_holder_acting_before_the_grant_is_stored_has_its_event_wait_for
 
     await nc.subscribe("xpupool.alloc.v1.>", cb=subscriber)
     lm_sent: list[msgspec.Struct] = []
-    lm = Publisher(nc, nc.jetstream(), source="/lease-manager")
+    lm = Publisher(nc, source="/lease-manager")
     metrics = LeaseManagerMetrics()
     async with (
         _watching(nc, metrics=metrics) as grants,
@@ -177,7 +177,7 @@ async def test_a_holder_acting_before_the_grant_is_stored_has_its_event_wait_for
         command = asyncio.create_task(_holder_command(kind, holder, lease, ledger, outbox, grants))
         await asyncio.sleep(0.3)
         assert lm_sent == [] and not command.done()  # waiting for the grant
-        scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
+        scheduler = Publisher(nc, source="/scheduler")
         async with running_direct_outbox(DirectOutbox(ledger), scheduler.send) as late:
             await late.publish(entry, [granted_event(lease)])  # the stalled scheduler resumes
         [reply] = await asyncio.wait_for(command, 5)
@@ -203,7 +203,7 @@ async def test_a_grant_that_never_comes_is_published_as_a_copy_ahead_of_the_late
     holder, lease, entry = await _granted_unconfirmed(ledger)
     await asyncio.sleep(0.01)  # a renewal lands on a later millisecond: another term
     lm_sent: list[msgspec.Struct] = []
-    lm = Publisher(nc, nc.jetstream(), source="/lease-manager")
+    lm = Publisher(nc, source="/lease-manager")
     metrics = LeaseManagerMetrics()
     async with (
         _watching(nc, wait_s=0.3, metrics=metrics) as grants,
@@ -216,7 +216,7 @@ async def test_a_grant_that_never_comes_is_published_as_a_copy_ahead_of_the_late
     assert _counted(metrics) == {"waits": 1.0, "copies": 1.0}
     assert lm_sent[0] == granted_event(lease)
     assert await direct_entries(ledger) == []
-    scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
+    scheduler = Publisher(nc, source="/scheduler")
     async with running_direct_outbox(DirectOutbox(ledger), scheduler.send) as late:
         await late.publish(entry, [granted_event(lease)])
     assert await _stored_in_both(nc) == [[AllocationGranted, later]] * 2
@@ -232,12 +232,12 @@ async def test_a_grant_already_confirmed_is_neither_waited_for_nor_copied(
     """Once the scheduler's outbox confirmed the grant, a release sends its own event at once,
     even with no watch to ask."""
     holder, lease, entry = await _granted_unconfirmed(ledger)
-    scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
+    scheduler = Publisher(nc, source="/scheduler")
     async with running_direct_outbox(DirectOutbox(ledger), scheduler.send) as outbox:
         await outbox.publish(entry, [granted_event(lease)])
     assert await direct_entries(ledger) == []
     lm_sent: list[msgspec.Struct] = []
-    lm = Publisher(nc, nc.jetstream(), source="/lease-manager")
+    lm = Publisher(nc, source="/lease-manager")
     grants = StoredGrants()  # not running: it would copy
     async with running_direct_outbox(DirectOutbox(ledger), _recording(lm, lm_sent)) as outbox:
         [reply] = await _holder_command("ended", holder, lease, ledger, outbox, grants)
@@ -254,7 +254,7 @@ async def test_an_end_the_relay_publishes_before_the_grant_is_stored_waits_for_i
     _, lease, entry = await _granted_unconfirmed(ledger)
     assert (await ledger.end(lease.lease_id, "preempted")).ok
     lm_sent: list[msgspec.Struct] = []
-    lm = Publisher(nc, nc.jetstream(), source="/lease-manager")
+    lm = Publisher(nc, source="/lease-manager")
     stop = asyncio.Event()
     async with _watching(nc) as grants:
         relay = OutboxRelay(
@@ -266,7 +266,7 @@ async def test_an_end_the_relay_publishes_before_the_grant_is_stored_waits_for_i
         relaying = asyncio.create_task(relay.run(stop))
         await asyncio.sleep(0.5)
         assert lm_sent == []
-        scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
+        scheduler = Publisher(nc, source="/scheduler")
         async with running_direct_outbox(DirectOutbox(ledger), scheduler.send) as late:
             await late.publish(entry, [granted_event(lease)])
         await eventually(lambda: lm_sent, timeout_s=5)
@@ -306,7 +306,7 @@ async def test_the_relay_waits_for_the_grants_of_a_batch_together(
     async with _watching(nc) as grants:
         building = asyncio.create_task(build_events(entries, ledger, grants=grants))
         await eventually(lambda: grants.waiting == 3, timeout_s=5)
-        scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
+        scheduler = Publisher(nc, source="/scheduler")
         async with running_direct_outbox(DirectOutbox(ledger), scheduler.send) as late:
             for _, lease, entry in granted:
                 await late.publish(entry, [granted_event(lease)])
@@ -321,7 +321,7 @@ async def test_a_watch_started_late_knows_the_grants_of_the_last_minute(
     """A lease-manager (re)started after a grant was stored still knows it (its consumer starts
     a minute back): a release then neither waits nor copies."""
     _, lease, entry = await _granted_unconfirmed(ledger)
-    scheduler = Publisher(nc, nc.jetstream(), source="/scheduler")
+    scheduler = Publisher(nc, source="/scheduler")
     await scheduler.publish(granted_event(lease))  # stored; its entry still unconfirmed
     async with _watching(nc) as grants:
         await eventually(lambda: grants.seen(lease.lease_id), timeout_s=5)
@@ -342,7 +342,7 @@ async def test_the_watch_follows_again_after_nats_restarts(
             nats_server.restart()
             await eventually(lambda: client.is_connected, timeout_s=15)
             _, lease, _ = await _granted_unconfirmed(ledger)
-            scheduler = Publisher(client, client.jetstream(), source="/scheduler")
+            scheduler = Publisher(client, source="/scheduler")
             await scheduler.publish(granted_event(lease))
             await eventually(lambda: grants.seen(lease.lease_id), timeout_s=40)
     finally:
@@ -384,7 +384,7 @@ async def test_an_end_one_replica_relays_waits_for_the_grant_another_replica_hol
     _, lease, _ = await _relay_granted(ledger)
     resume = asyncio.Event()
     stalled_sent: list[msgspec.Struct] = []
-    stalled_publisher = Publisher(nc, nc.jetstream(), source="/lease-manager/a")
+    stalled_publisher = Publisher(nc, source="/lease-manager/a")
 
     async def stalled(event: msgspec.Struct) -> Sequence[Awaitable[Any]]:
         stalled_sent.append(event)
@@ -392,7 +392,7 @@ async def test_an_end_one_replica_relays_waits_for_the_grant_another_replica_hol
         return await stalled_publisher.send(event)
 
     peer_sent: list[msgspec.Struct] = []
-    peer_publisher = Publisher(nc, nc.jetstream(), source="/lease-manager/b")
+    peer_publisher = Publisher(nc, source="/lease-manager/b")
     stop = asyncio.Event()
     async with _watching(nc) as grants:
         replica_a = asyncio.create_task(
@@ -427,7 +427,7 @@ async def test_a_release_goes_after_a_copy_of_a_grant_a_dead_replica_held(
     await ledger.redis.xgroup_create(stream, "relay", id="0")
     await ledger.redis.xreadgroup("relay", "lm-dead", {stream: ">"})  # read, never published
     lm_sent: list[msgspec.Struct] = []
-    lm = Publisher(nc, nc.jetstream(), source="/lease-manager")
+    lm = Publisher(nc, source="/lease-manager")
     async with (
         _watching(nc, wait_s=0.3) as grants,
         running_direct_outbox(DirectOutbox(ledger), _recording(lm, lm_sent)) as outbox,

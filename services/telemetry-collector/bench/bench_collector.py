@@ -156,7 +156,7 @@ async def run(sizes: list[int], ticks: int) -> list[Row]:
             nc = await connect(BusSettings(url=nats.url, name="bench-collector"))
             js = nc.jetstream()
             await ensure_streams(js, subjects.STREAMS)
-            publisher = Publisher(nc, js, source="/bench/collector")
+            publisher = Publisher(nc, source="/bench/collector")
             rows = [await measure(n, ticks, redis.url, publisher) for n in sizes]
             await nc.drain()
             return rows

@@ -340,4 +340,4 @@ async def open_bus(
     stack.push_async_callback(close_bus, nc, settings.drain_timeout_s + 1.0)
     js = nc.jetstream()
     await declare_streams(js, settings)
-    return Bus(nc, js, Publisher(nc, js, source=source or f"/services/{settings.name}"))
+    return Bus(nc, js, Publisher(nc, source=source or f"/services/{settings.name}"))

@@ -14,10 +14,10 @@ from typing import Any
 
 import msgspec
 from nats.aio.client import Client
-from nats.js import JetStreamContext
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
+from xpupool.bus.acks import JetStreamAcks
 from xpupool.bus.envelope import ce_headers
 from xpupool.bus.semconv import producer_attributes
 from xpupool.contracts import encode
@@ -88,9 +88,9 @@ class Publisher:
     acknowledgements before they return.
     """
 
-    def __init__(self, nc: Client, js: JetStreamContext, source: str) -> None:
+    def __init__(self, nc: Client, source: str) -> None:
         self._nc = nc
-        self._js = js
+        self._acks = JetStreamAcks(nc)
         self._source = source
         self._tracer = trace.get_tracer("xpupool.bus")
         self._log = get_logger()
@@ -171,7 +171,7 @@ class Publisher:
             if channel.stream is None:
                 await self._nc.publish(subject, data, headers=headers)
                 return None
-            return await self._js.publish_async(subject, data, headers=headers)
+            return await self._acks.publish(subject, data, headers)
 
     async def publish_all(self, events: Iterable[msgspec.Struct]) -> None:
         """Publish events in order (sent back to back, then every acknowledgement awaited)."""
