@@ -52,7 +52,8 @@ PARTS = {
     "45 redis.call HGET": "for i=1,45 do redis.call('HGET', KEYS[1], 'f1') end return 1",
     "45 redis.call HSET": "for i=1,45 do redis.call('HSET', KEYS[1], 'f1', i) end return 1",
     "45 key names": (
-        "local P = KEYS[1] local function k(...) return P .. table.concat({...}, ':') end "
+        "local P = KEYS[1] local function k(kind, id) if id == nil then return P .. kind end "
+        "return P .. kind .. ':' .. id end "
         "for i=1,45 do local x = k('dev', 'node-0001/nvidia3') end return 1"
     ),
     "HGETALL of 30 fields": "return redis.call('HGETALL', KEYS[1])",
