@@ -92,3 +92,21 @@ async def test_publishing_waits_while_the_most_acknowledgements_are_pending(nc: 
     await asyncio.wait_for(asyncio.gather(first, second, third), 5)
     assert all(f.exception() is None for f in (first, second, third))
     assert acks.pending == 0
+
+
+async def test_an_unreadable_acknowledgement_does_not_count_as_stored(nc: Client) -> None:
+    """Bytes that name an error but are no acknowledgement fail the future: the message is not
+    known to be stored (it is neither taken for stored nor left to time out)."""
+    acks = JetStreamAcks(nc)
+    held: list[Msg] = []
+    settle = acks._on_ack  # noqa: SLF001
+
+    async def hold(msg: Msg) -> None:
+        held.append(msg)
+
+    acks._on_ack = hold  # type: ignore[method-assign]  # noqa: SLF001
+    future = await acks.publish(STORED, b"{}")
+    await eventually(lambda: held)
+    await settle(Msg(nc, subject=held[0].subject, data=b'{"error": cut sh'))
+    with pytest.raises(APIError, match="unreadable acknowledgement"):
+        await asyncio.wait_for(future, 5)

@@ -102,9 +102,14 @@ class JetStreamAcks:
             future.set_result(None)  # {"stream": ..., "seq": ...[, "duplicate": true]}
             return
         try:
-            error = json.loads(data).get("error")
+            answer = json.loads(data)
         except ValueError:
-            error = None
+            answer = None
+        if not isinstance(answer, dict):
+            # Not an acknowledgement: the message is not known to be stored.
+            future.set_exception(APIError(description=f"unreadable acknowledgement {data[:200]!r}"))
+            return
+        error = answer.get("error")
         if not error:
             future.set_result(None)  # "error" was inside a value, not an error
             return
