@@ -45,7 +45,7 @@ from xpupool.ledger import (
     UsageClaim,
     new_lease_secret,
 )
-from xpupool.ledger.ledger import SCRIPTS, script_parts
+from xpupool.ledger.ledger import SCRIPTS, script_source
 
 # Bare scripts of the parts the ledger's scripts are made of (KEYS[1]: a hash of 30 fields).
 PARTS = {
@@ -100,13 +100,6 @@ class Ids:
 
 async def _slowlog(redis: Redis) -> list[dict[str, Any]]:
     return list(await redis.slowlog_get(1_000_000))
-
-
-def _source_from(lua: Path, name: str) -> str:
-    """A script's whole source as ``script_source`` builds it, from another ``lua/`` directory
-    (a baseline's: ``git worktree add /tmp/base REV``, then ``--baseline-lua
-    /tmp/base/libs/ledger/src/xpupool/ledger/lua``)."""
-    return "\n".join((lua / f"{part}.lua").read_text() for part in script_parts(name))
 
 
 class Jobs:
@@ -188,7 +181,7 @@ async def ledger_scripts(
         # turn on the same server: both see the machine as it is at that moment.
         base_ledger = Ledger(redis, "baseline")
         base_ledger._scripts = {  # noqa: SLF001
-            name: redis.register_script(_source_from(baseline_lua, name)) for name in SCRIPTS
+            name: redis.register_script(script_source(name, baseline_lua)) for name in SCRIPTS
         }
         names.update(
             {s.sha: f"baseline {name}" for name, s in base_ledger._scripts.items()}  # noqa: SLF001
@@ -292,9 +285,10 @@ if __name__ == "__main__":
         "--baseline-lua",
         type=Path,
         default=None,
-        help="another version's lua/ directory: the same jobs run on a ledger of their own with "
-        "those scripts, interleaved with this version's on the same server, and each script's "
-        "median is given against the baseline's",
+        help="another version's lua/ directory (git worktree add /tmp/base REV, then "
+        "/tmp/base/libs/ledger/src/xpupool/ledger/lua): the same jobs run on a ledger of their "
+        "own with those scripts, interleaved with this version's on the same server, and each "
+        "script's median is given against the baseline's",
     )
     args = parser.parse_args()
     asyncio.run(main(args.nodes, args.jobs, Ids(args.production_ids), args.baseline_lua))

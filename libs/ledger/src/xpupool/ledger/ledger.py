@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any, Final
 
 import msgspec
@@ -459,10 +460,11 @@ SCRIPTS: Final = tuple(
 """The ledger's transitions, by name (``lua/<name>.lua``)."""
 
 
-def script_parts(name: str) -> list[str]:
+def script_parts(name: str, lua: Traversable | None = None) -> list[str]:
     """The files one script is made of, in order: the prelude every script shares, the shared
-    parts it names on ``-- include: _part`` lines, then its own file."""
-    own = (_LUA / f"{name}.lua").read_text()
+    parts it names on ``-- include: _part`` lines, then its own file (in ``lua``, by default
+    this package's scripts)."""
+    own = ((lua or _LUA) / f"{name}.lua").read_text()
     included = [
         line.removeprefix(_INCLUDE).strip()
         for line in own.splitlines()
@@ -471,9 +473,11 @@ def script_parts(name: str) -> list[str]:
     return ["_prelude", *included, name]
 
 
-def script_source(name: str) -> str:
-    """The whole source of one script as Redis runs it (see ``script_parts``)."""
-    return "\n".join((_LUA / f"{part}.lua").read_text() for part in script_parts(name))
+def script_source(name: str, lua: Traversable | None = None) -> str:
+    """The whole source of one script as Redis runs it (see ``script_parts``); ``lua``: another
+    version's script directory (a benchmark's baseline)."""
+    scripts = lua or _LUA
+    return "\n".join((scripts / f"{part}.lua").read_text() for part in script_parts(name, scripts))
 
 
 class Ledger:
