@@ -86,6 +86,27 @@ async def test_a_running_job_stays_in_its_tenants_job_list_after_it_left_the_job
     assert "long" not in [j.job_id for j in await ledger.tenant_jobs("t", 10)]
 
 
+async def test_a_waiting_job_stays_in_its_tenants_job_list_after_it_left_the_job_index(
+    ledger: Ledger,
+) -> None:
+    """A job that waits longer than the job retention (or behind 1,000 newer ones) is still the
+    tenant's, listed by admission time; other tenants' waiting jobs are not."""
+    assert (await ledger.pend("stuck", 1, b"{}", None, "no_capacity", tenant="t")).ok
+    assert (await ledger.pend("theirs", 1, b"{}", None, "no_capacity", tenant="u")).ok
+    await asyncio.sleep(0.002)  # admission times order them
+    assert (await ledger.pend("later", 1, b"{}", None, "queued", tenant="t")).ok
+    for tenant, job_id in (("t", "stuck"), ("u", "theirs")):
+        await ledger.redis.zrem(ledger.key("tenant-jobs", tenant), job_id)
+    listed = await ledger.tenant_jobs("t", 10)
+    assert [(j.job_id, j.state) for j in listed] == [("later", "pending"), ("stuck", "pending")]
+    assert [j.job_id for j in await ledger.tenant_jobs("t", 1)] == ["later"]
+    assert [j.job_id for j in await ledger.tenant_jobs("u", 10)] == ["theirs"]
+    # A queue longer than one chunk of the scan is read to its end.
+    for i in range(3):
+        assert (await ledger.pend(f"more{i}", 1, b"{}", None, "queued", tenant="u")).ok
+    assert await ledger._unindexed_waiting("t", set(), chunk=2) == ["stuck", "later"]
+
+
 async def test_a_ledger_written_before_tenant_lease_sets_is_indexed_once(ledger: Ledger) -> None:
     await _eight_gpus(ledger)
     for i in range(5):

@@ -1185,25 +1185,61 @@ class Ledger:
 
     async def tenant_jobs(self, tenant: str, limit: int) -> list[JobRecord]:
         """``tenant``'s latest jobs, newest first (those whose record the ledger still keeps):
-        its job index's, and the jobs of its live leases, which the index's trim (the job
-        retention, the latest 1,000) may have dropped while they run. The trim drops the oldest
-        entries, so the live leases are read only when the index holds fewer than ``limit``."""
+        its job index's, and the live jobs the index's trim (the job retention, the latest
+        1,000) may have dropped: those of its live leases, and those still waiting. The trim
+        drops the oldest entries, so they are looked for only when the index holds fewer than
+        ``limit``; the waiting ones only when the tenant's count of waiting jobs says that some
+        are not in the index (the queue holds every tenant's, so it is scanned only then)."""
         indexed = await self.tenant_job_ids(tenant, limit)
-        running: list[str] = []
+        unindexed: list[str] = []
         if len(indexed) < limit:
             leases = await self.tenant_leases(tenant, len(indexed) + limit)
-            running = [lease.job_id for lease in leases if lease.job_id not in indexed]
-        job_ids = [*indexed, *dict.fromkeys(running)]
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for job_id in job_ids:
-                pipe.hgetall(self.key("job", job_id))
-            rows = await pipe.execute()
-        jobs = [_job(j, row) for j, row in zip(job_ids, rows, strict=True) if row]
-        if running:
+            unindexed = [lease.job_id for lease in leases if lease.job_id not in indexed]
+        jobs = await self._jobs([*indexed, *dict.fromkeys(unindexed)])
+        if len(indexed) < limit:
+            waiting = sum(job.state == "pending" for job in jobs)
+            if waiting < await self.pending_count(tenant):
+                waiting_ids = await self._unindexed_waiting(tenant, {job.job_id for job in jobs})
+                unindexed += waiting_ids
+                jobs += await self._jobs(waiting_ids)
+        if unindexed:
             # The index's order is its admission time, the record's since_ms (a stable sort keeps
             # the index's order among equals).
             jobs.sort(key=lambda job: job.since_ms or 0, reverse=True)
         return jobs[:limit]
+
+    async def _jobs(self, job_ids: Sequence[str]) -> list[JobRecord]:
+        """The records of these jobs that the ledger still keeps, in this order."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hgetall(self.key("job", job_id))
+            rows = await pipe.execute()
+        return [_job(j, row) for j, row in zip(job_ids, rows, strict=True) if row]
+
+    async def _unindexed_waiting(
+        self, tenant: str, listed: set[str], chunk: int = 1000
+    ) -> list[str]:
+        """``tenant``'s waiting jobs not in ``listed``, from the queue of every tenant's (a
+        chunk of ids and their records' tenants per round trip)."""
+        found: list[str] = []
+        start = 0
+        while True:
+            ids = [
+                _str(i)
+                for i in await self._redis.zrange(self.key("pending"), start, start + chunk - 1)
+            ]
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for job_id in ids:
+                    pipe.hget(self.key("job", job_id), "tenant")
+                owners = await pipe.execute()
+            found += [
+                job_id
+                for job_id, owner in zip(ids, owners, strict=True)
+                if owner is not None and _str(owner) == tenant and job_id not in listed
+            ]
+            if len(ids) < chunk:
+                return found
+            start += chunk
 
     async def tenant_leases(self, tenant: str, limit: int) -> list[LeaseRecord]:
         """``tenant``'s live leases (reserved or active), newest first, at most ``limit``: its set
