@@ -13,7 +13,6 @@ it ran the paper's experiments, because those details move the numbers:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol, runtime_checkable
@@ -255,15 +254,6 @@ class Candidates:
     cpu_free: IntArray
 
 
-@functools.cache
-def _earlier_slots(width: int) -> BoolArray:
-    """``[i, j]``: whether slot ``j`` comes before slot ``i`` (the same for every decision on
-    nodes of ``width`` slots, so built once: ``np.tril`` took a twentieth of a lone decision)."""
-    out: BoolArray = np.tril(np.ones((width, width), dtype=np.bool_), k=-1)
-    out.flags.writeable = False
-    return out
-
-
 def candidates(state: ClusterState, idx: IntArray, pod: PodDemand) -> Candidates:
     """After-states of ``pod`` on each feasible node ``idx``.
 
@@ -274,9 +264,8 @@ def candidates(state: ClusterState, idx: IntArray, pod: PodDemand) -> Candidates
     free = state.gpu_free[idx]
     cpu_after = state.cpu_free[idx] - pod.cpu_milli
     if pod.is_sharing:
-        width = free.shape[1]
         same = free[:, :, None] == free[:, None, :]
-        dup = np.logical_or.reduce(same & _earlier_slots(width)[None, :, :], axis=2)
+        dup = np.logical_or.reduce(same & state.earlier_slots()[None, :, :], axis=2)
         ok = (free >= pod.gpu_milli) & ~dup
         rows, gpus = ok.nonzero()
         after = free[rows].copy()

@@ -167,6 +167,7 @@ class ClusterState:
     )
     #: Identity of this state's history, for caches kept by policies (a copy gets a new one).
     token: object = field(default_factory=object, repr=False)
+    _earlier_slots: BoolArray | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -246,9 +247,21 @@ class ClusterState:
             pod_count=self.pod_count.copy(),
             node_version=self.node_version.copy(),
             name_rank=self.name_rank,
+            _earlier_slots=self._earlier_slots,
         )
 
     # ------------------------------------------------------------------ queries
+    def earlier_slots(self) -> BoolArray:
+        """``[i, j]``: whether GPU slot ``j`` comes before slot ``i`` (read-only; the same for
+        every decision on this state's width, so built once: ``np.tril`` took a twentieth of a
+        lone decision)."""
+        if self._earlier_slots is None:
+            width = self.gpu_free.shape[1]
+            mask: BoolArray = np.tril(np.ones((width, width), dtype=np.bool_), k=-1)
+            mask.flags.writeable = False
+            self._earlier_slots = mask
+        return self._earlier_slots
+
     @property
     def num_nodes(self) -> int:
         """Number of nodes."""
