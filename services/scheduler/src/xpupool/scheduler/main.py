@@ -34,6 +34,7 @@ from xpupool.placement.engine import PlacementPolicy
 from xpupool.placement.node_policies import make_trace_policies, parse_aliases
 from xpupool.placement.workload import load_demands
 from xpupool.scheduler import handlers
+from xpupool.scheduler.capacity_watch import CapacityWatch
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.domain import current_usage, update_history
 from xpupool.scheduler.domain.config import BUILTIN_POLICIES, ROOT
@@ -99,12 +100,16 @@ async def _woken(wake: asyncio.Event, timeout_s: float) -> bool:
 
 
 async def cycle_loop(
-    deps: handlers.SchedulerDeps, publisher: Publisher, stop: asyncio.Event
+    deps: handlers.SchedulerDeps,
+    publisher: Publisher,
+    stop: asyncio.Event,
+    lease_ends: CapacityWatch | None = None,
 ) -> None:
     """Run a scheduling cycle whenever something may have changed, and at least periodically.
 
     The cycle lock (``CycleLock``) makes replicas take turns; a replica that finds it taken
-    tries again shortly, so work admitted on any replica is decided promptly.
+    tries again shortly, so work admitted on any replica is decided promptly. ``lease_ends`` is
+    followed while jobs wait (``CapacityWatch``).
     """
     log = get_logger()
     lock = CycleLock(deps.ledger, f"scheduler-{uuid.uuid4().hex[:8]}")
@@ -121,7 +126,12 @@ async def cycle_loop(
                 # Nothing waits (placement on admission granted what arrived): no lock, no cycle.
                 deps.last_pending = 0
                 deps.metrics.observe_queues(())
+                if lease_ends is not None:
+                    await lease_ends.rest()
                 continue
+            if lease_ends is not None:
+                # Before the cycle reads the pool: a lease end after that read wakes the next.
+                await lease_ends.follow()
             if not await lock.take():
                 await asyncio.sleep(0.02)
                 deps.wake.set()
@@ -129,6 +139,8 @@ async def cycle_loop(
             events = await handlers.schedule_cycle(deps)
             if not deps.last_pending:
                 await lock.give_back()
+                if lease_ends is not None:
+                    await lease_ends.rest()
             # Published outside the lock when it was given back: a replica waiting for it need
             # not wait for these.
             await publisher.publish_all(events)
@@ -321,12 +333,13 @@ async def run(settings: SchedulerSettings) -> None:
                         stats=stats,
                         too_large_reply=too_large,
                     )
-                for channel in (
-                    subjects.ALLOC_ENDED,
-                    subjects.NODE_REGISTERED,
-                    subjects.DEVICE_HEALTH,
-                ):
+                # Lease ends only while jobs wait (``CapacityWatch``); nodes and health, rare,
+                # always.
+                for channel in (subjects.NODE_REGISTERED, subjects.DEVICE_HEALTH):
                     await bus.nc.subscribe(channel.pattern, cb=on_capacity_change)
+                lease_ends = CapacityWatch(
+                    bus.nc, functools.partial(handlers.wake_for_capacity, deps)
+                )
                 # Every replica keeps its own view of the incoming capacity (no queue group).
                 for channel in (subjects.SCALE_PROVISIONING, subjects.SCALE_READY):
                     await bus.nc.subscribe(channel.pattern, cb=on_scale)
@@ -353,7 +366,7 @@ async def run(settings: SchedulerSettings) -> None:
                     ),
                     relay.run(run_stop),
                     deps.direct.run(bus.publisher.send, run_stop),
-                    cycle_loop(deps, bus.publisher, run_stop),
+                    cycle_loop(deps, bus.publisher, run_stop, lease_ends),
                     pool_metrics_loop(deps, run_stop),
                     *warm_copy_loops(deps, run_stop),
                     *watch_loop_lag(loop_lag, run_stop),
