@@ -151,6 +151,31 @@ async def _idle_replica_reads_live_load_in_at_its_own_pace(redis_url: str) -> No
         await redis.aclose()
 
 
+async def test_a_starting_replica_warms_its_placement_before_the_first_arrival(
+    ledger: Ledger,
+) -> None:
+    """The read the feed's coming up wakes also builds what the first decision would: the
+    default policy's node view of the kept pool, and its learner seeded from the live leases
+    (at 10,000 devices the first decision took 55-84 ms cold against 8-11 ms so warmed)."""
+    specs = [device_spec("n1", i) for i in range(2)]
+    assert (await ledger.register_node("n1", specs, 64_000, 256_000)).ok
+    assert (await ledger.reserve(reservation("x", SliceClaim("n1/nvidia0", whole=True)))).ok
+    deps = SchedulerDeps(ledger=ledger, settings=SchedulerSettings(), config=ConfigSource(None))
+    policy, stop = deps.default_policy, asyncio.Event()
+    assert policy.online.learner.observed == 0
+    loops = [asyncio.create_task(c) for c in scheduler_main.warm_copy_loops(deps, stop)]
+    try:
+        await eventually(lambda: policy.online.learner.observed == 1, 3.0, interval_s=0.01)
+        kept = await deps.snapshots.kept_pool(deps.config.current())
+        assert kept is not None
+        assert policy.view(kept[2]).matches(kept[2])
+    finally:
+        stop.set()
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+
+
 async def test_freed_capacity_wakes_a_cycle_only_while_jobs_wait(ledger: Ledger) -> None:
     """A lease end with nothing waiting wakes nothing (no cycle, no read of the queue); with
     jobs waiting, and once one has had to wait at admission, it wakes a cycle."""

@@ -89,6 +89,25 @@ def test_a_waiting_request_is_learned_once_and_leases_seed_the_learner() -> None
     assert dist is not None and {s.num_gpu for s in dist.shapes} == {2}
 
 
+def test_warming_builds_what_the_first_decision_needs_and_decides_the_same() -> None:
+    """``warm`` (the scheduler's idle read) builds the node view and seeds the learner; the
+    decisions that follow are those of a policy that was not warmed."""
+    live = (lease("l1", ["b/1"], share=(40960, 50)), lease("l2", ["a/0"]))
+    snap = snapshot(node("a", "A100", 2), node("b", "A100", 2), node("t", "T4", 2), leases=live)
+    requests = [job(f"j{i}", compute_pct=25 * (1 + i % 3)) for i in range(6)]
+    decided = []
+    for warm in (False, True):
+        registry, policy = _registry()
+        pool = WorkingPool(snap, default_config())
+        if warm:
+            policy.warm(pool)
+            assert policy.online.learner.observed == 2  # the two live leases
+            assert policy.view(pool).matches(pool)
+        decided.append(decide_batch(requests, pool, policies=registry))
+    assert decided[0] == decided[1]
+    assert all(isinstance(d, Reserve) for _, d in decided[1])
+
+
 def test_same_domain_gangs_stay_in_one_domain() -> None:
     """The trace view does not know interconnect domains: such gangs go to the engine."""
     devs = node("a", "A100", 8)

@@ -181,8 +181,10 @@ async def pool_metrics_loop(deps: handlers.SchedulerDeps, stop: asyncio.Event) -
 async def keep_warm(deps: handlers.SchedulerDeps, stop: asyncio.Event) -> None:
     """Bring the kept copy of the ledger up to date as soon as the change feed announces a
     change while this replica has nothing else to do, so that a lone arrival is placed on it
-    without a read of its own (``SnapshotCache.kept_pool``). Under load it stays out of the
-    way: an admission batch or a cycle reads for itself. Its own grants alone wake no read.
+    without a read of its own (``SnapshotCache.kept_pool``), and the default policy's own view
+    of it with it (``DefaultPolicy.warm``; the first read after a start also seeds its learned
+    shapes). Under load it stays out of the way: an admission batch or a cycle reads for
+    itself. Its own grants alone wake no read.
 
     Live load alone (utilisation samples, which withdraw no kept pool) is read in at most every
     ``LOAD_CATCH_UP_S``: a fleet's busy devices report it many times a second in all, and a
@@ -212,7 +214,10 @@ async def keep_warm(deps: handlers.SchedulerDeps, stop: asyncio.Event) -> None:
                     loop.call_later(wait, due)
                 continue
         try:
-            await cache.read_pool(deps.ledger, deps.config.current())
+            _, _, pool = await cache.read_pool(deps.ledger, deps.config.current())
+            # What the next lone decision would otherwise build first (the first one after a
+            # start: the whole node view and the learned shapes' seed), done while idle.
+            deps.default_policy.warm(pool)
         except Exception as error:  # noqa: BLE001  (Redis away: the next arrival reads itself)
             get_logger().warning("snapshot_warm_read_failed", error=repr(error))
             await asyncio.sleep(0.2)
