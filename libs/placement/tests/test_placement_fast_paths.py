@@ -23,7 +23,7 @@ from xpupool.placement.frag import (
     ShapeDistribution,
     group_rows,
 )
-from xpupool.placement.ours import KEPT_SHAPES, FragmentationPolicy
+from xpupool.placement.ours import KEPT_SHAPES, WARM_SHAPES, FragmentationPolicy
 from xpupool.placement.policies import (
     MAX_SPEC_CPU,
     MAX_SPEC_GPU,
@@ -429,12 +429,17 @@ def test_same_decisions_on_the_reduced_trace(
     assert digest == PINNED[(variant, policy)]
 
 
+@pytest.mark.parametrize("warmed", [False, True])
 @pytest.mark.parametrize("constrained", [0.0, 0.3])
-def test_kept_costs_follow_the_state_between_one_off_copies(constrained: float) -> None:
+def test_kept_costs_follow_the_state_between_one_off_copies(
+    constrained: float, warmed: bool
+) -> None:
     """The costs xpupool keeps per shape and row (``FragmentationPolicy.choose``) stay exact
     while the state changes, while one-off copies (held nodes, id filters) are decided on in
     between, and while more shapes than ``KEPT_SHAPES`` come and go; with model constraints
-    (a claim added per decision) and without (the kept costs already rounded)."""
+    (a claim added per decision) and without (the kept costs already rounded); and with the
+    costs of the last shapes refreshed ahead after every change (``warm``, as an idle
+    scheduler does), which leaves none of their feasible rows stale."""
     rng = np.random.default_rng(13)
     pods = [_random_pod(rng, constrained) for _ in range(400)]
     shapes = {(p.cpu_milli, p.num_gpu, p.gpu_milli) for p in pods}
@@ -468,3 +473,8 @@ def test_kept_costs_follow_the_state_between_one_off_copies(constrained: float) 
             placed.append(got)
         if placed and rng.random() < 0.4:
             state.release(placed.pop(int(rng.integers(len(placed)))))
+        if warmed:
+            pol.warm(state)
+            for kept in list(pol._kept.values())[-WARM_SHAPES:]:  # noqa: SLF001
+                rows = state.feasible(kept.pod)
+                assert (kept.version[rows] == state.node_version[rows]).all(), i

@@ -8,12 +8,14 @@ arrives as a refresh would bring it: the grant as a lease, and the previous job'
 So each decision follows a node or two that changed, as in the end-to-end bench's serial run.
 Reports the p50 / mean / p90 of the decision after a warm-up. ``--dump PATH`` writes every
 decision, one per line, for comparing two versions of the placement code decision by decision.
-``--fill F`` first holds that share of the devices with leases the same decisions placed (never
-released): a pool as busy as a production one, filled the way the scheduler fills it, cheapest
-classes first, so that those classes are full when the timed decisions try them.
+``--warm`` warms the default policy after each release, untimed, as an idle scheduler's read
+does (``DefaultPolicy.warm``). ``--fill F`` first holds that share of the devices with leases
+the same decisions placed (never released): a pool as busy as a production one, filled the way
+the scheduler fills it, cheapest classes first, so that those classes are full when the timed
+decisions try them.
 
     uv run python services/scheduler/bench/bench_serial_decide.py [--devices 10000]
-        [--jobs 3000] [--mix e2e|mixed|share] [--dump PATH] [--fill F]
+        [--jobs 3000] [--mix e2e|mixed|share] [--dump PATH] [--fill F] [--warm]
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ from xpupool.scheduler.settings import SchedulerSettings  # noqa: E402
 WARM_UP = 200
 
 
-def run(devices: int, jobs: int, mix: str, dump: Path | None, fill: float = 0.0) -> str:
+def run(
+    devices: int, jobs: int, mix: str, dump: Path | None, fill: float = 0.0, warm: bool = False
+) -> str:
     rng = random.Random(1)
     config = default_config()
     pool = WorkingPool(bd.occupy(bd.synthetic_nodes(devices, rng), 0.3, rng), config)
@@ -112,11 +116,16 @@ def run(devices: int, jobs: int, mix: str, dump: Path | None, fill: float = 0.0)
             live.append(f"lease-{i}")
         if len(live) > 1:
             pool.release(live.pop(0))
+        if warm:
+            # The scheduler's idle read after a release warms the policy (``keep_warm``),
+            # off the next arrival's path: not timed.
+            default.warm(pool)
     if dump is not None:
         dump.write_text("\n".join(decisions) + "\n")
     timed = sorted(seconds[WARM_UP:])
+    warmed = " warmed" if warm else ""
     return (
-        f"{mix:<6} devices={devices:>6}{filled} p50={1e3 * timed[len(timed) // 2]:.3f}ms "
+        f"{mix:<6} devices={devices:>6}{filled}{warmed} p50={1e3 * timed[len(timed) // 2]:.3f}ms "
         f"mean={1e3 * statistics.mean(timed):.3f}ms p90={1e3 * timed[int(0.9 * len(timed))]:.3f}ms"
     )
 
@@ -162,8 +171,16 @@ def main() -> None:
         default=0.0,
         help="first hold this share of the devices with leases the same decisions placed",
     )
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="warm the default policy after each release, untimed, as an idle scheduler's read "
+        "does (DefaultPolicy.warm): the decisions must be the same (--dump), only faster",
+    )
     args = parser.parse_args()
-    print(run(args.devices, max(args.jobs, WARM_UP + 1), args.mix, args.dump, args.fill))
+    print(
+        run(args.devices, max(args.jobs, WARM_UP + 1), args.mix, args.dump, args.fill, args.warm)
+    )
 
 
 if __name__ == "__main__":

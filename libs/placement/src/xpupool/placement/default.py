@@ -104,12 +104,14 @@ class DefaultPolicy(TracePolicy):
     def warm(self, pool: WorkingPool) -> None:
         """Do now, off any request's path, what the next decision on ``pool`` would do first:
         bring the node view in step with the pool (built whole after a start or a change of
-        inventory: about 40 ms at 10,000 devices) and, once, seed the learned shapes from the
-        pool's live leases (about 25 ms there). The view is a cache of the pool, so decisions
-        are the same with or without it; the seed is taken from the leases live now rather
-        than when the first request is decided."""
-        self.view(pool)
+        inventory: about 40 ms at 10,000 devices), once seed the learned shapes from the
+        pool's live leases (about 25 ms there), and bring the costs kept for the shapes decided
+        last up to date on the rows that changed (``FragmentationPolicy.warm``). These are
+        caches of the pool, so decisions are the same with or without them; the seed is taken
+        from the leases live now rather than when the first request is decided."""
+        view = self.view(pool)
         self._seed(pool)
+        self.online.warm(view.state)
 
     # -- learning ---------------------------------------------------------------------------
 

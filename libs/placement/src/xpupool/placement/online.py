@@ -228,6 +228,12 @@ class OnlineFragmentationPolicy:
             self.rebuilds += 1
         return self._inner
 
+    def warm(self, state: ClusterState) -> None:
+        """``FragmentationPolicy.warm`` on the current target, if one is built (a target due
+        to be rebuilt is left to the next decision, which starts its kept costs over)."""
+        if self._inner is not None:
+            self._inner.warm(state)
+
     def choose(self, state: ClusterState, pod: PodDemand) -> NodeChoice | None:
         """Where ``pod`` goes under the learned target."""
         if self.learn_on_choose:

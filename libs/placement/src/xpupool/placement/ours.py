@@ -88,6 +88,11 @@ DEFAULT_GAMMA = 1.0
 #: 32 cover 94 % of its pods and 64 cover 99.4 %: with 32 kept, a workload of that many shapes
 #: evicted costs it still used and recomputed them on every row.
 KEPT_SHAPES = 128
+#: Shapes whose kept costs ``warm`` brings up to date, the last decided first: an idle
+#: scheduler's read is followed by the next lone arrival's decision, usually of a recent shape;
+#: a row that changes before the others are decided is recomputed again, so warming every
+#: shape a workload ever had would mostly be wasted.
+WARM_SHAPES = 4
 
 #: GPU request of each model constraint (``None``: unconstrained) as a share of all GPU request.
 SetDemand = Mapping[frozenset[str] | None, float]
@@ -128,6 +133,8 @@ class _ShapeCosts:
     """``(rows, GPUs)`` (one column for a pod that is not a share): each candidate's cost but
     the claim, at the GPU it takes, inf where there is none; already rounded as a decision
     compares it when the policy never adds a claim (``_claiming``)."""
+    pod: PodDemand
+    """The last pod of this shape decided (``warm`` refreshes the costs for it)."""
 
 
 class FragmentationPolicy:
@@ -255,17 +262,8 @@ class FragmentationPolicy:
         # so each shape's candidate costs are kept per row and recomputed only on rows whose
         # version moved: a decision then costs what changed since the last one of its shape,
         # plus a few vector operations over the feasible rows.
-        evaluator, cache = self._frag(state)
         kept = self._kept_costs(state, pod)
-        stale = (feasible & (kept.version != state.node_version)).nonzero()[0]
-        if len(stale):
-            cand = candidates(state, stale, pod)
-            cost = self._candidate_costs(state, cand, evaluator, cache.values(state))
-            kept.cost[stale] = np.inf
-            kept.cost[cand.node, np.maximum(cand.gpu, 0)] = (
-                cost if self._claiming else cost.round(6)
-            )
-            kept.version[stale] = state.node_version[stale]
+        self._refresh(state, kept, feasible)
         if self._claims(pod):
             costs = (kept.cost[rows] + self._claim(state, pod, rows)[:, None]).round(6)
         elif self._claiming:
@@ -283,6 +281,29 @@ class FragmentationPolicy:
         if pod.is_sharing:
             return NodeChoice.for_pod(node, (int(hit_gpus[k]),), pod)
         return NodeChoice.for_pod(node, state.best_fit_gpus(node, pod), pod)
+
+    def warm(self, state: ClusterState, shapes: int = WARM_SHAPES) -> None:
+        """Bring the kept costs of the ``shapes`` shapes decided last up to date on ``state``
+        (if it is the kept state): what the next decision of such a shape would compute first,
+        done ahead (the scheduler does it while idle). Decisions are the same: a row's costs
+        are a function of its state, and a row that changes again is recomputed again."""
+        if state.token is not self._kept_token:
+            return
+        for kept in list(self._kept.values())[-shapes:]:
+            self._refresh(state, kept, state.feasible(kept.pod))
+
+    def _refresh(self, state: ClusterState, kept: _ShapeCosts, feasible: BoolArray) -> None:
+        """Recompute ``kept``'s costs on the feasible rows whose version moved since."""
+        stale = (feasible & (kept.version != state.node_version)).nonzero()[0]
+        if len(stale):
+            evaluator, cache = self._frag(state)
+            cand = candidates(state, stale, kept.pod)
+            cost = self._candidate_costs(state, cand, evaluator, cache.values(state))
+            kept.cost[stale] = np.inf
+            kept.cost[cand.node, np.maximum(cand.gpu, 0)] = (
+                cost if self._claiming else cost.round(6)
+            )
+            kept.version[stale] = state.node_version[stale]
 
     def _choose_afresh(
         self, state: ClusterState, pod: PodDemand, feasible: BoolArray
@@ -363,9 +384,11 @@ class FragmentationPolicy:
             kept = self._kept[key] = _ShapeCosts(
                 version=np.full(state.num_nodes, -1, dtype=np.int64),
                 cost=np.full((state.num_nodes, width), np.inf),
+                pod=pod,
             )
             if len(self._kept) > KEPT_SHAPES:
                 self._kept.popitem(last=False)
         else:
             self._kept.move_to_end(key)
+            kept.pod = pod
         return kept
