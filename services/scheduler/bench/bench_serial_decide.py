@@ -178,9 +178,7 @@ def main() -> None:
         "does (DefaultPolicy.warm): the decisions must be the same (--dump), only faster",
     )
     args = parser.parse_args()
-    print(
-        run(args.devices, max(args.jobs, WARM_UP + 1), args.mix, args.dump, args.fill, args.warm)
-    )
+    print(run(args.devices, max(args.jobs, WARM_UP + 1), args.mix, args.dump, args.fill, args.warm))
 
 
 if __name__ == "__main__":

@@ -14,12 +14,18 @@ leaves behind.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from contextlib import suppress
+from typing import Any, Final
 
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
+from nats.errors import FlushTimeoutError
 
 from xpupool.contracts import subjects
+
+FLUSH_TIMEOUT_S: Final = 1
+"""How long ``follow`` waits for the server to confirm the subscription: a cycle must not stall
+on a connection that is reconnecting."""
 
 
 class CapacityWatch:
@@ -37,12 +43,15 @@ class CapacityWatch:
 
     async def follow(self) -> None:
         """Be woken by every lease end from now on (jobs wait): once this returns, the server
-        has the subscription (one round trip, only when it was not followed yet)."""
+        has the subscription (one round trip, only when it was not followed yet), or the
+        connection is down for longer than ``FLUSH_TIMEOUT_S`` and the client sends it again
+        on reconnecting (a lease end meanwhile is left to the periodic wake)."""
         if self._subscription is None:
             self._subscription = await self._nc.subscribe(
                 subjects.ALLOC_ENDED.pattern, cb=self._on_message
             )
-            await self._nc.flush()
+            with suppress(FlushTimeoutError):
+                await self._nc.flush(timeout=FLUSH_TIMEOUT_S)
 
     async def rest(self) -> None:
         """Stop being delivered lease ends (no job waits)."""
