@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import eventually
 from tests.integration.ledger_builders import device_spec, reservation
 from xpupool.bus import Publisher
+from xpupool.bus.connection import round_trip
 from xpupool.contracts import JobRequested, encode, subjects
 from xpupool.devstack.servers import NatsServer
 from xpupool.ledger import Ledger, SliceClaim
@@ -33,18 +34,18 @@ async def test_lease_ends_reach_a_watch_only_while_it_follows(nats_server: NatsS
     watch = CapacityWatch(watcher, lambda: woken.append(1))
     try:
         await operator.publish(ENDED, b"{}")
-        await operator.flush()
+        await round_trip(operator)
         await watch.follow()
         await watch.follow()  # following already: no second subscription
         await operator.publish(ENDED, b"{}")
-        await operator.flush()
+        await round_trip(operator)
         await eventually(lambda: woken == [1], timeout_s=5)
         await watch.rest()
         await watch.rest()
         assert not watch.following
         await operator.publish(ENDED, b"{}")
-        await operator.flush()
-        await watcher.flush()  # anything delivered to it would be in by now
+        await round_trip(operator)
+        await round_trip(watcher)  # anything delivered to it would be in by now
         await asyncio.sleep(0.05)
         assert woken == [1]
     finally:
@@ -81,7 +82,7 @@ async def test_a_replica_follows_lease_ends_while_jobs_wait_and_wakes_its_cycle(
         await asyncio.sleep(0.3)
         assert _cycles(deps) == before
         await operator.publish(ENDED, b"{}")
-        await operator.flush()
+        await round_trip(operator)
         await eventually(lambda: _cycles(deps) > before, timeout_s=5)
         assert (await ledger.cancel_job("w", "t")).ok
         deps.wake.set()

@@ -16,7 +16,7 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from xpupool.bus.connection import ensure_streams
+from xpupool.bus.connection import ensure_streams, round_trip
 from xpupool.client import XpupoolClient, connected
 from xpupool.contracts import (
     AllocationGranted,
@@ -54,7 +54,7 @@ async def _answer_renewals(service: Client, seen: list[bytes], answer: bool = Tr
             await msg.respond(encode(LeaseReply(ok=True, lease_id="lease-1")))
 
     await service.subscribe(RENEW, queue="lease-manager", cb=on_request)
-    await service.flush()
+    await round_trip(service)  # the server has the subscription
 
 
 async def test_a_renewal_sent_before_the_lease_manager_is_up_is_answered_once_it_is(
@@ -123,7 +123,7 @@ def _grant(job_id: str) -> AllocationGranted:
 
 async def _serve_submissions(service: Client, answer: Callable[[Msg], Awaitable[None]]) -> None:
     await service.subscribe(SUBMIT, queue="scheduler", cb=answer)
-    await service.flush()
+    await round_trip(service)  # the server has the subscription
 
 
 async def test_a_submission_no_scheduler_answers_is_published_on_the_job_stream(
@@ -155,7 +155,7 @@ async def test_a_granted_reply_is_the_outcome_and_its_secret_serves_the_release(
 
     await _serve_submissions(service, answer)
     await service.subscribe(s.LEASE_RELEASE.subject(tenant="acme"), cb=release)
-    await service.flush()
+    await round_trip(service)  # the server has the subscription
     async with connected(nats_server.url, "acme") as client:
         # No event is ever published here: the reply alone answers, and holds the secret.
         outcome = await client.submit_and_wait(JobRequested(job_id="j-2"), timeout_s=5)
@@ -199,7 +199,7 @@ async def _serve_releases(
         await msg.respond(encode(answer or LeaseReply(ok=True, lease_id=command.lease_id)))
 
     await service.subscribe(channel.subject(tenant="acme"), cb=on_command)
-    await service.flush()
+    await round_trip(service)  # the server has the subscription
     return received
 
 
@@ -228,7 +228,7 @@ async def test_a_replayed_release_reaches_the_service_after_a_release(
         await msg.respond(encode(answers[len(released) - 1]))
 
     await service.subscribe(s.LEASE_RELEASE.subject(tenant="acme"), cb=release)
-    await service.flush()
+    await round_trip(service)  # the server has the subscription
     async with connected(nats_server.url, "acme") as client:
         await _granted(service, client, grant)
         assert (await client.release(grant.lease_id, grant.fencing_token)).ok

@@ -29,7 +29,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, ResponseErr
 
 from tests.conftest import eventually
 from tests.integration.ledger_builders import device_spec, reservation
-from xpupool.bus.connection import JWT_CREDS_HEADER, connect_client, security_options
+from xpupool.bus.connection import JWT_CREDS_HEADER, connect_client, round_trip, security_options
 from xpupool.client import connected
 from xpupool.contracts import AllocationGranted, Health, JobRequested, access
 from xpupool.contracts import subjects as s
@@ -111,7 +111,7 @@ async def _recorder(nc: Client, subject: str) -> list[Msg]:
         seen.append(msg)
 
     await nc.subscribe(subject, cb=keep)
-    await nc.flush()
+    await round_trip(nc)  # the server has the subscription
     return seen
 
 

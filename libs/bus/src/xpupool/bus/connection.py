@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
-from nats.aio.client import Client
+from nats.aio.client import DEFAULT_FLUSH_TIMEOUT, Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
@@ -140,8 +140,9 @@ async def connect_client(
     )
 
 
-async def round_trip(nc: Client) -> None:
-    """Return once the server has processed everything ``nc`` sent before the call.
+async def round_trip(nc: Client, timeout_s: int = DEFAULT_FLUSH_TIMEOUT) -> None:
+    """Return once the server has processed everything ``nc`` sent before the call (each of
+    its two flushes waits at most ``timeout_s``: ``nats.errors.FlushTimeoutError`` after that).
 
     ``Client.flush()`` alone does not promise that: nats-py (2.16) writes its PING straight to
     the socket while commands such as a new subscription's SUB wait in the pending buffer for
@@ -150,8 +151,8 @@ async def round_trip(nc: Client) -> None:
     PONG is a network round trip, during which the flusher writes the buffer out; a second PING
     then goes after it on the same socket, and its PONG comes only after the SUB was applied.
     """
-    await nc.flush()
-    await nc.flush()
+    await nc.flush(timeout_s)
+    await nc.flush(timeout_s)
 
 
 async def connect(settings: BusSettings) -> Client:

@@ -21,11 +21,12 @@ from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
 from nats.errors import FlushTimeoutError
 
+from xpupool.bus.connection import round_trip
 from xpupool.contracts import subjects
 
 FLUSH_TIMEOUT_S: Final = 1
-"""How long ``follow`` waits for the server to confirm the subscription: a cycle must not stall
-on a connection that is reconnecting."""
+"""How long each of ``follow``'s two flushes waits for the server to confirm the subscription:
+a cycle must not stall on a connection that is reconnecting."""
 
 
 class CapacityWatch:
@@ -51,7 +52,8 @@ class CapacityWatch:
                 subjects.ALLOC_ENDED.pattern, cb=self._on_message
             )
             with suppress(FlushTimeoutError):
-                await self._nc.flush(timeout=FLUSH_TIMEOUT_S)
+                # Not a bare flush: nats-py's PING can overtake the SUB (``round_trip``).
+                await round_trip(self._nc, FLUSH_TIMEOUT_S)
 
     async def rest(self) -> None:
         """Stop being delivered lease ends (no job waits)."""
