@@ -1219,27 +1219,23 @@ class Ledger:
     async def _unindexed_waiting(
         self, tenant: str, listed: set[str], chunk: int = 1000
     ) -> list[str]:
-        """``tenant``'s waiting jobs not in ``listed``, from the queue of every tenant's (a
-        chunk of ids and their records' tenants per round trip)."""
-        found: list[str] = []
-        start = 0
+        """``tenant``'s waiting jobs not in ``listed``, from the queue of every tenant's: scanned
+        (``ZSCAN``: every job that waits throughout the scan is seen, however the queue changes
+        meanwhile), a chunk of ids and their records' tenants per round trip."""
+        found: dict[str, None] = {}
+        cursor: int = 0
         while True:
-            ids = [
-                _str(i)
-                for i in await self._redis.zrange(self.key("pending"), start, start + chunk - 1)
-            ]
+            cursor, entries = await self._redis.zscan(self.key("pending"), cursor, count=chunk)
+            ids = [_str(job_id) for job_id, _ in entries]
             async with self._redis.pipeline(transaction=False) as pipe:
                 for job_id in ids:
                     pipe.hget(self.key("job", job_id), "tenant")
                 owners = await pipe.execute()
-            found += [
-                job_id
-                for job_id, owner in zip(ids, owners, strict=True)
-                if owner is not None and _str(owner) == tenant and job_id not in listed
-            ]
-            if len(ids) < chunk:
-                return found
-            start += chunk
+            for job_id, owner in zip(ids, owners, strict=True):
+                if owner is not None and _str(owner) == tenant and job_id not in listed:
+                    found[job_id] = None  # a scan may return an id twice
+            if cursor == 0:
+                return list(found)
 
     async def tenant_leases(self, tenant: str, limit: int) -> list[LeaseRecord]:
         """``tenant``'s live leases (reserved or active), newest first, at most ``limit``: its set
