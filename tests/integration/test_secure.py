@@ -419,6 +419,10 @@ async def test_scheduler_runs_its_ledger_flows_and_nothing_else(
     assert (await scheduler.time_out_pending()).ok
     assert (await scheduler.pend("p3", 500, b"{}", None, "queued", tenant=A)).ok
     assert (await scheduler.drop_pending("p3", "invalid_request", "count", "")).ok
+    # jobs.list: a waiting job its tenant's index lost is searched for in the queue.
+    assert (await scheduler.pend("p4", 500, b"{}", None, "queued", tenant=A)).ok
+    await redis_as(access.OPERATOR).zrem(scheduler.key("tenant-jobs", A), "p4")
+    assert "p4" in [j.job_id for j in await scheduler.tenant_jobs(A, 10)]
     assert await scheduler.acquire("cycle", "me", 1_000)
     await scheduler.release_lock("cycle", "me")
     changes = await scheduler.changes_since(None)

@@ -136,8 +136,10 @@ DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
         "zrange",
         # any_pending: whether a cycle has anything to decide
         "zcard",
-        # tenant_jobs (redis-py sends ZREVRANGE for zrange(desc=True))
+        # tenant_jobs (redis-py sends ZREVRANGE for zrange(desc=True)); and, when the tenant's
+        # count of waiting jobs says some are not in its index, a scan of the queue for them
         "zrevrange",
+        "zscan",
         "mget",
         "get",
         # note_pending, publish_fair_share
