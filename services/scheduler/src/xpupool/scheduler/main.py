@@ -103,7 +103,7 @@ async def cycle_loop(
     deps: handlers.SchedulerDeps,
     publisher: Publisher,
     stop: asyncio.Event,
-    lease_ends: CapacityWatch | None = None,
+    lease_ends: CapacityWatch,
 ) -> None:
     """Run a scheduling cycle whenever something may have changed, and at least periodically.
 
@@ -126,12 +126,10 @@ async def cycle_loop(
                 # Nothing waits (placement on admission granted what arrived): no lock, no cycle.
                 deps.last_pending = 0
                 deps.metrics.observe_queues(())
-                if lease_ends is not None:
-                    await lease_ends.rest()
+                await lease_ends.rest()
                 continue
-            if lease_ends is not None:
-                # Before the cycle reads the pool: a lease end after that read wakes the next.
-                await lease_ends.follow()
+            # Before the cycle reads the pool: a lease end after that read wakes the next.
+            await lease_ends.follow()
             if not await lock.take():
                 await asyncio.sleep(0.02)
                 deps.wake.set()
@@ -139,8 +137,7 @@ async def cycle_loop(
             events = await handlers.schedule_cycle(deps)
             if not deps.last_pending:
                 await lock.give_back()
-                if lease_ends is not None:
-                    await lease_ends.rest()
+                await lease_ends.rest()
             # Published outside the lock when it was given back: a replica waiting for it need
             # not wait for these.
             await publisher.publish_all(events)
