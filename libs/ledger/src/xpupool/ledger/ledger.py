@@ -1190,7 +1190,13 @@ class Ledger:
         drops the oldest entries, so they are looked for only when the index holds fewer than
         ``limit``; the waiting ones only when the tenant's count of waiting jobs says that some
         are not in the index (the queue holds every tenant's, so it is scanned only then)."""
-        indexed = await self.tenant_job_ids(tenant, limit)
+        # The index and the count of waiting jobs in one round trip: Redis runs the two back
+        # to back, so a job admitted meanwhile is in both or in neither.
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zrange(self.key("tenant-jobs", tenant), 0, limit - 1, desc=True)
+            pipe.hget(self.key("pending-count"), tenant)
+            raw_ids, raw_waiting = await pipe.execute()
+        indexed = [_str(i) for i in raw_ids]
         unindexed: list[str] = []
         if len(indexed) < limit:
             leases = await self.tenant_leases(tenant, len(indexed) + limit)
@@ -1198,7 +1204,7 @@ class Ledger:
         jobs = await self._jobs([*indexed, *dict.fromkeys(unindexed)])
         if len(indexed) < limit:
             waiting = sum(job.state == "pending" for job in jobs)
-            if waiting < await self.pending_count(tenant):
+            if waiting < _int(raw_waiting):
                 waiting_ids = await self._unindexed_waiting(tenant, {job.job_id for job in jobs})
                 unindexed += waiting_ids
                 jobs += await self._jobs(waiting_ids)
