@@ -44,7 +44,7 @@ from xpupool.devstack.secure import (
     script_commands,
 )
 from xpupool.devstack.stack import NodeSpec, Stack
-from xpupool.ledger import Holder, Ledger, OutboxRelay, SliceClaim, audit
+from xpupool.ledger import Admission, Holder, Ledger, OutboxRelay, SliceClaim, audit
 from xpupool.ledger.outbox import GROUP
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -423,6 +423,24 @@ async def test_scheduler_runs_its_ledger_flows_and_nothing_else(
     assert (await scheduler.pend("p4", 500, b"{}", None, "queued", tenant=A)).ok
     await redis_as(access.OPERATOR).zrem(scheduler.key("tenant-jobs", A), "p4")
     assert "p4" in [j.job_id for j in await scheduler.tenant_jobs(A, 10)]
+    # An admission placed on arrival by a replica that follows the change feed: the script
+    # asks how many follow it (PUBSUB NUMSUB) before it announces its change.
+    placed = reservation("p5", SliceClaim("n1/nvidia1", 1024, 10), tenant=A, secret="s" * 48)
+    [admitted] = await scheduler.admit_many(
+        [
+            Admission(
+                "p5",
+                500,
+                b"{}",
+                None,
+                "queued",
+                tenant=A,
+                placement=placed,
+                caller_follows_feed=True,
+            )
+        ]
+    )
+    assert admitted.ok, admitted
     assert await scheduler.acquire("cycle", "me", 1_000)
     await scheduler.release_lock("cycle", "me")
     changes = await scheduler.changes_since(None)

@@ -659,6 +659,80 @@ async def test_an_own_change_alone_wants_no_read_of_its_own(ledger: Ledger) -> N
         await follower
 
 
+async def test_an_own_admission_is_not_announced_while_its_replica_alone_follows_the_feed(
+    ledger: Ledger,
+) -> None:
+    """An admission whose caller follows the feed (``caller_follows_feed``) is not announced
+    while that caller is the feed's only subscriber; its answer, counted as the replica's own
+    change, withdraws the kept pool until a read brings it in. With a second follower (another
+    replica) the same admission is announced to both, as is one that does not ask."""
+    work, config = Workload(ledger, 73), default_config()
+    await work.register()
+    device = await _roomy_device(ledger)
+    cache, other = SnapshotCache(), SnapshotCache()
+    stop = asyncio.Event()
+    follower = await _follow(cache, ledger, stop)
+    try:
+        await cache.read_pool(ledger, config)
+        cache.changed.clear()
+        placement = reservation("quiet-1", SliceClaim(device, 1024, 10), secret="s" * 48)
+        [granted] = await ledger.admit_many(
+            [
+                Admission(
+                    "quiet-1",
+                    500,
+                    b"{}",
+                    None,
+                    "queued",
+                    tenant="t",
+                    placement=placement,
+                    caller_follows_feed=True,
+                )
+            ]
+        )
+        assert granted.outcome == "granted" and granted.change_seq == await _seq(ledger)
+        # Anything announced is in the subscriber's socket by now: a later command's answer
+        # (a round trip on another connection) comes after the script's PUBLISH was written.
+        await ledger.redis.ping()
+        await asyncio.sleep(0.1)
+        assert not cache.changed.is_set(), "announced to the only follower, which asked not"
+        cache.own_change(granted.change_seq)
+        assert await cache.kept_pool(config) is None, "its own unread grant left it offered"
+        assert not cache.wants_read()  # its own change alone calls for no read
+        assert await _read_is_kept_and_current(cache, ledger, config)
+
+        # A second follower: the same kind of admission is announced to both.
+        second = await _follow(other, ledger, stop)
+        await other.read_pool(ledger, config)
+        for job, asks in (("quiet-2", True), ("loud-3", False)):
+            cache.changed.clear()
+            other.changed.clear()
+            placement = reservation(job, SliceClaim(device, 1024, 10), secret="s" * 48)
+            [granted] = await ledger.admit_many(
+                [
+                    Admission(
+                        job,
+                        500,
+                        b"{}",
+                        None,
+                        "queued",
+                        tenant="t",
+                        placement=placement,
+                        caller_follows_feed=asks,
+                    )
+                ]
+            )
+            assert granted.outcome == "granted", job
+            assert await _until(cache.changed.is_set), f"{job}: not announced to its caller"
+            assert await _until(other.changed.is_set), f"{job}: not announced to the other"
+            assert await cache.kept_pool(config) is None, job
+    finally:
+        stop.set()
+        await follower
+        if "second" in locals():
+            await second
+
+
 def _commit_of(
     ledger: Ledger, admissions: list[Admission]
 ) -> Callable[..., Awaitable[tuple[list[ScriptResult], LedgerChanges | None]]]:

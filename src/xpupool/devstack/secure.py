@@ -217,10 +217,10 @@ _COLLECTOR_WRITES: Final[tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = 
 # The one channel: every script that changes a record announces it there (``touched`` in
 # _prelude.lua, so every role publishes), and the scheduler follows it.
 CHANGE_FEED: Final = "changes-feed"
-# A command and, for the commands made of subcommands (XGROUP, XINFO), the subcommand its
+# A command and, for the commands made of subcommands (XGROUP, XINFO, PUBSUB), the subcommand its
 # script names: an ACL then allows ``xgroup|delconsumer``, not every ``xgroup``.
 _LUA_CALL: Final = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'(?:\s*,\s*'([A-Za-z]+)')?")
-_CONTAINER_COMMANDS: Final = frozenset({"xgroup", "xinfo"})
+_CONTAINER_COMMANDS: Final = frozenset({"xgroup", "xinfo", "pubsub"})
 
 
 def script_commands(names: Sequence[str]) -> set[str]:

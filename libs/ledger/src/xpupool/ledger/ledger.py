@@ -247,6 +247,10 @@ class Admission:
     """The ledger view the placement was decided on, when the scheduler decided on its kept copy
     without reading the change log first: if anything changed since, the admission is refused
     before anything is written (``VIEW_CHANGED``), for the scheduler to decide again."""
+    caller_follows_feed: bool = False
+    """The caller follows the change feed and counts this admission's change as its own until it
+    reads it (``SnapshotCache.own_change``): while it is the feed's only subscriber, the grant is
+    not announced there (one message it would only skip)."""
 
     def script_args(self) -> list[ScriptArg]:
         return [
@@ -264,6 +268,7 @@ class Admission:
             self.trace.get("tracestate", ""),
             b"" if self.placement is None else msgspec.json.encode(self.placement),
             "" if self.placement_view is None else self.placement_view.view,
+            "1" if self.caller_follows_feed else "",
         ]
 
 

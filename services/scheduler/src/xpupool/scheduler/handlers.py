@@ -343,6 +343,7 @@ def _admissions(
     arrivals: Sequence[Arrival],
     placements: Mapping[str, tuple[Reserve, Reservation]],
     view: ChangeCursor | None,
+    follows_feed: bool,
 ) -> list[Admission]:
     return [
         Admission(
@@ -356,6 +357,7 @@ def _admissions(
             trace=a.trace,
             placement=placements[a.request.job_id][1] if a.request.job_id in placements else None,
             placement_view=view if a.request.job_id in placements else None,
+            caller_follows_feed=follows_feed,
         )
         for a in arrivals
     ]
@@ -363,7 +365,8 @@ def _admissions(
 
 async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> list[ScriptResult]:
     placements, view = await place_on_arrival(arrivals, deps)
-    results = await _commit(arrivals, _admissions(arrivals, placements, view), deps)
+    follows_feed = deps.snapshots.follows_feed
+    results = await _commit(arrivals, _admissions(arrivals, placements, view, follows_feed), deps)
     if view is not None:
         changed = any(r.reason == VIEW_CHANGED for r in results)
         deps.metrics.admission_view("changed" if changed else "kept")
@@ -371,7 +374,8 @@ async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> l
             # Decided on a copy the ledger has moved past; nothing was written (not even the
             # admission): decided again, on a read, as any batch is.
             placements, _ = await place_on_arrival(arrivals, deps, kept=False)
-            results = await _commit(arrivals, _admissions(arrivals, placements, None), deps)
+            admissions = _admissions(arrivals, placements, None, follows_feed)
+            results = await _commit(arrivals, admissions, deps)
     waiting = False
     for arrival, result in zip(arrivals, results, strict=True):
         placed = placements.pop(arrival.request.job_id, None)

@@ -168,8 +168,16 @@ class SnapshotCache:
 
     def own_change(self, seq: int) -> None:
         """A change this replica made itself (its ledger script answered ``seq``), whichever
-        comes first, its announcement or this."""
+        comes first, its announcement or this. It counts as unread (``kept_pool``) until a read
+        brings it in, announced or not: an admission of a replica that follows the feed is not
+        announced while it is the feed's only subscriber (``follows_feed``)."""
         self._own.add(seq)
+
+    @property
+    def follows_feed(self) -> bool:
+        """Whether the change feed is live here, so that this replica's own admissions need
+        not be announced to it (``Admission.caller_follows_feed``): it counts them itself."""
+        return self._feed_live
 
     def wants_read(self) -> bool:
         """Whether anything but this replica's own changes was announced since the last read
@@ -197,7 +205,8 @@ class SnapshotCache:
         self, config: SchedulerConfig
     ) -> tuple[PoolSnapshot, int, WorkingPool, ChangeCursor] | None:
         """``read_pool`` without reading, when the change feed announced nothing but live load
-        since the last read brought the working pool up to date: the pool, with the ledger's
+        since the last read brought the working pool up to date (nor did this replica change
+        anything since, announced or not: ``own_change``): the pool, with the ledger's
         clock moved on by the time since (ms, also the pool's ``now_s``), and the view it
         shows. None when that is not known (no live feed, a change announced, the pool out of
         step or for another config): the caller reads. An in-flight read is waited for first."""
@@ -206,6 +215,7 @@ class SnapshotCache:
             if (
                 not self._feed_live
                 or self._unseen(self._unread - self._unread_load)
+                or self._unseen(self._own)
                 or cursor is None
             ):
                 return None

@@ -59,8 +59,18 @@ local function job_over(job_id) redis.call('EXPIRE', k('job', job_id), retain_s(
 -- capacity-seq alone. capacity-seq is the sequence of the last change that was more than live
 -- load; pend.lua takes a placement decided on a kept copy as long as nothing but live load
 -- changed since that copy was read (a sample is seconds old when it is written anyway).
+-- A caller that follows the feed itself and counts its own changes as unread until it reads
+-- them (the scheduler's SnapshotCache.own_change) may ask a script not to announce its change
+-- when that caller is the feed's only subscriber (quiet_if_only_reader): nobody else would hear
+-- it, and the caller would only skip it. A second subscriber (another scheduler replica) hears
+-- every change as before. Live load is always announced: the caller does not count it.
 local CHANGE_LOG_MAX, CHANGE_LOG_TRIM = 50000, 5000
-local change_seq, capacity_noted = nil, false
+local change_seq, capacity_noted, announce_capacity = nil, false, true
+local function quiet_if_only_reader(caller_follows_feed)
+  if caller_follows_feed and redis.call('PUBSUB', 'NUMSUB', k('changes-feed'))[2] == 1 then
+    announce_capacity = false
+  end
+end
 local function log_change(kind, id, load_only)
   if not change_seq then
     change_seq = redis.call('INCR', k('changes-seq'))
@@ -78,7 +88,7 @@ local function log_change(kind, id, load_only)
   if not load_only and not capacity_noted then
     capacity_noted = true
     redis.call('SET', k('capacity-seq'), change_seq)
-    redis.call('PUBLISH', k('changes-feed'), change_seq)
+    if announce_capacity then redis.call('PUBLISH', k('changes-feed'), change_seq) end
   end
   redis.call('ZADD', k('changes'), change_seq, kind .. ':' .. id)
 end

@@ -15,6 +15,9 @@
 -- refused before anything is written (view_changed) and the scheduler decides it again on a
 -- read. (Live load moves every few seconds on every busy device; a decision is as good on a
 -- sample a few milliseconds older, and capacity is checked here anyway.)
+-- caller_follows_feed ('1' = yes): the scheduler follows the change feed and counts this
+-- admission's change as its own (SnapshotCache.own_change), so, when it is the feed's only
+-- subscriber, the grant is not announced there (quiet_if_only_reader in _prelude.lua).
 -- The score orders by priority, then arrival in seconds (both exact in a double).
 -- A new request of a tenant over its rate (a token bucket kept as its theoretical arrival time,
 -- GCRA) or at its maximum of pending requests is refused before anything is written. A
@@ -48,6 +51,7 @@ if (ARGV[13] or '') ~= '' then
   if (ARGV[14] or '') ~= '' and not view_current(ARGV[14]) then
     return fail('view_changed', 'the ledger changed since the view the placement was decided on')
   end
+  quiet_if_only_reader(ARGV[15] == '1')
 end
 local waiting = tonumber(redis.call('HGET', k('pending-count'), tenant) or '0')
 if max_pending >= 0 and waiting >= max_pending then
