@@ -478,3 +478,25 @@ def test_kept_costs_follow_the_state_between_one_off_copies(
             for kept in list(pol._kept.values())[-WARM_SHAPES:]:  # noqa: SLF001
                 rows = state.feasible(kept.pod)
                 assert (kept.version[rows] == state.node_version[rows]).all(), i
+
+
+def test_warming_no_shape_refreshes_none() -> None:
+    """``warm(state, 0)`` warms no shape (a slice from ``-0`` would have been every one), and
+    ``warm(state, 1)`` only the shape decided last."""
+    rng = np.random.default_rng(17)
+    pods = [_random_pod(rng, 0.0) for _ in range(40)]
+    state = ClusterState.from_nodes(_twin_cluster(5))
+    pol = make_policy("xpupool-static", PolicyContext(rng=np.random.default_rng(0), workload=pods))
+    assert isinstance(pol, FragmentationPolicy)
+    for pod in pods[:12]:
+        got = pol.choose(state, pod)
+        if got is not None:
+            state.allocate(got)
+    kept = list(pol._kept.values())  # noqa: SLF001
+    assert len(kept) > 1
+    before = [k.version.copy() for k in kept]
+    pol.warm(state, 0)
+    assert all(np.array_equal(k.version, v) for k, v in zip(kept, before, strict=True))
+    pol.warm(state, 1)
+    changed = [not np.array_equal(k.version, v) for k, v in zip(kept, before, strict=True)]
+    assert changed == [False] * (len(kept) - 1) + [True]

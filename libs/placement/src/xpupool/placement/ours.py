@@ -287,8 +287,8 @@ class FragmentationPolicy:
         (if it is the kept state): what the next decision of such a shape would compute first,
         done ahead (the scheduler does it while idle). Decisions are the same: a row's costs
         are a function of its state, and a row that changes again is recomputed again."""
-        if state.token is not self._kept_token:
-            return
+        if shapes <= 0 or state.token is not self._kept_token:
+            return  # (``[-0:]`` would be every shape)
         for kept in list(self._kept.values())[-shapes:]:
             self._refresh(state, kept, state.feasible(kept.pod))
 
