@@ -15,14 +15,22 @@ of the devices with leases the same decisions placed (never released): a pool as
 production one, filled the way the scheduler fills it, cheapest classes first, so that those
 classes are full when the timed decisions try them.
 
+``--mix trace`` decides the Alibaba GPU trace's own pods (``openb_pod_list_default.csv``,
+shuffled, each turned into a request as the live replay does: whole GPUs, gangs on one node,
+compute shares, model constraints and CPU-only pods, in 91 shapes) on the trace's 1,213 nodes
+(``--devices`` does not apply), 30 % of their devices held as in the synthetic pools. With
+``--warm`` the report also gives what the warming took (``warm=``: its p50 per release, work
+an idle scheduler does off the arrivals' path).
+
     uv run python services/scheduler/bench/bench_serial_decide.py [--devices 10000]
-        [--jobs 3000] [--mix e2e|mixed|share] [--dump PATH] [--fill F] [--warm]
+        [--jobs 3000] [--mix e2e|mixed|share|trace] [--dump PATH] [--fill F] [--warm]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import random
 import statistics
 import sys
@@ -35,9 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 bd = importlib.import_module("bench_decide")
 
 from xpupool.placement.default import DefaultPolicy  # noqa: E402
+from xpupool.replay.requests import job_request  # noqa: E402
+from xpupool.replay.scheduler_default import trace_snapshot  # noqa: E402
+from xpupool.replay.trace import find_trace_dir, load_nodes, load_pods  # noqa: E402
 from xpupool.scheduler.domain import (  # noqa: E402
     LeaseSlice,
     LeaseState,
+    NodeState,
     PendingRequest,
     Preempt,
     Reserve,
@@ -49,6 +61,35 @@ from xpupool.scheduler.main import trace_policies  # noqa: E402
 from xpupool.scheduler.settings import SchedulerSettings  # noqa: E402
 
 WARM_UP = 200
+TRACE_MIX = "trace"
+
+
+def _trace_mix(rng: random.Random) -> tuple[list[NodeState], Callable[[int], list[PendingRequest]]]:
+    """The trace's GPU nodes, and its pods as requests in a shuffled order (cycling)."""
+    trace = find_trace_dir(Path(__file__).resolve())
+    if trace is None:
+        raise SystemExit("--mix trace: no ../shared/traces/alibaba-gpu-v2023 beside the repository")
+    nodes = [n for n in load_nodes(trace / "openb_node_list_gpu_node.csv") if n.num_gpu]
+    pods = [p.demand for p in load_pods(trace / "openb_pod_list_default.csv")]
+    rng.shuffle(pods)
+    turn = itertools.count()
+
+    def requests(n: int) -> list[PendingRequest]:
+        return [
+            PendingRequest(job_request(f"j{i}", pods[i % len(pods)]), bd.NOW)
+            for i in itertools.islice(turn, n)
+        ]
+
+    return list(trace_snapshot(nodes).nodes), requests
+
+
+def _mix(
+    mix: str, devices: int, rng: random.Random
+) -> tuple[list[NodeState], Callable[[int], list[PendingRequest]]]:
+    """The pool's nodes (before any is held) and the mix's requests, ``n`` at a time."""
+    if mix == TRACE_MIX:
+        return _trace_mix(rng)
+    return bd.synthetic_nodes(devices, rng), lambda n: list(bd.MIXES[mix](n, rng))
 
 
 def run(
@@ -56,7 +97,8 @@ def run(
 ) -> str:
     rng = random.Random(1)
     config = default_config()
-    pool = WorkingPool(bd.occupy(bd.synthetic_nodes(devices, rng), 0.3, rng), config)
+    nodes, requests = _mix(mix, devices, rng)
+    pool = WorkingPool(bd.occupy(nodes, 0.3, rng), config)
     settings = SchedulerSettings()
     extra = trace_policies(settings)
     default = DefaultPolicy.create(half_life=settings.placement_shape_half_life)
@@ -103,14 +145,15 @@ def run(
             )
         )
 
-    filled = _fill(pool, fill, mix, rng, decide, hold)
+    filled = _fill(pool, fill, requests, decide, hold)
     if warm:
         # As a starting scheduler's first idle read does, before any arrival: untimed.
         default.warm(pool)
     live: list[str] = []
     seconds: list[float] = []
+    warming: list[float] = []
     decisions: list[str] = []
-    for i, item in enumerate(bd.MIXES[mix](jobs, rng)):
+    for i, item in enumerate(requests(jobs)):
         started = time.perf_counter()
         decided, reserved = decide(item)
         seconds.append(time.perf_counter() - started)
@@ -122,12 +165,18 @@ def run(
             pool.release(live.pop(0))
         if warm:
             # The scheduler's idle read after a release warms the policy (``keep_warm``),
-            # off the next arrival's path: not timed.
+            # off the next arrival's path: not in the decisions' times.
+            started = time.perf_counter()
             default.warm(pool)
+            warming.append(time.perf_counter() - started)
     if dump is not None:
         dump.write_text("\n".join(decisions) + "\n")
     timed = sorted(seconds[WARM_UP:])
-    warmed = " warmed" if warm else ""
+    warmed = ""
+    if warm:
+        warmed = (
+            f" warmed (warm={1e3 * sorted(warming[WARM_UP:])[len(warming[WARM_UP:]) // 2]:.3f}ms)"
+        )
     return (
         f"{mix:<6} devices={devices:>6}{filled}{warmed} p50={1e3 * timed[len(timed) // 2]:.3f}ms "
         f"mean={1e3 * statistics.mean(timed):.3f}ms p90={1e3 * timed[int(0.9 * len(timed))]:.3f}ms "
@@ -138,8 +187,7 @@ def run(
 def _fill(
     pool: WorkingPool,
     share: float,
-    mix: str,
-    rng: random.Random,
+    requests: Callable[[int], list[PendingRequest]],
     decide: Callable[[PendingRequest], tuple[str, list[Reserve]]],
     hold: Callable[[Reserve, str], None],
 ) -> str:
@@ -152,7 +200,7 @@ def _fill(
     n = 0
     misses = 0
     while held < share * len(pool.devices) and misses < 100:
-        for item in bd.MIXES[mix](100, rng):
+        for item in requests(100):
             _, reserved = decide(item)
             misses = 0 if reserved else misses + 1
             for decision in reserved:
@@ -168,7 +216,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, default=10_000)
     parser.add_argument("--jobs", type=int, default=3_000)
-    parser.add_argument("--mix", choices=sorted(bd.MIXES), default="e2e")
+    parser.add_argument("--mix", choices=[*sorted(bd.MIXES), TRACE_MIX], default="e2e")
     parser.add_argument("--dump", type=Path, default=None)
     parser.add_argument(
         "--fill",
