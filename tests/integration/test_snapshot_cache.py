@@ -8,6 +8,7 @@ import asyncio
 import random
 import shutil
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 
 import pytest
 from redis.asyncio import Redis
@@ -671,24 +672,12 @@ async def test_an_own_admission_is_not_announced_while_its_replica_alone_follows
     device = await _roomy_device(ledger)
     cache, other = SnapshotCache(), SnapshotCache()
     stop = asyncio.Event()
-    follower = await _follow(cache, ledger, stop)
+    followers = [await _follow(cache, ledger, stop)]
     try:
         await cache.read_pool(ledger, config)
         cache.changed.clear()
-        placement = reservation("quiet-1", SliceClaim(device, 1024, 10), secret="s" * 48)
         [granted] = await ledger.admit_many(
-            [
-                Admission(
-                    "quiet-1",
-                    500,
-                    b"{}",
-                    None,
-                    "queued",
-                    tenant="t",
-                    placement=placement,
-                    caller_follows_feed=True,
-                )
-            ]
+            [replace(_placed_admission("quiet-1", device), caller_follows_feed=True)]
         )
         assert granted.outcome == "granted" and granted.change_seq == await _seq(ledger)
         # Anything announced is in the subscriber's socket by now: a later command's answer
@@ -702,25 +691,13 @@ async def test_an_own_admission_is_not_announced_while_its_replica_alone_follows
         assert await _read_is_kept_and_current(cache, ledger, config)
 
         # A second follower: the same kind of admission is announced to both.
-        second = await _follow(other, ledger, stop)
+        followers.append(await _follow(other, ledger, stop))
         await other.read_pool(ledger, config)
         for job, asks in (("quiet-2", True), ("loud-3", False)):
             cache.changed.clear()
             other.changed.clear()
-            placement = reservation(job, SliceClaim(device, 1024, 10), secret="s" * 48)
             [granted] = await ledger.admit_many(
-                [
-                    Admission(
-                        job,
-                        500,
-                        b"{}",
-                        None,
-                        "queued",
-                        tenant="t",
-                        placement=placement,
-                        caller_follows_feed=asks,
-                    )
-                ]
+                [replace(_placed_admission(job, device), caller_follows_feed=asks)]
             )
             assert granted.outcome == "granted", job
             assert await _until(cache.changed.is_set), f"{job}: not announced to its caller"
@@ -728,9 +705,8 @@ async def test_an_own_admission_is_not_announced_while_its_replica_alone_follows
             assert await cache.kept_pool(config) is None, job
     finally:
         stop.set()
-        await follower
-        if "second" in locals():
-            await second
+        for follower in followers:
+            await follower
 
 
 def _commit_of(
