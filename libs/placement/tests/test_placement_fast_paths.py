@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
+from xpupool.placement import ours
 from xpupool.placement.frag import (
     DEDUP_MIN_ROWS,
     FragEvaluator,
@@ -413,11 +414,21 @@ PINNED = {
 }
 
 
+@pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize(("variant", "policy"), sorted(PINNED))
 def test_same_decisions_on_the_reduced_trace(
-    variant: str, policy: str, small_nodes: list[NodeSpec], small_pods: list[TracePod]
+    variant: str,
+    policy: str,
+    grouped: bool,
+    small_nodes: list[NodeSpec],
+    small_pods: list[TracePod],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Reduced trace and its gpuspec33 variant: same placements as the reference, and pinned."""
+    """Reduced trace and its gpuspec33 variant: same placements as the reference, and pinned;
+    ``grouped``: with every refresh of xpupool's kept costs made one row per group of identical
+    nodes (``GROUPED_REFRESH_ROWS``)."""
+    if grouped:
+        monkeypatch.setattr(ours, "GROUPED_REFRESH_ROWS", 1)
     trace = (
         small_pods if variant == "default" else make_variant(variant, small_pods, 0, small_nodes)
     )
@@ -429,17 +440,22 @@ def test_same_decisions_on_the_reduced_trace(
     assert digest == PINNED[(variant, policy)]
 
 
+@pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("warmed", [False, True])
 @pytest.mark.parametrize("constrained", [0.0, 0.3])
 def test_kept_costs_follow_the_state_between_one_off_copies(
-    constrained: float, warmed: bool
+    constrained: float, warmed: bool, grouped: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The costs xpupool keeps per shape and row (``FragmentationPolicy.choose``) stay exact
     while the state changes, while one-off copies (held nodes, id filters) are decided on in
-    between, and while more shapes than ``KEPT_SHAPES`` come and go; with model constraints
+    between, and while more shapes than ``KEPT_SHAPES`` come and go; computed row by row and,
+    ``grouped``, one row per group of identical nodes copied to the rest (every refresh, however
+    few its rows: ``GROUPED_REFRESH_ROWS``); with model constraints
     (a claim added per decision) and without (the kept costs already rounded); and with the
     costs of the last shapes refreshed ahead after every change (``warm``, as an idle
     scheduler does), which leaves none of their feasible rows stale."""
+    if grouped:
+        monkeypatch.setattr(ours, "GROUPED_REFRESH_ROWS", 1)
     rng = np.random.default_rng(13)
     pods = [_random_pod(rng, constrained) for _ in range(400)]
     shapes = {(p.cpu_milli, p.num_gpu, p.gpu_milli) for p in pods}
@@ -500,3 +516,40 @@ def test_warming_no_shape_refreshes_none() -> None:
     pol.warm(state, 1)
     changed = [not np.array_equal(k.version, v) for k, v in zip(kept, before, strict=True)]
     assert changed == [False] * (len(kept) - 1) + [True]
+
+
+@pytest.mark.parametrize("gpu_milli", [250, 500, 1000])
+def test_grouped_refresh_gives_each_node_its_own_slots_costs(
+    gpu_milli: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nodes in one group (same model, free CPU and multiset of free GPU shares) whose shares
+    sit in different slots: costs refreshed one row per group, copied to the rest, equal the
+    costs computed row by row, slot for slot (a share's cost follows its slot's free share),
+    and the decisions are the reference's."""
+    rng = np.random.default_rng(23)
+    specs = [NodeSpec(f"p{i:03d}-{rng.integers(10**6)}", 96_000, 10**7, 8, "A") for i in range(48)]
+    shares = [700, 500, 500, 250, 0, 0, 1000, 1000]
+    pod = (
+        PodDemand(2000, 1024, 1, gpu_milli) if gpu_milli < MILLI else PodDemand(2000, 1024, 2, 1000)
+    )
+    costs = {}
+    for grouped in (False, True):
+        monkeypatch.setattr(ours, "GROUPED_REFRESH_ROWS", 1 if grouped else 10**9)
+        state = ClusterState.from_nodes(specs)
+        order = np.random.default_rng(5)  # the same slots in both runs
+        for node in range(state.num_nodes):
+            for slot, free in zip(order.permutation(8), shares, strict=True):
+                if free < MILLI:
+                    used = PodDemand(0, 0, 1, MILLI - free) if free else PodDemand(0, 0, 1, 1000)
+                    state.allocate(NodeChoice.for_pod(node, (int(slot),), used))
+        pol = make_policy(
+            "xpupool-static", PolicyContext(rng=np.random.default_rng(0), workload=[pod])
+        )
+        assert isinstance(pol, FragmentationPolicy)
+        ev = ref_xpupool_evaluator(pol, state)
+        for _ in range(2):  # the second decision on the state keeps costs
+            assert pol.choose(state, pod) == ref_xpupool(pol, ev, state, pod)
+        [kept] = pol._kept.values()  # noqa: SLF001
+        costs[grouped] = kept.cost.copy()
+    assert np.isfinite(costs[False]).any()
+    assert np.array_equal(costs[True], costs[False])

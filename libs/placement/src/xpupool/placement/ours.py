@@ -93,6 +93,15 @@ KEPT_SHAPES = 128
 #: a row that changes before the others are decided is recomputed again, so warming every
 #: shape a workload ever had would mostly be wasted.
 WARM_SHAPES = 4
+#: Stale rows from which a refresh of kept costs scores one node of each group of identical
+#: nodes (``NodeGroups``) and copies its costs to the others: a pool's nodes come in far fewer
+#: states than there are nodes (146 groups among 1,797 nodes in the e2e bench's pool of 10,000
+#: devices, 104 among the trace's 1,213), so a shape's costs computed over every row (its first
+#: decision after the learned target's rebuild, every 256 requests) cost about a tenth. A
+#: refresh of the rows a batch or two changed is left as it was: on a pool 60 % held by shares,
+#: whose nodes are mostly in states of their own, grouping as few as 32 rows gained nothing
+#: (``just bench-serial-decide --mix share --fill 0.6 --warm``).
+GROUPED_REFRESH_ROWS = 512
 
 #: GPU request of each model constraint (``None``: unconstrained) as a share of all GPU request.
 SetDemand = Mapping[frozenset[str] | None, float]
@@ -295,15 +304,54 @@ class FragmentationPolicy:
     def _refresh(self, state: ClusterState, kept: _ShapeCosts, feasible: BoolArray) -> None:
         """Recompute ``kept``'s costs on the feasible rows whose version moved since."""
         stale = (feasible & (kept.version != state.node_version)).nonzero()[0]
-        if len(stale):
-            evaluator, cache = self._frag(state)
-            cand = candidates(state, stale, kept.pod)
-            cost = self._candidate_costs(state, cand, evaluator, cache.values(state))
+        if not len(stale):
+            return
+        if len(stale) >= GROUPED_REFRESH_ROWS:
+            kept.cost[stale] = self._grouped_costs(state, kept.pod, stale)
+        else:
             kept.cost[stale] = np.inf
-            kept.cost[cand.node, np.maximum(cand.gpu, 0)] = (
-                cost if self._claiming else cost.round(6)
-            )
-            kept.version[stale] = state.node_version[stale]
+            cand, cost = self._costs_at(state, kept.pod, stale)
+            kept.cost[cand.node, np.maximum(cand.gpu, 0)] = cost
+        kept.version[stale] = state.node_version[stale]
+
+    def _costs_at(
+        self, state: ClusterState, pod: PodDemand, rows: IntArray
+    ) -> tuple[Candidates, FloatArray]:
+        """``pod``'s candidates on ``rows`` and their costs as ``_ShapeCosts.cost`` keeps them."""
+        evaluator, cache = self._frag(state)
+        cand = candidates(state, rows, pod)
+        cost = self._candidate_costs(state, cand, evaluator, cache.values(state))
+        return cand, cost if self._claiming else cost.round(6)
+
+    def _grouped_costs(self, state: ClusterState, pod: PodDemand, rows: IntArray) -> FloatArray:
+        """The costs ``_refresh`` keeps for ``pod`` on many ``rows`` (a line per row, inf where
+        there is no candidate), scoring one row of each group of identical nodes among them
+        (``NodeGroups``: same model, free CPU and multiset of free GPU shares) and copying its
+        costs to the rest. A share's cost at a GPU depends on that GPU's free share alone among
+        the slots (the after-states are the same up to slot order), so a row's slots take the
+        costs of the representative's slots in the same place when both rows' slots are sorted
+        by free share (stably: among equal shares only the lowest slot is a candidate in either,
+        ``candidates``)."""
+        groups = self._groups.group_ids(state)[rows]
+        _, first, member_of = np.unique(groups, return_index=True, return_inverse=True)
+        representatives = rows[first]
+        cand, cost = self._costs_at(state, pod, representatives)
+        line = np.empty(state.num_nodes, dtype=np.int64)
+        line[representatives] = np.arange(len(representatives))
+        costs = np.full(
+            (len(representatives), state.gpu_free.shape[1] if pod.is_sharing else 1), np.inf
+        )
+        costs[line[cand.node], np.maximum(cand.gpu, 0)] = cost
+        if not pod.is_sharing:
+            spread: FloatArray = costs[member_of]
+            return spread
+        free = state.gpu_free
+        by_share = np.take_along_axis(
+            costs, np.argsort(free[representatives], axis=1, kind="stable"), axis=1
+        )[member_of]
+        out = np.empty_like(by_share)
+        np.put_along_axis(out, np.argsort(free[rows], axis=1, kind="stable"), by_share, axis=1)
+        return out
 
     def _choose_afresh(
         self, state: ClusterState, pod: PodDemand, feasible: BoolArray
