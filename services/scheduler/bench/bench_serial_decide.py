@@ -42,7 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The pools and request mixes of the batch bench beside this one.
 bd = importlib.import_module("bench_decide")
 
+import numpy as np  # noqa: E402
+
 from xpupool.placement.default import DefaultPolicy  # noqa: E402
+from xpupool.placement.online import DEFAULT_REBUILD_EVERY  # noqa: E402
+from xpupool.placement.policies import NodeGroups  # noqa: E402
 from xpupool.replay.requests import job_request  # noqa: E402
 from xpupool.replay.scheduler_default import trace_snapshot  # noqa: E402
 from xpupool.replay.trace import find_trace_dir, load_nodes, load_pods  # noqa: E402
@@ -93,7 +97,13 @@ def _mix(
 
 
 def run(
-    devices: int, jobs: int, mix: str, dump: Path | None, fill: float = 0.0, warm: bool = False
+    devices: int,
+    jobs: int,
+    mix: str,
+    dump: Path | None,
+    fill: float = 0.0,
+    warm: bool = False,
+    rebuild_every: int = DEFAULT_REBUILD_EVERY,
 ) -> str:
     rng = random.Random(1)
     config = default_config()
@@ -102,6 +112,7 @@ def run(
     settings = SchedulerSettings()
     extra = trace_policies(settings)
     default = DefaultPolicy.create(half_life=settings.placement_shape_half_life)
+    default.online.rebuild_every = rebuild_every
 
     def decide(item: PendingRequest) -> tuple[str, list[Reserve]]:
         """One lone decision, its reservation never put in or taken back out (as the
@@ -171,6 +182,14 @@ def run(
             warming.append(time.perf_counter() - started)
     if dump is not None:
         dump.write_text("\n".join(decisions) + "\n")
+    # How many states the pool's nodes are in at the end (``NodeGroups``): what a refresh of
+    # many rows scores (``GROUPED_REFRESH_ROWS``), against every node. (Counted after the timed
+    # decisions: building the policy's view before them would take it off the first one.)
+    state = default.view(pool).state
+    groups = len(np.unique(NodeGroups().group_ids(state)))
+    shape = f" nodes={state.num_nodes} groups={groups}"
+    if rebuild_every != DEFAULT_REBUILD_EVERY:
+        shape += f" rebuild_every={rebuild_every}"
     timed = sorted(seconds[WARM_UP:])
     warmed = ""
     if warm:
@@ -178,7 +197,8 @@ def run(
             f" warmed (warm={1e3 * sorted(warming[WARM_UP:])[len(warming[WARM_UP:]) // 2]:.3f}ms)"
         )
     return (
-        f"{mix:<6} devices={devices:>6}{filled}{warmed} p50={1e3 * timed[len(timed) // 2]:.3f}ms "
+        f"{mix:<6} devices={devices:>6}{shape}{filled}{warmed} "
+        f"p50={1e3 * timed[len(timed) // 2]:.3f}ms "
         f"mean={1e3 * statistics.mean(timed):.3f}ms p90={1e3 * timed[int(0.9 * len(timed))]:.3f}ms "
         f"first={1e3 * seconds[0]:.1f}ms"
     )
@@ -230,8 +250,16 @@ def main() -> None:
         help="warm the default policy after each release, untimed, as an idle scheduler's read "
         "does (DefaultPolicy.warm): the decisions must be the same (--dump), only faster",
     )
+    parser.add_argument(
+        "--rebuild-every",
+        type=int,
+        default=DEFAULT_REBUILD_EVERY,
+        help="requests between two rebuilds of the learned target (the scheduler's: "
+        f"{DEFAULT_REBUILD_EVERY}); a large value shows what the rebuilds cost a lone decision",
+    )
     args = parser.parse_args()
-    print(run(args.devices, max(args.jobs, WARM_UP + 1), args.mix, args.dump, args.fill, args.warm))
+    jobs = max(args.jobs, WARM_UP + 1)
+    print(run(args.devices, jobs, args.mix, args.dump, args.fill, args.warm, args.rebuild_every))
 
 
 if __name__ == "__main__":

@@ -96,10 +96,11 @@ WARM_SHAPES = 4
 #: Stale rows from which a refresh of kept costs scores one node of each group of identical
 #: nodes (``NodeGroups``) and copies its costs to the others: a pool's nodes come in far fewer
 #: states than there are nodes (146 groups among 1,797 nodes in the e2e bench's pool of 10,000
-#: devices, 104 among the trace's 1,213), so a shape's costs computed over every row (its first
-#: decision after the learned target's rebuild, every 256 requests) cost about a tenth. A
-#: refresh of the rows a batch or two changed is left as it was: on a pool 60 % held by shares,
-#: whose nodes are mostly in states of their own, grouping as few as 32 rows gained nothing
+#: devices, 105 among the trace's 1,213: ``just bench-serial-decide [--mix trace]``), so a
+#: shape's costs computed over every row (its first decision after the learned target's
+#: rebuild, every 256 requests) cost about a tenth. A refresh of the rows a batch or two
+#: changed is left as it was: on a pool 60 % held by shares, whose nodes are mostly in states
+#: of their own, grouping as few as 32 rows gained nothing
 #: (``just bench-serial-decide --mix share --fill 0.6 --warm``).
 GROUPED_REFRESH_ROWS = 512
 
