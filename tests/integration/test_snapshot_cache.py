@@ -527,7 +527,7 @@ async def _until(condition: Callable[[], bool]) -> bool:
 
 
 def _feed_live(cache: SnapshotCache) -> bool:
-    return cache._feed_live  # noqa: SLF001  (the subscription's confirmation has arrived)
+    return cache.follows_feed  # the subscription's confirmation has arrived
 
 
 async def _follow(cache: SnapshotCache, ledger: Ledger, stop: asyncio.Event) -> asyncio.Task[None]:
