@@ -67,6 +67,7 @@ class EventLog:
 
     def __init__(self) -> None:
         self.events: list[Event] = []
+        self.event_ids: list[str] = []  # each event's ce-id, in the same order
         self._decoder: Any = decoder_for(
             (
                 AllocationGranted,
@@ -85,6 +86,7 @@ class EventLog:
 
         async def on_message(msg: Msg) -> None:
             self.events.append(self._decoder.decode(msg.data))
+            self.event_ids.append((msg.headers or {}).get("ce-id", ""))
 
         for subject in self.SUBJECTS:
             await nc.subscribe(subject, cb=on_message)
@@ -95,6 +97,26 @@ class EventLog:
         return [
             e for e in self.events if isinstance(e, kind) and (job_id is None or e.job_id == job_id)
         ]
+
+    def distinct(self, kind: type[EventT]) -> list[EventT]:
+        """The recorded events of one type, each event once: after a fault a core NATS
+        subscriber may get an event twice, each copy with the same ce-id, and deduplicates by
+        it (the promise of ``subjects.DELIVERY``)."""
+        first: dict[str, EventT] = {}
+        for event_id, event in zip(self.event_ids, self.events, strict=True):
+            if isinstance(event, kind):
+                assert event_id, f"an event without a ce-id: {event!r}"
+                first.setdefault(event_id, event)
+        return list(first.values())
+
+    def copies_that_differ(self) -> list[str]:
+        """The ce-ids that came with more than one payload: a copy must be the same event."""
+        seen: dict[str, Event] = {}
+        differ: list[str] = []
+        for event_id, event in zip(self.event_ids, self.events, strict=True):
+            if seen.setdefault(event_id, event) != event and event_id not in differ:
+                differ.append(event_id)
+        return differ
 
     def decided(self) -> set[str]:
         """Job ids that got a first outcome: granted, pending or rejected."""
