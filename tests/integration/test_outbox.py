@@ -28,6 +28,7 @@ from xpupool.contracts import (
     RenewLease,
 )
 from xpupool.devstack.servers import RedisServer
+from xpupool.lease_manager.grant_watch import StoredGrants
 from xpupool.lease_manager.handlers import build_events, release_lease, renew_lease
 from xpupool.lease_manager.metrics import OUTBOXES, outbox_lag
 from xpupool.ledger import (
@@ -189,6 +190,43 @@ async def test_a_grant_its_writer_did_not_get_stored_is_published_by_the_sweep(
     await eventually(lambda: _empty(direct_entries(ledger)), timeout_s=5)
     stop.set()
     await asyncio.wait_for(asyncio.gather(confirming, patient, eager), 5)
+
+
+async def test_a_grant_seen_stored_is_not_published_again_by_the_sweep(ledger: Ledger) -> None:
+    """A scheduler that published a grant and died before deleting its entry (or while holding
+    the deletion back, ``BOOKKEEPING_LINGER_S``) leaves the entry to the sweep. A grant the
+    lease-manager saw JetStream store (``StoredGrants``) is then only deleted: a copy would reach
+    core NATS subscribers twice. One not seen stored is published as before."""
+    devices = [device_spec("n1", 0), device_spec("n1", 1)]
+    assert (await ledger.register_node("n1", devices, 64_000, 256_000)).ok
+    results = []
+    for job, device in (("stored", "n1/nvidia0"), ("lost", "n1/nvidia1")):
+        placement = reservation(job, SliceClaim(device, whole=True), secret=new_lease_secret())
+        [result] = await ledger.admit_many(
+            [Admission(job, 500, b"{}", None, "queued", tenant="t", placement=placement)]
+        )
+        assert result.ok and result.outcome == "granted" and result.entry
+        results.append(result)
+    stored, lost = (ledger.granted_lease(r) for r in results)
+    assert stored is not None and lost is not None
+    grants = StoredGrants()
+    grants.saw(stored.lease_id)
+
+    relayed: list[msgspec.Struct] = []
+    stop = asyncio.Event()
+    relay = OutboxRelay(
+        ledger,
+        "lease-manager",
+        functools.partial(build_events, ledger=ledger, grants=grants),
+        _storing(relayed),
+        sweep_direct=True,
+        direct_stale_ms=0,
+    )
+    sweeping = asyncio.create_task(relay.run(stop))
+    await eventually(lambda: _empty(direct_entries(ledger)), timeout_s=5)
+    stop.set()
+    await asyncio.wait_for(sweeping, 5)
+    assert relayed == [granted_event(lost)]
 
 
 # ---- a holder's renewal and release: the lease-manager publishes their events itself --------

@@ -13,7 +13,8 @@ tenant's in ahead of anything published after it, so both streams hold the grant
 that does not come within ``wait_s`` (its scheduler stalled or died) or a watch that is not
 running gets a copy published first instead, with the same ``Nats-Msg-Id``: JetStream keeps one,
 while a core NATS subscriber may see both, which is why the copy is the fallback and not the
-rule.
+rule. For the same reason the relay's sweep of the direct outbox deletes a grant entry it finds
+here without publishing it again (``handlers.build_events``).
 """
 
 from __future__ import annotations

@@ -285,7 +285,10 @@ async def build_events(
     """The public events for a batch of lease-manager outbox entries, the leases they are about
     read in one round trip (ends counted in ``metrics``). A lease's first later event in the
     batch waits for its grant while that is unconfirmed (``unconfirmed_grants``, one more round
-    trip for a batch that names a lease granted on admission; ``_grants_to_copy``)."""
+    trip for a batch that names a lease granted on admission; ``_grants_to_copy``). A grant
+    entry whose grant ``grants`` saw stored gets no events: its writer published it and died
+    (or lingered) before deleting the entry, and a copy would only reach core NATS subscribers
+    a second time."""
     lease_ids = sorted({f["lease_id"] for f in entries if f.get("lease_id")})
     leases = dict(zip(lease_ids, await ledger.get_leases(lease_ids), strict=True))
     # A grant entry of the batch itself (the direct outbox's sweep) goes out first anyway.
@@ -294,11 +297,24 @@ async def build_events(
     copies = await _grants_to_copy(await ledger.unconfirmed_grants(later), grants)
     built: list[Sequence[msgspec.Struct]] = []
     for fields in entries:
+        if _stored_already(fields, grants):
+            built.append([])
+            continue
         lease = leases.get(fields.get("lease_id", ""))
         events = entry_events(fields, lease, metrics)
         grant = copies.pop(lease.lease_id, None) if lease is not None else None
         built.append(events if grant is None else [*entry_events(grant, lease), *events])
     return built
+
+
+def _stored_already(fields: dict[str, str], grants: StoredGrants | None) -> bool:
+    """Whether the entry is a grant that JetStream was seen to store (``StoredGrants``: the
+    operator's copy, sent after the tenant's on the same connection)."""
+    lease_id = fields.get("lease_id", "")
+    if fields.get("kind") != "granted" or grants is None or not grants.seen(lease_id):
+        return False
+    get_logger().info("outbox_grant_stored_already", lease_id=lease_id)
+    return True
 
 
 def entry_events(
