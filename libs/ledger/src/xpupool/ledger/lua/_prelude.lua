@@ -326,22 +326,27 @@ local function end_lease(lease_id, reason, detail, now, outbox)
     granted_ms = f[8], load_base = f[9]}
   local slices = cjson.decode(f[2] or '[]')
   write_usage(lease_id, reason, now, l, slices)
+  -- Counters are read and set in one HSET per record (one AOF entry, not one per field); a
+  -- device or node no longer registered has none to give back to.
   for _, s in ipairs(slices) do
     local dk = k('dev', s.device_id)
-    if redis.call('EXISTS', dk) == 1 then
-      redis.call('HINCRBY', dk, 'mem_free', s.memory_mib)
-      redis.call('HINCRBY', dk, 'compute_free', s.compute_pct)
-      redis.call('HINCRBY', dk, 'holders', -1)
-      if s.whole then redis.call('HSET', dk, 'exclusive', 0) end
+    local c = redis.call('HMGET', dk, 'mem_free', 'compute_free', 'holders')
+    if c[1] then
+      local fields = {'mem_free', tonumber(c[1]) + math.floor(s.memory_mib),
+        'compute_free', tonumber(c[2] or '0') + math.floor(s.compute_pct),
+        'holders', tonumber(c[3] or '0') - 1}
+      if s.whole then fields[7], fields[8] = 'exclusive', 0 end
+      redis.call('HSET', dk, unpack(fields))
     end
     touched('dev', s.device_id)
     redis.call('SREM', k('dev-leases', s.device_id), lease_id)
   end
   for node_id, h in pairs(cjson.decode(l.host)) do
     local nk = k('node', node_id)
-    if redis.call('EXISTS', nk) == 1 then
-      redis.call('HINCRBY', nk, 'cpu_free', h.cpu_milli)
-      redis.call('HINCRBY', nk, 'mem_free', h.memory_mib)
+    local c = redis.call('HMGET', nk, 'cpu_free', 'mem_free')
+    if c[1] or c[2] then
+      redis.call('HSET', nk, 'cpu_free', tonumber(c[1] or '0') + math.floor(h.cpu_milli),
+        'mem_free', tonumber(c[2] or '0') + math.floor(h.memory_mib))
     end
     touched('node', node_id)
     redis.call('SREM', k('node-leases', node_id), lease_id)

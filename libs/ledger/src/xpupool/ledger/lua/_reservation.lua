@@ -17,7 +17,10 @@ local function take_reservation(r, grant_outbox, new_job)
     return nil, fail('empty_reservation', r.job_id)
   end
   local jk = k('job', r.job_id)
-  local seen, taken = {}, {}
+  -- ``counts``: each taken device's free memory, free compute and holders as read, and each
+  -- charged node's free CPU and memory: the writes below set the new values in one HSET per
+  -- record (an AOF entry each) instead of one HINCRBY per field.
+  local seen, taken, counts, host_counts = {}, {}, {}, {}
   for i, s in ipairs(r.slices) do
     if seen[s.device_id] then return nil, fail('duplicate_device', s.device_id) end
     seen[s.device_id] = true
@@ -29,6 +32,7 @@ local function take_reservation(r, grant_outbox, new_job)
     if node[1] ~= 'up' then return nil, fail('node_down', d[6]) end
     if node[2] == '1' then return nil, fail('node_draining', d[6]) end
     local mem_free, compute_free = tonumber(d[2]), tonumber(d[3])
+    counts[i] = {mem_free, compute_free, tonumber(d[4])}
     if s.whole then
       if tonumber(d[4]) > 0 then return nil, fail('insufficient_capacity', s.device_id) end
       taken[i] = {device_id = s.device_id, node_id = d[6], whole = true,
@@ -45,9 +49,11 @@ local function take_reservation(r, grant_outbox, new_job)
     local n = redis.call('HMGET', k('node', node_id), 'cpu_free', 'mem_free', 'status', 'draining')
     if n[3] ~= 'up' then return nil, fail('node_down', node_id) end
     if n[4] == '1' then return nil, fail('node_draining', node_id) end
-    if tonumber(n[1] or '0') < h.cpu_milli or tonumber(n[2] or '0') < h.memory_mib then
+    local cpu_free, host_mem_free = tonumber(n[1] or '0'), tonumber(n[2] or '0')
+    if cpu_free < h.cpu_milli or host_mem_free < h.memory_mib then
       return nil, fail('insufficient_host_resources', node_id)
     end
+    host_counts[node_id] = {cpu_free, host_mem_free}
   end
   for _, u in ipairs(r.usage) do
     -- Read only where a limit applies: most counters (every ancestor's, every model's) have none.
@@ -62,19 +68,20 @@ local function take_reservation(r, grant_outbox, new_job)
   -- Every check passed: write.
   local now = now_ms()
   local lk = k('lease', r.lease_id)
-  for _, s in ipairs(taken) do
-    local dk = k('dev', s.device_id)
-    redis.call('HINCRBY', dk, 'mem_free', neg(s.memory_mib))
-    redis.call('HINCRBY', dk, 'compute_free', neg(s.compute_pct))
-    redis.call('HINCRBY', dk, 'holders', 1)
-    if s.whole then redis.call('HSET', dk, 'exclusive', 1) end
+  for i, s in ipairs(taken) do
+    local dk, c = k('dev', s.device_id), counts[i]
+    local fields = {'mem_free', c[1] + neg(s.memory_mib), 'compute_free', c[2] + neg(s.compute_pct),
+      'holders', c[3] + 1}
+    if s.whole then fields[7], fields[8] = 'exclusive', 1 end
+    redis.call('HSET', dk, unpack(fields))
     redis.call('SADD', k('dev-leases', s.device_id), r.lease_id)
     redis.call('SADD', k('node-leases', s.node_id), r.lease_id)
     touched('dev', s.device_id)
   end
   for node_id, h in pairs(r.host) do
-    redis.call('HINCRBY', k('node', node_id), 'cpu_free', neg(h.cpu_milli))
-    redis.call('HINCRBY', k('node', node_id), 'mem_free', neg(h.memory_mib))
+    local c = host_counts[node_id]
+    redis.call('HSET', k('node', node_id), 'cpu_free', c[1] + neg(h.cpu_milli),
+      'mem_free', c[2] + neg(h.memory_mib))
     redis.call('SADD', k('node-leases', node_id), r.lease_id)
     touched('node', node_id)
   end
