@@ -166,9 +166,10 @@ async def test_scheduler_killed_during_a_burst_every_request_gets_one_outcome(
             return len(heard) == len(requests)
 
         await eventually(everyone_heard, timeout_s=60)
-        # A grant its scheduler sent but had not confirmed when it was killed is sent again by
-        # the lease-manager's sweep: the same event (ce-id), which a core subscriber may get
-        # twice. A second grant of a job would be a second ce-id.
+        # A grant its scheduler sent but had not confirmed when it was killed is left to the
+        # lease-manager's sweep, which deletes it once seen stored and else sends it again: the
+        # same event (ce-id), which a core subscriber may then get twice. A second grant of a
+        # job would be a second ce-id.
         granted = log.distinct(AllocationGranted)
         assert len({g.job_id for g in granted}) == len(granted) == 4
         assert log.copies_that_differ() == []
