@@ -9,9 +9,10 @@
 -- 'direct', see outbox.py); the lease keeps the entry (``grant_entry_fields``, for
 -- ``unconfirmed_grant``). Returns the taken slices, the fencing token (0 when only reserved)
 -- and the grant's outbox entry id, or nil and the refusal; nothing is written before every check
--- passed. ``new_job`` (pend.lua, which has just written the job and found no job waiting):
--- {trace = {traceparent, tracestate} or false}, the job's trace as written; such a job has no
--- pending entries to clear.
+-- passed. ``new_job`` (pend.lua, for a job it admits now and found no job waiting ahead of):
+-- {trace = {traceparent, tracestate} or false, record = the job record's fields as pend.lua
+-- would write them}: the record is written here, once, with its new state and lease (one AOF
+-- entry instead of two); such a job has no pending entries to clear.
 local function take_reservation(r, grant_outbox, new_job)
   if #r.slices == 0 and next(r.host) == nil then
     return nil, fail('empty_reservation', r.job_id)
@@ -126,8 +127,16 @@ local function take_reservation(r, grant_outbox, new_job)
   redis.call('SADD', k('leases'), r.lease_id)
   -- The tenant's live leases, for its lease.list (whatever became of its job's record).
   redis.call('SADD', k('tenant-leases', r.tenant), r.lease_id)
-  redis.call('HSET', jk, 'state', granting and 'leased' or 'reserved', 'lease_id', r.lease_id)
-  if not new_job then
+  local job_state = granting and 'leased' or 'reserved'
+  if new_job then
+    local record = new_job.record
+    for i = 1, #record, 2 do
+      if record[i] == 'state' then record[i + 1] = job_state end
+    end
+    record[#record + 1], record[#record + 2] = 'lease_id', r.lease_id
+    redis.call('HSET', jk, unpack(record))
+  else
+    redis.call('HSET', jk, 'state', job_state, 'lease_id', r.lease_id)
     -- A live job's record does not expire (one pended by a version that set its expiry then).
     redis.call('PERSIST', jk)
     unpend(r.job_id)

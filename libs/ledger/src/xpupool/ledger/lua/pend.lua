@@ -74,8 +74,6 @@ if (ARGV[11] or '') ~= '' then
   trace = {ARGV[11], ARGV[12] or ''}
   for _, v in ipairs({'traceparent', trace[1], 'tracestate', trace[2]}) do job[#job + 1] = v end
 end
--- A live job's record does not expire (job_over sets its retention once it is over).
-redis.call('HSET', jk, unpack(job))
 -- The tenant's jobs, newest last, for its queries: those submitted within the job retention,
 -- at most 1,000. The index outlives its newest entry's retention: its expiry is set to twice the
 -- retention once less than one is left, not at every admission (an EXPIRE is an AOF write).
@@ -94,7 +92,8 @@ if placement then
   if redis.call('ZCARD', k('pending')) > 0 then
     not_placed = 'jobs_waiting'
   else
-    local taken, refusal = take_reservation(placement, 'direct', {trace = trace})
+    -- Granted, the job's record is written by take_reservation, with its lease.
+    local taken, refusal = take_reservation(placement, 'direct', {trace = trace, record = job})
     if taken then
       return announced({outcome = 'granted', token = taken.token, since_ms = since,
         now_ms = now, change_seq = change_seq}, placement.lease_id, taken.entry)
@@ -102,6 +101,8 @@ if placement then
     not_placed = cjson.decode(refusal).reason
   end
 end
+-- A live job's record does not expire (job_over sets its retention once it is over).
+redis.call('HSET', jk, unpack(job))
 redis.call('ZADD', k('pending'), 'NX', -tonumber(ARGV[2]) * 1e10 + since / 1000, ARGV[1])
 redis.call('HINCRBY', k('pending-count'), tenant, 1)
 redis.call('SET', k('pending-req', ARGV[1]), ARGV[3])
