@@ -329,6 +329,47 @@ async def test_a_watch_started_late_knows_the_grants_of_the_last_minute(
         assert grants.waits == 0 and grants.copies == 0
 
 
+async def test_a_grant_stored_before_its_writer_died_reaches_a_core_subscriber_once(
+    ledger: Ledger, nc: Client
+) -> None:
+    """The scheduler published a grant (JetStream stored it) and died before deleting its
+    direct-outbox entry: the lease-manager's sweep, with its watch running, deletes the entry
+    without sending the grant again, so a core NATS subscriber gets it once."""
+    _, lease, entry = await _granted_unconfirmed(ledger)
+    seen: list[LeaseEvent] = []
+
+    async def subscriber(msg: Any) -> None:
+        seen.append(_LEASE_EVENTS.decode(msg.data))
+
+    await nc.subscribe("xpupool.alloc.v1.>", cb=subscriber)
+    await Publisher(nc, source="/scheduler").publish(granted_event(lease))
+    lm_sent: list[msgspec.Struct] = []
+    lm = Publisher(nc, source="/lease-manager")
+    stop = asyncio.Event()
+    async with _watching(nc) as grants:
+        await eventually(lambda: grants.seen(lease.lease_id), timeout_s=5)
+        relay = OutboxRelay(
+            ledger,
+            "lease-manager",
+            functools.partial(build_events, ledger=ledger, grants=grants),
+            _recording(lm, lm_sent),
+            sweep_direct=True,
+            direct_stale_ms=0,
+        )
+        sweeping = asyncio.create_task(relay.run(stop))
+        await eventually(lambda: _none_left(ledger, entry), timeout_s=5)
+        stop.set()
+        await asyncio.wait_for(sweeping, 5)
+    await nc.flush()
+    assert lm_sent == []
+    assert [type(e) for e in seen] == [AllocationGranted]
+    assert await _stored_in_both(nc) == [[AllocationGranted]] * 2
+
+
+async def _none_left(ledger: Ledger, entry: str) -> bool:
+    return entry not in await direct_entries(ledger)
+
+
 @pytest.mark.timeout(90)
 async def test_the_watch_follows_again_after_nats_restarts(
     ledger: Ledger, nats_server: NatsServer
