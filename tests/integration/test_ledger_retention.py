@@ -131,7 +131,7 @@ async def test_a_tenants_job_index_outlives_its_newest_entrys_retention(ledger: 
     await ledger.redis.expire(index, JOB_S - 100)
     assert (await ledger.pend("third", 1, b"{}", None, "queued", tenant="t")).ok
     assert _about(int(await ledger.redis.ttl(index)), 2 * JOB_S)
-    assert await ledger.tenant_job_ids("t", 10) == ["third", "second", "first"]
+    assert [j.job_id for j in await ledger.tenant_jobs("t", 10)] == ["third", "second", "first"]
 
 
 async def test_before_any_retention_is_set_the_scripts_keep_a_week(ledger: Ledger) -> None:

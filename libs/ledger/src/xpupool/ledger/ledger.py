@@ -1183,17 +1183,6 @@ class Ledger:
         """One lease, or None."""
         return (await self.get_leases([lease_id]))[0]
 
-    async def tenant_job_ids(self, tenant: str, limit: int) -> list[str]:
-        """The ids of ``tenant``'s latest jobs (newest first, at most ``limit``)."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            self._read_job_index(pipe, tenant, limit)
-            [ids] = await pipe.execute()
-        return [_str(i) for i in ids]
-
-    def _read_job_index(self, pipe: Any, tenant: str, limit: int) -> None:
-        """Queue the read of ``tenant``'s job index (its latest ``limit`` ids, newest first)."""
-        pipe.zrange(self.key("tenant-jobs", tenant), 0, limit - 1, desc=True)
-
     async def tenant_jobs(self, tenant: str, limit: int) -> list[JobRecord]:
         """``tenant``'s latest jobs, newest first (those whose record the ledger still keeps):
         its job index's, and the live jobs the index's trim (the job retention, the latest
@@ -1204,7 +1193,7 @@ class Ledger:
         # The index and the count of waiting jobs in one round trip: Redis runs the two back
         # to back, so a job admitted meanwhile is in both or in neither.
         async with self._redis.pipeline(transaction=False) as pipe:
-            self._read_job_index(pipe, tenant, limit)
+            pipe.zrange(self.key("tenant-jobs", tenant), 0, limit - 1, desc=True)
             pipe.hget(self.key("pending-count"), tenant)
             raw_ids, raw_waiting = await pipe.execute()
         indexed = [_str(i) for i in raw_ids]
