@@ -526,14 +526,10 @@ async def _until(condition: Callable[[], bool]) -> bool:
     return False
 
 
-def _feed_live(cache: SnapshotCache) -> bool:
-    return cache.follows_feed  # the subscription's confirmation has arrived
-
-
 async def _follow(cache: SnapshotCache, ledger: Ledger, stop: asyncio.Event) -> asyncio.Task[None]:
     """The change feed into ``cache``, once it is live."""
     task = asyncio.create_task(ledger.follow_changes(cache.note_change, stop, retry_s=0.05))
-    assert await _until(lambda: _feed_live(cache)), "the change feed never came up"
+    assert await _until(lambda: cache.follows_feed), "the change feed never came up"
     return task
 
 
@@ -620,7 +616,7 @@ async def test_a_lost_change_feed_offers_no_kept_pool_until_it_is_back(
         redis_server.restart()
         await _answering(ledger.redis)
         assert await _announced(cache, config)
-        assert await _until(lambda: _feed_live(cache))  # subscribed again
+        assert await _until(lambda: cache.follows_feed)  # subscribed again
         assert await _read_is_kept_and_current(cache, ledger, config)
     finally:
         stop.set()

@@ -32,10 +32,10 @@ local function take_reservation(r, grant_outbox, new_job)
     local node = redis.call('HMGET', k('node', d[6]), 'status', 'draining')
     if node[1] ~= 'up' then return nil, fail('node_down', d[6]) end
     if node[2] == '1' then return nil, fail('node_draining', d[6]) end
-    local mem_free, compute_free = tonumber(d[2]), tonumber(d[3])
-    counts[i] = {mem_free, compute_free, tonumber(d[4])}
+    local mem_free, compute_free, holders = tonumber(d[2]), tonumber(d[3]), tonumber(d[4])
+    counts[i] = {mem_free, compute_free, holders}
     if s.whole then
-      if tonumber(d[4]) > 0 then return nil, fail('insufficient_capacity', s.device_id) end
+      if holders > 0 then return nil, fail('insufficient_capacity', s.device_id) end
       taken[i] = {device_id = s.device_id, node_id = d[6], whole = true,
         memory_mib = tonumber(d[7]), compute_pct = 100, meta = s.meta}
     else
