@@ -45,6 +45,10 @@ serial run and each open-loop rate are profiled the same way, into ``DIR/<scenar
 ``DIR/<scenario>/open-<percent>`` (py-spy takes CPU of its own: the open loop's latencies and
 CPU figures of a profiled run are not comparable with an unprofiled one's).
 
+``--latencies DIR`` writes each open phase's jobs (submit wall time, seconds to the grant) and
+its AOF rewrites to ``DIR/<scenario>-open-<percent>.json``; ``bench/e2e/timeline.py DIR`` prints
+them second by second, to tell a tail made of queueing from one made of stalls.
+
 Correctness first: every submitted job must get exactly one outcome and the ledger audit must be
 clean after every scenario, or the run fails (exit status 1).
 """
@@ -1102,6 +1106,11 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                         redis_server.workdir / "server.log", wall_started, time.time()
                     )
                     granted = load.granted
+                    if args.latencies:
+                        args.latencies.mkdir(parents=True, exist_ok=True)
+                        (args.latencies / f"{sc.name}-open-{pct}.json").write_bytes(
+                            json.dumps({"granted": granted, "aof_rewrites": rewriting}).encode()
+                        )
                     await usage.stop()
                     await stop_profilers(open_profilers, open_dir)
                     elapsed = time.monotonic() - started
@@ -1327,6 +1336,13 @@ def main(argv: list[str] | None = None) -> int:
         help="share of the fleet's devices held by leases that outlive the run (a busy pool)",
     )
     parser.add_argument("--profile", type=Path, default=None, help="py-spy profiles to DIR")
+    parser.add_argument(
+        "--latencies",
+        type=Path,
+        default=None,
+        help="each open phase's jobs to DIR/<scenario>-open-<percent>.json: submit (wall clock) "
+        "and seconds to the grant, with the phase's AOF rewrites, to tell stalls from queueing",
+    )
     parser.add_argument(
         "--serial-costs",
         action="store_true",

@@ -25,12 +25,24 @@ def test_bench_quick_runs_clean_with_every_figure(tmp_path: Path) -> None:
         sys.executable, str(BENCH / "bench_e2e.py"), "--quick", "--out", str(out),
         "--duration-s", "2", "--open-s", "1", "--serial-count", "16", "--floor-serial-count", "20",
         "--floor-s", "0.5",
-        "--serial-costs",
+        "--serial-costs", "--latencies", str(tmp_path / "latencies"),
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=280, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     [result] = json.loads(out.read_text())["results"]
     assert result["problems"] == []
+    # Each open phase's jobs, one by one, for bench/e2e/timeline.py.
+    for rate in (25, 50, 80):
+        phase = json.loads(
+            (tmp_path / "latencies" / f"{result['scenario']}-open-{rate}.json").read_text()
+        )
+        assert len(phase["granted"]) == result["open"][f"{rate}%"]["granted"]
+        assert all(latency > 0 for _, latency in phase["granted"])
+    timeline = subprocess.run(
+        [sys.executable, str(BENCH / "timeline.py"), str(tmp_path / "latencies")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert timeline.returncode == 0 and "-open-50" in timeline.stdout, timeline.stderr
     closed = result["closed"]
     assert closed["grants"] > 0 and closed["ratio_to_floor"] > 0
     # The floor took turns with the closed loop, one slice each per round.

@@ -1,0 +1,50 @@
+"""The e2e bench's second-by-second account of an open phase (``bench/e2e/timeline.py``): which
+bins a stall or an AOF rewrite made slow, and the percentiles of each."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+TIMELINE = Path(__file__).resolve().parents[2] / "bench" / "e2e" / "timeline.py"
+
+
+@pytest.fixture(scope="module")
+def timeline() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_timeline", TIMELINE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_stall_shows_in_its_own_bin_and_a_rewrite_is_marked(timeline: ModuleType) -> None:
+    # 100 jobs a second for three seconds at 2 ms, but ten jobs of the second second waited
+    # 40 ms, and a rewrite ran inside the third.
+    start = 1_000.0
+    granted = [(start + i / 100, 0.002) for i in range(300)]
+    granted[150:160] = [(start + i / 100, 0.040) for i in range(150, 160)]
+    lines = timeline.timeline(granted, [(start + 2.2, start + 2.5)])
+    assert len(lines) == 3
+    calm, stalled, rewritten = lines
+    assert "100 jobs" in calm and "p99     2.0" in calm and "AOF" not in calm
+    # Ten of a hundred are slow: the bin's p90 and above show them, its median does not.
+    assert "p50     2.0" in stalled and "p99    40.0" in stalled and "max    40.0" in stalled
+    assert rewritten.endswith("AOF rewrite")
+
+
+def test_reads_what_the_bench_wrote(
+    timeline: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    phase = {"granted": [[5.0, 0.010], [5.5, 0.020], [6.2, 0.004]], "aof_rewrites": []}
+    (tmp_path / "fleet-1000-open-50.json").write_text(json.dumps(phase))
+    assert timeline.main([str(tmp_path), "--bin-s", "0.5"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "== fleet-1000-open-50"
+    assert [line.split()[0] for line in out[1:]] == ["0.0", "0.5", "1.0"]
+    with pytest.raises(SystemExit, match="no \\*-open-\\*.json"):
+        timeline.main([str(tmp_path / "empty")])
