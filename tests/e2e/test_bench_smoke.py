@@ -32,11 +32,10 @@ def test_bench_quick_runs_clean_with_every_figure(tmp_path: Path) -> None:
     [result] = json.loads(out.read_text())["results"]
     assert result["problems"] == []
     # Each open phase's jobs, one by one, for bench/e2e/timeline.py.
-    for rate in (25, 50, 80):
-        phase = json.loads(
-            (tmp_path / "latencies" / f"{result['scenario']}-open-{rate}.json").read_text()
-        )
-        assert len(phase["granted"]) == result["open"][f"{rate}%"]["granted"]
+    for percent in (25, 50, 80):
+        name = f"{result['scenario']}-open-{percent}.json"
+        phase = json.loads((tmp_path / "latencies" / name).read_text())
+        assert len(phase["granted"]) == result["open"][f"{percent}%"]["granted"]
         assert all(latency > 0 for _, latency in phase["granted"])
     timeline = subprocess.run(
         [sys.executable, str(BENCH / "timeline.py"), str(tmp_path / "latencies")],
