@@ -45,9 +45,11 @@ serial run and each open-loop rate are profiled the same way, into ``DIR/<scenar
 ``DIR/<scenario>/open-<percent>`` (py-spy takes CPU of its own: the open loop's latencies and
 CPU figures of a profiled run are not comparable with an unprofiled one's).
 
-``--latencies DIR`` writes each open phase's jobs (submit wall time, seconds to the grant) and
-its AOF rewrites to ``DIR/<scenario>-open-<percent>.json``; ``bench/e2e/timeline.py DIR`` prints
-them second by second, to tell a tail made of queueing from one made of stalls.
+``--latencies DIR`` writes each open phase's jobs (submit wall time, seconds to the grant), its
+AOF rewrites and Redis's own latency events of 1 ms and more (``LATENCY HISTORY``: the AOF's
+fsyncs, slow commands and scripts, the rewrite's fork; the monitor is on only during the phase)
+to ``DIR/<scenario>-open-<percent>.json``; ``bench/e2e/timeline.py DIR`` prints them second by
+second, to tell a tail made of queueing from one made of stalls.
 
 Correctness first: every submitted job must get exactly one outcome and the ledger audit must be
 clean after every scenario, or the run fails (exit status 1).
@@ -1086,6 +1088,12 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     usage = Usage(pids, redis, nats)
                     views0 = await asyncio.to_thread(scrape)
                     rewrites0 = (await redis.info("persistence"))["aof_rewrites"]
+                    if args.latencies:
+                        # Redis's own record of slow events in the phase, a sample per second
+                        # that had one: its fsyncs of the AOF (appendfsync always), the
+                        # commands and scripts, and the rewrite's fork.
+                        await redis.config_set("latency-monitor-threshold", 1)
+                        await redis.latency_reset()
                     open_dir = args.profile and args.profile / sc.name / f"open-{pct}"
                     open_profilers = (
                         start_profilers(
@@ -1108,8 +1116,25 @@ async def run_scenario(sc: Scenario, args: argparse.Namespace, work: Path) -> di
                     granted = load.granted
                     if args.latencies:
                         args.latencies.mkdir(parents=True, exist_ok=True)
+                        kinds = [
+                            name.decode() if isinstance(name, bytes) else str(name)
+                            for name, *_ in await redis.latency_latest()
+                        ]
+                        redis_events = {
+                            kind: [
+                                (int(at), int(ms)) for at, ms in await redis.latency_history(kind)
+                            ]
+                            for kind in kinds
+                        }
+                        await redis.config_set("latency-monitor-threshold", 0)
                         (args.latencies / f"{sc.name}-open-{pct}.json").write_bytes(
-                            json.dumps({"granted": granted, "aof_rewrites": rewriting}).encode()
+                            json.dumps(
+                                {
+                                    "granted": granted,
+                                    "aof_rewrites": rewriting,
+                                    "redis_latency_events": redis_events,
+                                }
+                            ).encode()
                         )
                     await usage.stop()
                     await stop_profilers(open_profilers, open_dir)
@@ -1341,7 +1366,8 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=None,
         help="each open phase's jobs to DIR/<scenario>-open-<percent>.json: submit (wall clock) "
-        "and seconds to the grant, with the phase's AOF rewrites, to tell stalls from queueing",
+        "and seconds to the grant, with the phase's AOF rewrites and Redis's latency events "
+        "(bench/e2e/timeline.py DIR prints them second by second)",
     )
     parser.add_argument(
         "--serial-costs",

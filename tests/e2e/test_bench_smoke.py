@@ -37,6 +37,9 @@ def test_bench_quick_runs_clean_with_every_figure(tmp_path: Path) -> None:
         phase = json.loads((tmp_path / "latencies" / name).read_text())
         assert len(phase["granted"]) == result["open"][f"{percent}%"]["granted"]
         assert all(latency > 0 for _, latency in phase["granted"])
+        # Redis's latency monitor, per kind: (second, slowest ms) samples of 1 ms and more.
+        events = phase["redis_latency_events"]
+        assert all(ms >= 1 for samples in events.values() for _, ms in samples)
     timeline = subprocess.run(
         [sys.executable, str(BENCH / "timeline.py"), str(tmp_path / "latencies")],
         capture_output=True, text=True, timeout=60, check=False,

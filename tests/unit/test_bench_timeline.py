@@ -48,3 +48,15 @@ def test_reads_what_the_bench_wrote(
     assert [line.split()[0] for line in out[1:]] == ["0.0", "0.5", "1.0"]
     with pytest.raises(SystemExit, match="no \\*-open-\\*.json"):
         timeline.main([str(tmp_path / "empty")])
+
+
+def test_redis_latency_events_go_to_the_seconds_they_overlap(timeline: ModuleType) -> None:
+    # Bins of one second from 100.5; Redis samples whole seconds of the wall clock.
+    granted = [(100.5 + i / 10, 0.003) for i in range(30)]
+    events = {"aof-fsync-always": [(100, 2), (101, 5), (102, 3)], "command": [(102, 1)]}
+    first, second, third = timeline.timeline(granted, [], 1.0, events)
+    # [100.5, 101.5) overlaps the samples of seconds 100 and 101: the slower is shown.
+    assert first.endswith("aof-fsync-always 5 ms")
+    assert second.endswith("aof-fsync-always 5 ms  command 1 ms")
+    assert third.endswith("aof-fsync-always 3 ms  command 1 ms")
+    assert "aof" not in timeline.timeline(granted, [], 1.0, {"command": [(50, 9)]})[0]
