@@ -3,23 +3,11 @@ bins a stall or an AOF rewrite made slow, and the percentiles of each."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-TIMELINE = Path(__file__).resolve().parents[2] / "bench" / "e2e" / "timeline.py"
-
-
-@pytest.fixture(scope="module")
-def timeline() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_timeline", TIMELINE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_stall_shows_in_its_own_bin_and_a_rewrite_is_marked(timeline: ModuleType) -> None:
