@@ -277,6 +277,51 @@ async def test_silent_node_is_declared_lost_with_its_leases(ledger: Ledger) -> N
     assert all(d.health is Health.LOST for d in (await ledger.nodes())[0].devices)
 
 
+async def test_a_heartbeat_writes_its_ticks_load_in_the_same_script(ledger: Ledger) -> None:
+    """A collector's tick is one script: the heartbeat stamps the node and writes the load it
+    sampled as ``record_load`` would (the changed utilisation logged for readers), in one
+    ``EVALSHA`` and so one fsync of the AOF. A node that must register again gets its samples
+    refused with its heartbeat: nothing is written to the devices of a lost node."""
+    await _two_gpus(ledger)
+    assert (await ledger.heartbeat("n1")).ok  # the script is in Redis's cache from here on
+    cursor = (await ledger.changes_since(None)).cursor
+    [before] = await ledger.nodes()
+    calls = (await ledger.redis.info("commandstats"))["cmdstat_evalsha"]["calls"]
+    await asyncio.sleep(0.01)
+    tick = [
+        DeviceSample(device_id="n1/nvidia0", util_pct=42.0, memory_used_mib=1000),
+        DeviceSample(device_id="n1/nvidia1", util_pct=None, memory_used_mib=None),
+    ]
+    assert (await ledger.heartbeat("n1", tick)).ok
+    assert (await ledger.redis.info("commandstats"))["cmdstat_evalsha"]["calls"] == calls + 1
+    [after] = await ledger.nodes()
+    assert after.last_seen_ms > before.last_seen_ms
+    assert (after.devices[0].util_pct, after.devices[0].memory_used_mib) == (42.0, 1000)
+    assert (after.devices[1].util_pct, after.devices[1].memory_used_mib) == (None, None)
+    changes = await ledger.changes_since(cursor, max_records=256)
+    assert changes.records is not None and "n1" in changes.records.nodes
+
+    # The same samples through record_load leave the same device hashes.
+    twin = Ledger(ledger.redis, "twin")
+    await _two_gpus(twin)
+    await twin.record_load(tick)
+    for device in ("n1/nvidia0", "n1/nvidia1"):
+        mine = await ledger.redis.hgetall(ledger.key("dev", device))
+        theirs = await ledger.redis.hgetall(twin.key("dev", device))
+        written = {b"util", b"mem_used", b"util_int", b"mem_int"}
+        assert {f: mine.get(f) for f in written} == {f: theirs.get(f) for f in written}
+        assert (b"active_ms" in mine) == (b"active_ms" in theirs) == (device == "n1/nvidia0")
+
+    await asyncio.sleep(0.2)
+    assert (await ledger.reap_nodes(100)).lost == ["n1"]
+    refused = await ledger.heartbeat("n1", [DeviceSample(device_id="n1/nvidia0", util_pct=99.0)])
+    assert not refused.ok and refused.reason == "node_lost"
+    assert await ledger.redis.hget(ledger.key("dev", "n1/nvidia0"), "util") == b"42.0"
+    unknown = await ledger.heartbeat("n9", [DeviceSample(device_id="n9/nvidia0", util_pct=5.0)])
+    assert not unknown.ok and unknown.reason == "unknown_node"
+    assert not await ledger.redis.exists(ledger.key("dev", "n9/nvidia0"))
+
+
 async def test_reaping_looks_at_overdue_nodes_only_and_indexes_an_older_ledger(
     ledger: Ledger,
 ) -> None:

@@ -585,9 +585,12 @@ class Ledger:
         }
         return await self._run("register_node", msgspec.json.encode(payload))
 
-    async def heartbeat(self, node_id: str) -> ScriptResult:
-        """Stamp the node's last-seen time from the ledger's clock."""
-        return await self._run("heartbeat", node_id)
+    async def heartbeat(self, node_id: str, samples: Iterable[DeviceSample] = ()) -> ScriptResult:
+        """Stamp the node's last-seen time from the ledger's clock, and write the live load of
+        ``samples`` (as :meth:`record_load`) in the same script: a collector's tick costs one
+        round trip and one fsync of the AOF. A node not registered and up is refused (it must
+        register again) and its samples are not written."""
+        return await self._run("heartbeat", node_id, *_sample_args(samples))
 
     async def reap_nodes(self, grace_ms: int) -> ScriptResult:
         """Declare lost the nodes silent for longer than ``grace_ms``; ends their leases."""
@@ -624,15 +627,9 @@ class Ledger:
 
     async def record_load(self, samples: Iterable[DeviceSample]) -> None:
         """Write live load for many devices in one round trip (last value wins); a changed
-        utilisation goes into the change log."""
-        args: list[str] = []
-        for sample in samples:
-            # Encoded as redis-py encodes numbers, so the stored form stays comparable.
-            args += (
-                sample.device_id,
-                "" if sample.util_pct is None else repr(sample.util_pct),
-                "" if sample.memory_used_mib is None else repr(sample.memory_used_mib),
-            )
+        utilisation goes into the change log. A collector writes its own devices' load with
+        its heartbeat instead (:meth:`heartbeat`)."""
+        args = _sample_args(samples)
         if args:
             await self._run("record_load", *args)
 
@@ -1314,6 +1311,19 @@ async def _announce(pubsub: Any, on_change: Callable[[bool, int, bool], None]) -
             on_change(True, _int(seq), kind == "load")
         elif message["type"] == "subscribe":
             on_change(True, 0, False)  # live from here on (again)
+
+
+def _sample_args(samples: Iterable[DeviceSample]) -> list[str]:
+    """Samples as the load scripts take them: device id, utilisation, memory used ('' where
+    unknown), each encoded as redis-py encodes numbers, so the stored form stays comparable."""
+    args: list[str] = []
+    for sample in samples:
+        args += (
+            sample.device_id,
+            "" if sample.util_pct is None else repr(sample.util_pct),
+            "" if sample.memory_used_mib is None else repr(sample.memory_used_mib),
+        )
+    return args
 
 
 def _pairs(flat: Sequence[Any]) -> dict[Any, Any]:

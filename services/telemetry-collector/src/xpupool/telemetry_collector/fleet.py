@@ -10,11 +10,11 @@ refused (the lease-manager declared it lost) registers again.
 It does not sample its simulated devices, take faults or serve metrics: a fleet is for placement
 at scale. With ``XPUPOOL_FLEET_BUSY_SHARE`` above 0 it does report load as a fleet running long
 jobs would: that share of each node's devices reports a utilisation that moves every interval
-(each sample drawn anew between 40 and 100 %), in one ``record_load`` per node and interval, as
-one collector per node writes it. Every such change enters the ledger's change log, as live
-utilisation does, so what follows that log (the scheduler's kept copy) sees production's rate of
-changes. The other ``XPUPOOL_*`` variables mean what they mean for one collector
-(``XPUPOOL_NODE_ID``/``XPUPOOL_NODE_PROFILE`` are ignored).
+(each sample drawn anew between 40 and 100 %), written with the node's heartbeat (one script per
+node and interval), as one collector per node writes it. Every such change enters the ledger's
+change log, as live utilisation does, so what follows that log (the scheduler's kept copy) sees
+production's rate of changes. The other ``XPUPOOL_*`` variables mean what they mean for one
+collector (``XPUPOOL_NODE_ID``/``XPUPOOL_NODE_PROFILE`` are ignored).
 """
 
 from __future__ import annotations
@@ -164,9 +164,8 @@ async def heartbeat_loop(
                 if stop.is_set():
                     return
             try:
-                if busy_share > 0:
-                    await deps.ledger.record_load(busy_samples(deps, busy_share, rng))
-                beat = await deps.ledger.heartbeat(deps.settings.node_id)
+                load = busy_samples(deps, busy_share, rng) if busy_share > 0 else ()
+                beat = await deps.ledger.heartbeat(deps.settings.node_id, load)
                 if not beat.ok:
                     await publisher.publish_all(await handlers.register_node(deps))
             except Exception as error:  # noqa: BLE001  (Redis or NATS away: next round retries)

@@ -126,8 +126,8 @@ async def register_node(deps: CollectorDeps) -> Sequence[msgspec.Struct]:
 
 
 async def collect(deps: CollectorDeps) -> Sequence[msgspec.Struct]:
-    """One tick: sample, write load and health to the ledger, check over-use, heartbeat;
-    returns the events. Counted and timed in the collector's metrics whatever the outcome.
+    """One tick: sample, write load (with the heartbeat) and health to the ledger, check
+    over-use; returns the events. Counted and timed in the collector's metrics whatever the outcome.
 
     A backend that fails entirely (driver gone, node dying) yields no heartbeat, so the node is
     declared lost after its grace period rather than reported healthy on stale data.
@@ -166,7 +166,8 @@ async def _tick(deps: CollectorDeps) -> tuple[list[msgspec.Struct], str]:
         # No reading: scrapes show a gap rather than the last values as if current.
         deps.metrics.update_devices(node_id, (), (), {})
         return [], "backend_unavailable"
-    await deps.ledger.record_load(samples)
+    # The load and the heartbeat in one script: a tick is one write (and fsync) on the ledger.
+    beat = await deps.ledger.heartbeat(node_id, samples)
 
     events: list[msgspec.Struct] = []
     known = {d.spec.device_id for d in devices}
@@ -194,7 +195,6 @@ async def _tick(deps: CollectorDeps) -> tuple[list[msgspec.Struct], str]:
         reconcile = reconcile or t.current is Health.LOST or t.previous is Health.LOST
 
     events.extend(await _check_overuse(deps, log, devices, samples, processes, need_processes))
-    beat = await deps.ledger.heartbeat(node_id)
     if reconcile or not beat.ok:
         events.extend(await register_node(deps))
         await _reapply_health(deps, samples)

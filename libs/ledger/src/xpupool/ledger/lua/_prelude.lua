@@ -233,6 +233,28 @@ local function load_integrals(device_id, now)
   end
   return u, m
 end
+-- Live load for many devices from ``args`` (device_id, util ('' = unknown), mem_used ('' =
+-- unknown), repeated, from index ``first``): last value wins and the version is not bumped; a
+-- device whose utilisation changed goes into the change log, since placement reads it. Each
+-- device also keeps the running integrals of its load (util_int in %·s, mem_int in MiB·s; see
+-- load_integrals): usage accounting reads a lease's used capacity from their values at its grant
+-- and end instead of scanning samples.
+local function record_samples(args, first, now)
+  for i = first, #args, 3 do
+    local dk = k('dev', args[i])
+    local util_int, mem_int = load_integrals(args[i], now)
+    redis.call('HSET', dk, 'util_int', util_int, 'mem_int', mem_int, 'load_ms', now)
+    if args[i + 1] ~= '' and redis.call('HGET', dk, 'util') ~= args[i + 1] then
+      redis.call('HSET', dk, 'util', args[i + 1])
+      touched_load('dev', args[i])
+    end
+    -- When it last did any work: what idle reclaim measures a lease's devices by.
+    if args[i + 1] ~= '' and tonumber(args[i + 1]) > 0 then
+      redis.call('HSET', dk, 'active_ms', now)
+    end
+    if args[i + 2] ~= '' then redis.call('HSET', dk, 'mem_used', args[i + 2]) end
+  end
+end
 -- What makes a lease active: a fencing token, the term started on the ledger's clock (capped by
 -- the maximum run time), the devices' load integrals as usage accounting's baseline, and the
 -- expiry, deadline and idle-watch indexes, which it writes. The caller writes the lease's hash:
