@@ -322,6 +322,45 @@ async def test_a_heartbeat_writes_its_ticks_load_in_the_same_script(ledger: Ledg
     assert not await ledger.redis.exists(ledger.key("dev", "n9/nvidia0"))
 
 
+async def test_an_idle_devices_tick_writes_nothing_and_its_integrals_hold(
+    ledger: Ledger,
+) -> None:
+    """A device idle before and after a sample (no utilisation, no memory) adds nothing to its
+    load integrals however long it stays so: the tick writes nothing to it, only the node's
+    heartbeat. Load that moves is written and integrated as before, from the idle stretch on."""
+    await _two_gpus(ledger)
+    dev = ledger.key("dev", "n1/nvidia0")
+
+    def tick(util: float | None, mem: int | None) -> list[DeviceSample]:
+        return [DeviceSample(device_id="n1/nvidia0", util_pct=util, memory_used_mib=mem)]
+
+    assert (await ledger.heartbeat("n1", tick(0.0, 0))).ok  # the first sample is written
+    stored = await ledger.redis.hgetall(dev)
+    hsets = (await ledger.redis.info("commandstats"))["cmdstat_hset"]["calls"]
+    for sample in (tick(0.0, 0), tick(None, None), tick(0.0, None)):
+        await asyncio.sleep(0.05)
+        assert (await ledger.heartbeat("n1", sample)).ok
+    # Three ticks, one HSET each: the node's last-seen time; the device untouched.
+    assert (await ledger.redis.info("commandstats"))["cmdstat_hset"]["calls"] == hsets + 3
+    assert await ledger.redis.hgetall(dev) == stored
+
+    await asyncio.sleep(0.2)
+    assert (await ledger.heartbeat("n1", tick(50.0, 1000))).ok  # the idle stretch adds nothing
+    first = await ledger.redis.hmget(dev, "util_int", "mem_int", "load_ms", "util", "mem_used")
+    util_int, mem_int, since_ms = (float(v or "nan") for v in first[:3])
+    assert (util_int, mem_int) == (0.0, 0.0) and first[3:] == [b"50.0", b"1000"]
+    await asyncio.sleep(0.2)
+    assert (await ledger.heartbeat("n1", tick(0.0, 0))).ok  # 50 % and 1000 MiB held until now
+    second = await ledger.redis.hmget(dev, "util_int", "mem_int", "load_ms")
+    util_int, mem_int, until_ms = (float(v or "nan") for v in second)
+    held_s = (until_ms - since_ms) / 1000
+    assert held_s >= 0.2
+    assert util_int == pytest.approx(50.0 * held_s)
+    assert mem_int == pytest.approx(1000 * held_s)
+    assert (await ledger.heartbeat("n1", tick(0.0, 0))).ok  # idle again: nothing written
+    assert await ledger.redis.hmget(dev, "util_int", "mem_int", "load_ms") == second
+
+
 async def test_reaping_looks_at_overdue_nodes_only_and_indexes_an_older_ledger(
     ledger: Ledger,
 ) -> None:

@@ -233,6 +233,27 @@ local function load_integrals(device_id, now)
   end
   return u, m
 end
+-- One device's sample: its integrals carried forward to ``now`` and the new values stored
+-- (``util_was``: the stored utilisation, whose change goes into the change log).
+local function record_sample(dk, device_id, util, mem_used, util_was, now)
+  local util_int, mem_int = load_integrals(device_id, now)
+  redis.call('HSET', dk, 'util_int', util_int, 'mem_int', mem_int, 'load_ms', now)
+  if util ~= '' and util_was ~= util then
+    redis.call('HSET', dk, 'util', util)
+    touched_load('dev', device_id)
+  end
+  -- When it last did any work: what idle reclaim measures a lease's devices by.
+  if util ~= '' and tonumber(util) > 0 then redis.call('HSET', dk, 'active_ms', now) end
+  if mem_used ~= '' then redis.call('HSET', dk, 'mem_used', mem_used) end
+end
+-- Whether a device was idle and stays so: its stored value (nil: never sampled) and the new
+-- sample's ('' = unknown, which keeps the stored value) are the same zero. Held any length of
+-- time, a zero adds nothing to an integral, so such a sample needs no write at all: an idle
+-- pool's ticks write only their heartbeats to the AOF.
+local function still_idle(stored, sampled)
+  if sampled == '' then return stored == nil or tonumber(stored) == 0 end
+  return stored == sampled and tonumber(sampled) == 0
+end
 -- Live load for many devices from ``args`` (device_id, util ('' = unknown), mem_used ('' =
 -- unknown), repeated, from index ``first``): last value wins and the version is not bumped; a
 -- device whose utilisation changed goes into the change log, since placement reads it. Each
@@ -242,17 +263,10 @@ end
 local function record_samples(args, first, now)
   for i = first, #args, 3 do
     local dk = k('dev', args[i])
-    local util_int, mem_int = load_integrals(args[i], now)
-    redis.call('HSET', dk, 'util_int', util_int, 'mem_int', mem_int, 'load_ms', now)
-    if args[i + 1] ~= '' and redis.call('HGET', dk, 'util') ~= args[i + 1] then
-      redis.call('HSET', dk, 'util', args[i + 1])
-      touched_load('dev', args[i])
+    local last = redis.call('HMGET', dk, 'util', 'mem_used')
+    if not (still_idle(last[1], args[i + 1]) and still_idle(last[2], args[i + 2])) then
+      record_sample(dk, args[i], args[i + 1], args[i + 2], last[1], now)
     end
-    -- When it last did any work: what idle reclaim measures a lease's devices by.
-    if args[i + 1] ~= '' and tonumber(args[i + 1]) > 0 then
-      redis.call('HSET', dk, 'active_ms', now)
-    end
-    if args[i + 2] ~= '' then redis.call('HSET', dk, 'mem_used', args[i + 2]) end
   end
 end
 -- What makes a lease active: a fencing token, the term started on the ledger's clock (capped by
