@@ -222,9 +222,9 @@ end
 -- A device's load integrals (record_load's util_int, mem_int) carried forward to ``now``: the last
 -- sample's value held since it, at most LOAD_HOLD_MS, as record_load does at the next sample.
 local LOAD_HOLD_MS = 60000
-local function load_integrals(device_id, now)
-  local d = redis.call('HMGET', k('dev', device_id), 'util_int', 'mem_int', 'util', 'mem_used',
-    'load_ms')
+local LOAD_FIELDS = {'util_int', 'mem_int', 'util', 'mem_used', 'load_ms'}
+-- ``d``: a device's LOAD_FIELDS as HMGET returns them.
+local function integrals_of(d, now)
   local u, m = tonumber(d[1] or '0') or 0, tonumber(d[2] or '0') or 0
   if d[5] then
     local dt = math.max(0, math.min(now - tonumber(d[5]), LOAD_HOLD_MS)) / 1000
@@ -233,12 +233,15 @@ local function load_integrals(device_id, now)
   end
   return u, m
 end
+local function load_integrals(device_id, now)
+  return integrals_of(redis.call('HMGET', k('dev', device_id), unpack(LOAD_FIELDS)), now)
+end
 -- One device's sample: its integrals carried forward to ``now`` and the new values stored
--- (``util_was``: the stored utilisation, whose change goes into the change log).
-local function record_sample(dk, device_id, util, mem_used, util_was, now)
-  local util_int, mem_int = load_integrals(device_id, now)
+-- (``last``: its LOAD_FIELDS as they stood; a changed utilisation goes into the change log).
+local function record_sample(dk, device_id, util, mem_used, last, now)
+  local util_int, mem_int = integrals_of(last, now)
   redis.call('HSET', dk, 'util_int', util_int, 'mem_int', mem_int, 'load_ms', now)
-  if util ~= '' and util_was ~= util then
+  if util ~= '' and last[3] ~= util then
     redis.call('HSET', dk, 'util', util)
     touched_load('dev', device_id)
   end
@@ -263,9 +266,9 @@ end
 local function record_samples(args, first, now)
   for i = first, #args, 3 do
     local dk = k('dev', args[i])
-    local last = redis.call('HMGET', dk, 'util', 'mem_used')
-    if not (still_idle(last[1], args[i + 1]) and still_idle(last[2], args[i + 2])) then
-      record_sample(dk, args[i], args[i + 1], args[i + 2], last[1], now)
+    local last = redis.call('HMGET', dk, unpack(LOAD_FIELDS))
+    if not (still_idle(last[3], args[i + 1]) and still_idle(last[4], args[i + 2])) then
+      record_sample(dk, args[i], args[i + 1], args[i + 2], last, now)
     end
   end
 end
