@@ -12,6 +12,13 @@ scripts' way, and ``cjson`` encodes and decodes of a table the size of a lease's
 bytes one admission and its release write are reported too, and what the ledger keeps of each
 ended job: its records' memory, and the time an AOF rewrite of them all takes.
 
+Last, a collector's tick (``ticks``): a node of eight devices heartbeating with its samples in one
+script, as the collector does, against its load and heartbeat as two scripts (``record_load``, then
+``heartbeat``), for a busy node (load that moves every tick) and for idle nodes read as the
+vendors' tools report them (``../shared/fixtures/vendor-cli``: an idle NVIDIA H20 or Cambricon
+MLU370 at 0 % and 0 MiB; an idle Ascend 910B at 0 % AI Core and about 4,175 MB of HBM in use,
+moving by a megabyte): Redis's time and the AOF bytes a tick.
+
 ``--baseline-lua DIR`` compares two versions of the scripts on one server: this machine's speed
 moves by a third within minutes, more than most changes to a script, so runs one after another
 cannot tell them apart. Each job then runs on this version's ledger and on one whose scripts come
@@ -32,7 +39,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from xpupool.contracts import DeviceSpec, Vendor
+from xpupool.contracts import DeviceSample, DeviceSpec, Vendor
 from xpupool.devstack.servers import RedisServer
 from xpupool.ledger import (
     Admission,
@@ -238,6 +245,63 @@ async def retained(redis: Redis, ledger: Ledger, kept: list[tuple[str, str]]) ->
     print(f"{'AOF rewrite of the ledger':<30} {1000 * took:7.1f} ms, {jobs} ended jobs")
 
 
+def _tick_samples(node: str, shape: str, tick: int) -> list[DeviceSample]:
+    """One tick's samples of ``node``'s eight devices, as ``shape`` reads on real tools."""
+    devices = [f"{node}/nvidia{d}" for d in range(8)]
+    if shape == "busy":  # load that moves each tick: a job's utilisation and memory
+        return [
+            DeviceSample(device_id=d, util_pct=float(40 + (tick * 7 + i * 13) % 61),
+                         memory_used_mib=20_000 + (tick * 131 + i * 977) % 40_000)
+            for i, d in enumerate(devices)
+        ]  # fmt: skip
+    if shape == "idle, 0 MiB":  # nvidia-smi on an idle H20, cnmon on an idle MLU370
+        return [DeviceSample(device_id=d, util_pct=0.0, memory_used_mib=0) for d in devices]
+    # npu-smi on an idle 910B: 0 % AI Core, 4174-4175 MB of HBM in use
+    return [
+        DeviceSample(device_id=d, util_pct=0.0, memory_used_mib=4174 + (tick + i) % 2)
+        for i, d in enumerate(devices)
+    ]
+
+
+async def ticks(redis: Redis, nodes: int = 50, rounds: int = 6) -> None:
+    """Redis's time (SLOWLOG) and the AOF bytes of a collector's tick, by the shape of its
+    samples, as one script (the heartbeat with its samples) and as two (load, then heartbeat)."""
+    ledger = Ledger(redis, "ticks")
+    names = [f"tick-node-{i:04d}" for i in range(nodes)]
+    for name in names:
+        devices = [_spec(name, d) for d in range(8)]
+        assert (await ledger.register_node(name, devices, 256_000, 2_000_000)).ok
+    shapes = ("busy", "idle, 0 MiB", "idle, Ascend HBM")
+    sha = {ledger._scripts[n].sha: n for n in ("heartbeat", "record_load")}  # noqa: SLF001
+    for shape in shapes:
+        for two in (False, True):
+            for name in names:  # each node's first tick of this shape
+                await ledger.heartbeat(name, _tick_samples(name, shape, 0))
+            await redis.slowlog_reset()
+            aof0 = (await redis.info("persistence"))["aof_current_size"]
+            for tick in range(1, rounds + 1):
+                for name in names:
+                    samples = _tick_samples(name, shape, tick)
+                    if two:
+                        await ledger.record_load(samples)
+                        await ledger.heartbeat(name)
+                    else:
+                        await ledger.heartbeat(name, samples)
+            aof1 = (await redis.info("persistence"))["aof_current_size"]
+            spent = sum(
+                e["duration"]
+                for e in await _slowlog(redis)
+                if e["command"].split()[0].upper() == b"EVALSHA"
+                and e["command"].split()[1].decode() in sha
+            )
+            count = nodes * rounds
+            form = "two scripts" if two else "one script"
+            print(
+                f"{'tick, ' + shape + ', ' + form:<36} {spent / count:7.1f} us in Redis, "
+                f"{(aof1 - aof0) / count:6.0f} bytes of AOF"
+            )
+
+
 async def parts(redis: Redis) -> None:
     await redis.hset("bench:h", mapping={f"f{i}": str(i) for i in range(30)})
     for name, source in PARTS.items():
@@ -265,6 +329,7 @@ async def main(nodes: int, jobs: int, ids: Ids, baseline_lua: Path | None = None
             await ledger_scripts(redis, nodes, jobs, ids, baseline_lua)
             if baseline_lua is None:
                 await parts(redis)
+                await ticks(redis)
         finally:
             await redis.aclose()
     finally:

@@ -119,6 +119,10 @@ def test_script_costs_times_the_ledger_scripts_and_their_parts() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     for line in ("pend.lua", "end.lua", "AOF per admission + release", "4 cjson encode+decode"):
         assert line in done.stdout, done.stdout
+    # A collector's tick, by the shape of its samples, as one script and as two.
+    for shape in ("busy", "idle, 0 MiB", "idle, Ascend HBM"):
+        for form in ("one script", "two scripts"):
+            assert f"tick, {shape}, {form}" in done.stdout, done.stdout
 
 
 def test_script_costs_names_records_as_production_does_when_asked() -> None:
