@@ -13,16 +13,16 @@ bytes one admission and its release write are reported too, and what the ledger 
 ended job: its records' memory, and the time an AOF rewrite of them all takes.
 
 Last, a collector's tick (``ticks``): a node of eight devices heartbeating with its samples in one
-script, as the collector does, against its load and heartbeat as two scripts (``record_load``, then
-``heartbeat``), for a busy node (load that moves every tick) and for idle nodes read as the
-vendors' tools report them (``../shared/fixtures/vendor-cli``: an idle NVIDIA H20 or Cambricon
-MLU370 at 0 % and 0 MiB; an idle Ascend 910B at 0 % AI Core and about 4,175 MB of HBM in use,
-moving by a megabyte): Redis's time and the AOF bytes a tick.
+script, as the collector does, for a busy node (load that moves every tick) and for idle nodes
+read as the vendors' tools report them (``../shared/fixtures/vendor-cli``: an idle NVIDIA H20 or
+Cambricon MLU370 at 0 % and 0 MiB; an idle Ascend 910B at 0 % AI Core and about 4,175 MB of HBM
+in use, moving by a megabyte): Redis's time and the AOF bytes a tick.
 
 ``--baseline-lua DIR`` compares two versions of the scripts on one server: this machine's speed
 moves by a third within minutes, more than most changes to a script, so runs one after another
 cannot tell them apart. Each job then runs on this version's ledger and on one whose scripts come
-from ``DIR``, in turn, and each script's median is given as a ratio to the baseline's.
+from ``DIR``, in turn, and each script's median is given as a ratio to the baseline's; so does
+each collector's tick, whose total time in Redis and AOF bytes are given beside the baseline's.
 """
 
 from __future__ import annotations
@@ -263,43 +263,55 @@ def _tick_samples(node: str, shape: str, tick: int) -> list[DeviceSample]:
     ]
 
 
-async def ticks(redis: Redis, nodes: int = 50, rounds: int = 6) -> None:
-    """Redis's time (SLOWLOG) and the AOF bytes of a collector's tick, by the shape of its
-    samples, as one script (the heartbeat with its samples) and as two (load, then heartbeat)."""
-    ledger = Ledger(redis, "ticks")
+async def ticks(
+    redis: Redis, nodes: int = 50, rounds: int = 6, baseline_lua: Path | None = None
+) -> None:
+    """Redis's time (SLOWLOG) and the AOF bytes of a collector's tick (its heartbeat with its
+    samples, one script), by the shape of its samples; with ``baseline_lua``, each tick also
+    runs on a ledger whose scripts are the baseline's, in turn on the same server."""
+    ledgers = {"this": Ledger(redis, "ticks")}
+    if baseline_lua is not None:
+        base = Ledger(redis, "ticks-baseline")
+        base._scripts = {  # noqa: SLF001
+            name: redis.register_script(script_source(name, baseline_lua)) for name in SCRIPTS
+        }
+        ledgers["baseline"] = base
+    shas = {ledger._scripts["heartbeat"].sha: v for v, ledger in ledgers.items()}  # noqa: SLF001
     names = [f"tick-node-{i:04d}" for i in range(nodes)]
-    for name in names:
-        devices = [_spec(name, d) for d in range(8)]
-        assert (await ledger.register_node(name, devices, 256_000, 2_000_000)).ok
-    shapes = ("busy", "idle, 0 MiB", "idle, Ascend HBM")
-    sha = {ledger._scripts[n].sha: n for n in ("heartbeat", "record_load")}  # noqa: SLF001
-    for shape in shapes:
-        for two in (False, True):
+    for ledger in ledgers.values():
+        for name in names:
+            devices = [_spec(name, d) for d in range(8)]
+            assert (await ledger.register_node(name, devices, 256_000, 2_000_000)).ok
+    for shape in ("busy", "idle, 0 MiB", "idle, Ascend HBM"):
+        for ledger in ledgers.values():
             for name in names:  # each node's first tick of this shape
                 await ledger.heartbeat(name, _tick_samples(name, shape, 0))
-            await redis.slowlog_reset()
-            aof0 = (await redis.info("persistence"))["aof_current_size"]
-            for tick in range(1, rounds + 1):
-                for name in names:
-                    samples = _tick_samples(name, shape, tick)
-                    if two:
-                        await ledger.record_load(samples)
-                        await ledger.heartbeat(name)
-                    else:
-                        await ledger.heartbeat(name, samples)
-            aof1 = (await redis.info("persistence"))["aof_current_size"]
-            spent = sum(
-                e["duration"]
-                for e in await _slowlog(redis)
-                if e["command"].split()[0].upper() == b"EVALSHA"
-                and e["command"].split()[1].decode() in sha
+        await redis.slowlog_reset()
+        aof = dict.fromkeys(ledgers, 0)
+        for tick in range(1, rounds + 1):
+            for name in names:
+                samples = _tick_samples(name, shape, tick)
+                for version, ledger in ledgers.items():
+                    before = (await redis.info("persistence"))["aof_current_size"]
+                    await ledger.heartbeat(name, samples)
+                    aof[version] += (await redis.info("persistence"))["aof_current_size"] - before
+        spent = dict.fromkeys(ledgers, 0)
+        for e in await _slowlog(redis):
+            command = e["command"].split()
+            if command[0].upper() == b"EVALSHA" and command[1].decode() in shas:
+                spent[shas[command[1].decode()]] += e["duration"]
+        count = nodes * rounds
+        line = (
+            f"{'tick, ' + shape:<30} {spent['this'] / count:7.1f} us in Redis, "
+            f"{aof['this'] / count:6.0f} bytes of AOF"
+        )
+        if baseline_lua is not None:
+            line += (
+                f"; the baseline's {spent['baseline'] / count:.1f} us "
+                f"({spent['this'] / spent['baseline']:.3f} of it, interleaved), "
+                f"{aof['baseline'] / count:.0f} bytes"
             )
-            count = nodes * rounds
-            form = "two scripts" if two else "one script"
-            print(
-                f"{'tick, ' + shape + ', ' + form:<36} {spent / count:7.1f} us in Redis, "
-                f"{(aof1 - aof0) / count:6.0f} bytes of AOF"
-            )
+        print(line)
 
 
 async def parts(redis: Redis) -> None:
@@ -329,7 +341,7 @@ async def main(nodes: int, jobs: int, ids: Ids, baseline_lua: Path | None = None
             await ledger_scripts(redis, nodes, jobs, ids, baseline_lua)
             if baseline_lua is None:
                 await parts(redis)
-                await ticks(redis)
+            await ticks(redis, baseline_lua=baseline_lua)
         finally:
             await redis.aclose()
     finally:

@@ -88,7 +88,7 @@ async def test_live_load_alone_leaves_the_kept_copy_in_use(ledger: Ledger) -> No
     """Utilisation samples land between the read and the arrival (announced as live load, as
     the feed does): the arrival is still placed on the kept copy, and the ledger takes it."""
     deps = await _deps_on_a_current_copy(ledger)
-    await ledger.record_load([DeviceSample(device_id="n1/nvidia0", util_pct=61.0)])
+    assert (await ledger.heartbeat("n1", [DeviceSample(device_id="n1/nvidia0", util_pct=61.0)])).ok
     seq = await ledger.redis.get(ledger.key("changes-seq"))
     assert seq is not None
     deps.snapshots.note_change(True, int(seq), True)
@@ -127,7 +127,11 @@ async def _idle_replica_reads_live_load_in_at_its_own_pace(redis_url: str) -> No
         assert not cache.wants_read()
         reads = cache.reads
         for k in range(20):
-            await ledger.record_load([DeviceSample(device_id="n1/nvidia0", util_pct=40.0 + k)])
+            assert (
+                await ledger.heartbeat(
+                    "n1", [DeviceSample(device_id="n1/nvidia0", util_pct=40.0 + k)]
+                )
+            ).ok
             await asyncio.sleep(0.02)
         assert cache.wants_read() and cache.load_only_unread()
         assert cache.reads == reads  # none yet: under LOAD_CATCH_UP_S since the last
@@ -136,7 +140,9 @@ async def _idle_replica_reads_live_load_in_at_its_own_pace(redis_url: str) -> No
             lambda: cache.reads == reads + 1 and not cache.wants_read(), 3.0, interval_s=0.01
         )
         # More load after the catch-up: it waits for the next one, and comes in with it.
-        await ledger.record_load([DeviceSample(device_id="n1/nvidia0", util_pct=99.0)])
+        assert (
+            await ledger.heartbeat("n1", [DeviceSample(device_id="n1/nvidia0", util_pct=99.0)])
+        ).ok
         await eventually(
             lambda: cache.reads == reads + 2 and not cache.wants_read(), 3.0, interval_s=0.01
         )

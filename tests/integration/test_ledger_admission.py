@@ -136,7 +136,7 @@ async def test_live_load_alone_leaves_a_kept_view_standing(ledger: Ledger) -> No
     capacity change after it withdraws that view as before; so does another epoch of the log."""
     await _two_gpus(ledger)
     view = (await ledger.changes_since(None)).cursor
-    await ledger.record_load([DeviceSample(device_id="n1/nvidia1", util_pct=87.0)])
+    assert (await ledger.heartbeat("n1", [DeviceSample(device_id="n1/nvidia1", util_pct=87.0)])).ok
     moved = (await ledger.changes_since(view)).cursor
     assert moved.seq > view.seq  # logged, for readers that score by it
     fits = _placed("a", SliceClaim("n1/nvidia0", whole=True))
@@ -144,7 +144,7 @@ async def test_live_load_alone_leaves_a_kept_view_standing(ledger: Ledger) -> No
     assert granted.ok and granted.outcome == "granted"
 
     # The grant is a capacity change: a view from before it is stale, load or not.
-    await ledger.record_load([DeviceSample(device_id="n1/nvidia1", util_pct=12.0)])
+    assert (await ledger.heartbeat("n1", [DeviceSample(device_id="n1/nvidia1", util_pct=12.0)])).ok
     late = _placed("b", SliceClaim("n1/nvidia1", 1024, 10))
     [stale] = await ledger.admit_many([_admission("b", late, placement_view=moved)])
     assert not stale.ok and stale.reason == VIEW_CHANGED
@@ -163,7 +163,7 @@ async def test_a_ledger_without_capacity_seq_counts_every_change(ledger: Ledger)
     await _two_gpus(ledger)
     view = (await ledger.changes_since(None)).cursor
     await ledger.redis.delete(ledger.key("capacity-seq"))
-    await ledger.record_load([DeviceSample(device_id="n1/nvidia1", util_pct=87.0)])
+    assert (await ledger.heartbeat("n1", [DeviceSample(device_id="n1/nvidia1", util_pct=87.0)])).ok
     fits = _placed("a", SliceClaim("n1/nvidia0", whole=True))
     [stale] = await ledger.admit_many([_admission("a", fits, placement_view=view)])
     assert not stale.ok and stale.reason == VIEW_CHANGED

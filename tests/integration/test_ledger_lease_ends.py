@@ -41,7 +41,7 @@ async def test_idle_leases_beyond_one_sweep_are_all_reclaimed(ledger: Ledger) ->
 async def test_a_busy_lease_is_looked_at_again_only_when_it_could_be_idle(ledger: Ledger) -> None:
     (lease_id,) = await _granted(ledger, 1, idle_after_ms=400)
     await asyncio.sleep(0.2)
-    await ledger.record_load([DeviceSample(device_id="n1/nvidia0", util_pct=80.0)])
+    assert (await ledger.heartbeat("n1", [DeviceSample(device_id="n1/nvidia0", util_pct=80.0)])).ok
     await asyncio.sleep(0.25)  # 450 ms after the grant, 250 after the work
     assert (await ledger.reclaim_idle(warning_ms=60_000)).ended == []
     await asyncio.sleep(0.25)  # 500 ms after the work

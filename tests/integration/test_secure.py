@@ -31,7 +31,7 @@ from tests.conftest import eventually
 from tests.integration.ledger_builders import device_spec, reservation
 from xpupool.bus.connection import JWT_CREDS_HEADER, connect_client, round_trip, security_options
 from xpupool.client import connected
-from xpupool.contracts import AllocationGranted, Health, JobRequested, access
+from xpupool.contracts import AllocationGranted, DeviceSample, Health, JobRequested, access
 from xpupool.contracts import subjects as s
 from xpupool.devstack.secure import (
     LEDGER_SCRIPTS,
@@ -368,7 +368,9 @@ async def test_collector_runs_its_ledger_flows_and_nothing_else(
     assert (await collector.heartbeat("n1")).ok
     assert (await collector.set_health("n1/nvidia0", Health.UNHEALTHY, "ecc")).ok
     assert (await collector.set_health("n1/nvidia0", Health.HEALTHY)).previous == "unhealthy"
-    await collector.record_load([])
+    assert (
+        await collector.heartbeat("n1", [DeviceSample(device_id="n1/nvidia0", util_pct=9.0)])
+    ).ok
     assert len(await collector.node_devices("n1")) == 2
     assert (await scheduler.reserve(reservation("gone", SliceClaim("n1/nvidia1", whole=True)))).ok
     granted = await lease_manager.grant("lease-gone")

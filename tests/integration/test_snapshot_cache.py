@@ -187,7 +187,13 @@ class Workload:
         return f"reap (silent {silent}): {(await self.ledger.reap_nodes(5)).lost}"
 
     async def load(self) -> str:
-        devices = await self._devices()
+        """One node's collector tick: load for some of its devices, with its heartbeat (a
+        node that must register again has it refused)."""
+        nodes = await self.ledger.nodes()
+        if not nodes:
+            return "load: none"
+        node = self.rng.choice(nodes)
+        devices = [d.spec.device_id for d in node.devices]
         picked = self.rng.sample(devices, min(len(devices), 3))
         samples = [
             DeviceSample(
@@ -197,8 +203,8 @@ class Workload:
             )
             for d in picked
         ]
-        await self.ledger.record_load(samples)
-        return f"load {[(s.device_id, s.util_pct) for s in samples]}"
+        tick = await self.ledger.heartbeat(node.node_id, samples)
+        return f"load {[(s.device_id, s.util_pct) for s in samples]} ({tick.reason or 'ok'})"
 
     async def preempt(self) -> str:
         leases = await self._leases()

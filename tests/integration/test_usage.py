@@ -103,21 +103,19 @@ async def test_each_end_path_writes_one_record_and_a_duplicate_end_none(ledger: 
 async def test_used_capacity_is_the_load_integral_since_the_grant(ledger: Ledger) -> None:
     await ledger.register_node("n1", [device_spec("n1", i) for i in range(2)])
     # Load before the grant does not count toward the lease.
-    await ledger.record_load([DeviceSample(device_id="n1/nvidia0", util_pct=100.0)])
+    assert (await ledger.heartbeat("n1", [DeviceSample(device_id="n1/nvidia0", util_pct=100.0)])).ok
     await asyncio.sleep(0.2)
     whole = await _grant(ledger, "w", _claim(0))
     share = await _grant(ledger, "s", _claim(1, whole=False, compute_pct=50))
     for _ in range(5):
-        await ledger.record_load(
-            [
-                DeviceSample(device_id="n1/nvidia0", util_pct=50.0, memory_used_mib=40960),
-                DeviceSample(device_id="n1/nvidia1", util_pct=100.0, memory_used_mib=40960),
-            ]
-        )
+        tick = [
+            DeviceSample(device_id="n1/nvidia0", util_pct=50.0, memory_used_mib=40960),
+            DeviceSample(device_id="n1/nvidia1", util_pct=100.0, memory_used_mib=40960),
+        ]
+        assert (await ledger.heartbeat("n1", tick)).ok
         await asyncio.sleep(0.1)
-    await ledger.record_load(
-        [DeviceSample(device_id="n1/nvidia0"), DeviceSample(device_id="n1/nvidia1")]
-    )
+    unknown = [DeviceSample(device_id="n1/nvidia0"), DeviceSample(device_id="n1/nvidia1")]
+    assert (await ledger.heartbeat("n1", unknown)).ok
     running = {r.lease_id: r for r in await live_usage(ledger)}
     assert set(running) == {whole, share} and all(r.running for r in running.values())
     assert (await ledger.end(whole, "preempted")).ok

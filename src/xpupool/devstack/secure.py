@@ -108,7 +108,7 @@ LEDGER_SCRIPTS: Final[Mapping[str, tuple[str, ...]]] = {
         "set_retention",
         "index_tenant_leases",
     ),
-    access.TELEMETRY_COLLECTOR: ("register_node", "heartbeat", "set_health", "record_load"),
+    access.TELEMETRY_COLLECTOR: ("register_node", "heartbeat", "set_health"),
     access.AUTOSCALER: ("set_draining",),
 }
 # What every ledger client needs: run the scripts (redis-py loads them on NOSCRIPT; pipelines

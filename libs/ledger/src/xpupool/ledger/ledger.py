@@ -587,9 +587,10 @@ class Ledger:
 
     async def heartbeat(self, node_id: str, samples: Iterable[DeviceSample] = ()) -> ScriptResult:
         """Stamp the node's last-seen time from the ledger's clock, and write the live load of
-        ``samples`` (as :meth:`record_load`) in the same script: a collector's tick costs one
-        round trip and one fsync of the AOF. A node not registered and up is refused (it must
-        register again) and its samples are not written."""
+        ``samples`` (last value wins; a changed utilisation goes into the change log) in the
+        same script: a collector's tick costs one round trip and one fsync of the AOF. A node
+        not registered and up is refused (it must register again) and its samples are not
+        written."""
         return await self._run("heartbeat", node_id, *_sample_args(samples))
 
     async def reap_nodes(self, grace_ms: int) -> ScriptResult:
@@ -624,14 +625,6 @@ class Ledger:
         """Drain a node (no new grants there; its leases run on) or take it back into service;
         ``previous`` in the answer is ``draining`` or ``in_service``."""
         return await self._run("set_draining", node_id, "1" if draining else "0")
-
-    async def record_load(self, samples: Iterable[DeviceSample]) -> None:
-        """Write live load for many devices in one round trip (last value wins); a changed
-        utilisation goes into the change log. A collector writes its own devices' load with
-        its heartbeat instead (:meth:`heartbeat`)."""
-        args = _sample_args(samples)
-        if args:
-            await self._run("record_load", *args)
 
     # ---- scheduling --------------------------------------------------------------------------
 

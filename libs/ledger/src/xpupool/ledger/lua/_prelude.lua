@@ -54,7 +54,7 @@ local function job_over(job_id) redis.call('EXPIRE', k('job', job_id), retain_s(
 -- A script that changes anything also publishes its sequence once on the changes-feed channel,
 -- so a reader can keep its copy warm instead of asking the log first (a subscriber sees the
 -- message only after the whole script ran, and, with AOF, after it was made durable).
--- Live load (a device's utilisation, record_load.lua) is telemetry, not capacity: it is logged
+-- Live load (a device's utilisation, record_samples) is telemetry, not capacity: it is logged
 -- like any change (placement scores by it), but it is announced as "<seq>:load" and leaves
 -- capacity-seq alone. capacity-seq is the sequence of the last change that was more than live
 -- load; pend.lua takes a placement decided on a kept copy as long as nothing but live load
@@ -216,11 +216,11 @@ end
 -- Usage accounting: when a lease ends, one record of what it held and for how long, written in
 -- the same script that ends it (end_lease is the only way a lease ends, and it ends once), into
 -- usage-rec (lease_id -> JSON) indexed by end time in usage-ended. Used capacity comes from the
--- devices' load integrals (record_load's util_int, mem_int) less their values at the grant
+-- devices' load integrals (record_samples' util_int, mem_int) less their values at the grant
 -- (load_base): a device's load is counted toward a share up to that share's grant, since the
 -- ledger cannot tell which holder of a shared device did the work.
--- A device's load integrals (record_load's util_int, mem_int) carried forward to ``now``: the last
--- sample's value held since it, at most LOAD_HOLD_MS, as record_load does at the next sample.
+-- A device's load integrals (util_int, mem_int) carried forward to ``now``: the last sample's
+-- value held since it, at most LOAD_HOLD_MS, as record_samples does at the next sample.
 local LOAD_HOLD_MS = 60000
 local LOAD_FIELDS = {'util_int', 'mem_int', 'util', 'mem_used', 'load_ms'}
 -- ``d``: a device's LOAD_FIELDS as HMGET returns them.
@@ -249,12 +249,12 @@ local function record_sample(dk, device_id, util, mem_used, last, now)
   if util ~= '' and tonumber(util) > 0 then redis.call('HSET', dk, 'active_ms', now) end
   if mem_used ~= '' then redis.call('HSET', dk, 'mem_used', mem_used) end
 end
--- Whether a device was idle and stays so: its stored value (nil: never sampled) and the new
--- sample's ('' = unknown, which keeps the stored value) are the same zero. Held any length of
--- time, a zero adds nothing to an integral, so such a sample needs no write at all: an idle
--- pool's ticks write only their heartbeats to the AOF.
+-- Whether a device was idle and stays so: its stored value (false, as HMGET gives a missing
+-- field: never sampled) and the new sample's ('' = unknown, which keeps the stored value) are
+-- the same zero. Held any length of time, a zero adds nothing to an integral, so such a sample
+-- needs no write at all: an idle pool's ticks write only their heartbeats to the AOF.
 local function still_idle(stored, sampled)
-  if sampled == '' then return stored == nil or tonumber(stored) == 0 end
+  if sampled == '' then return not stored or tonumber(stored) == 0 end
   return stored == sampled and tonumber(sampled) == 0
 end
 -- Live load for many devices from ``args`` (device_id, util ('' = unknown), mem_used ('' =
