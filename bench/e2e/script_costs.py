@@ -269,9 +269,9 @@ async def ticks(
     """Redis's time (SLOWLOG) and the AOF bytes of a collector's tick (its heartbeat with its
     samples, one script), by the shape of its samples; with ``baseline_lua``, each tick also
     runs on a ledger whose scripts are the baseline's, in turn on the same server."""
-    ledgers = {"this": Ledger(redis, "ticks")}
+    ledgers = {"this": Ledger(redis, "ticks-this")}  # names of one length: equal AOF
     if baseline_lua is not None:
-        base = Ledger(redis, "ticks-baseline")
+        base = Ledger(redis, "ticks-base")
         base._scripts = {  # noqa: SLF001
             name: redis.register_script(script_source(name, baseline_lua)) for name in SCRIPTS
         }

@@ -237,17 +237,23 @@ local function load_integrals(device_id, now)
   return integrals_of(redis.call('HMGET', k('dev', device_id), unpack(LOAD_FIELDS)), now)
 end
 -- One device's sample: its integrals carried forward to ``now`` and the new values stored
--- (``last``: its LOAD_FIELDS as they stood; a changed utilisation goes into the change log).
+-- (``last``: its LOAD_FIELDS as they stood; a changed utilisation goes into the change log), in
+-- one HSET: each command a script writes is its own entry in the AOF, key name and all.
 local function record_sample(dk, device_id, util, mem_used, last, now)
   local util_int, mem_int = integrals_of(last, now)
-  redis.call('HSET', dk, 'util_int', util_int, 'mem_int', mem_int, 'load_ms', now)
-  if util ~= '' and last[3] ~= util then
-    redis.call('HSET', dk, 'util', util)
-    touched_load('dev', device_id)
+  local fields = {'util_int', util_int, 'mem_int', mem_int, 'load_ms', now}
+  if util ~= '' then
+    if last[3] ~= util then
+      fields[#fields + 1], fields[#fields + 2] = 'util', util
+      touched_load('dev', device_id)
+    end
+    -- When it last did any work: what idle reclaim measures a lease's devices by.
+    if tonumber(util) > 0 then fields[#fields + 1], fields[#fields + 2] = 'active_ms', now end
   end
-  -- When it last did any work: what idle reclaim measures a lease's devices by.
-  if util ~= '' and tonumber(util) > 0 then redis.call('HSET', dk, 'active_ms', now) end
-  if mem_used ~= '' then redis.call('HSET', dk, 'mem_used', mem_used) end
+  if mem_used ~= '' and last[4] ~= mem_used then
+    fields[#fields + 1], fields[#fields + 2] = 'mem_used', mem_used
+  end
+  redis.call('HSET', dk, unpack(fields))
 end
 -- Whether a device was idle and stays so: its stored value (false, as HMGET gives a missing
 -- field: never sampled) and the new sample's ('' = unknown, which keeps the stored value) are
