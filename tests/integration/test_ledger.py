@@ -319,6 +319,37 @@ async def test_a_heartbeat_writes_its_ticks_load_in_the_same_script(ledger: Ledg
     assert not await ledger.redis.exists(ledger.key("dev", "n9/nvidia0"))
 
 
+async def test_a_heartbeat_writes_the_load_of_its_own_registered_devices_only(
+    ledger: Ledger,
+) -> None:
+    """A tick's sample of a device the ledger does not hold for that node (one the collector
+    sees before it registers it again, or another node's) is not written: no hash with load and
+    no spec is left behind, and no node moves another's load. The node's own devices are
+    written as ever, and a device sampled ahead of its registration joins free."""
+    await _two_gpus(ledger)
+    assert (await ledger.register_node("n2", [device_spec("n2", 0)], 64_000, 256_000)).ok
+    tick = [
+        DeviceSample(device_id="n1/nvidia0", util_pct=30.0, memory_used_mib=500),
+        DeviceSample(device_id="n1/nvidia7", util_pct=50.0, memory_used_mib=700),
+        DeviceSample(device_id="n2/nvidia0", util_pct=90.0, memory_used_mib=900),
+    ]
+    assert (await ledger.heartbeat("n1", tick)).ok
+    assert not await ledger.redis.exists(ledger.key("dev", "n1/nvidia7"))
+    theirs = await ledger.redis.hgetall(ledger.key("dev", "n2/nvidia0"))
+    assert {b"util", b"mem_used", b"util_int", b"active_ms"} & set(theirs) == set()
+    nodes = {n.node_id: n for n in await ledger.nodes()}
+    assert (nodes["n1"].devices[0].util_pct, nodes["n1"].devices[0].memory_used_mib) == (30.0, 500)
+    assert nodes["n2"].devices[0].util_pct is None
+
+    specs = [device_spec("n1", 0), device_spec("n1", 1), device_spec("n1", 7)]
+    assert (await ledger.register_node("n1", specs, 64_000, 256_000)).added == ["n1/nvidia7"]
+    assert (await ledger.heartbeat("n1", tick[1:2])).ok
+    [n1] = [n for n in await ledger.nodes() if n.node_id == "n1"]
+    [joined] = [d for d in n1.devices if d.spec.device_id == "n1/nvidia7"]
+    assert (joined.util_pct, joined.memory_used_mib) == (50.0, 700)
+    assert await audit(ledger) == []
+
+
 async def test_an_idle_devices_tick_writes_nothing_and_its_integrals_hold(
     ledger: Ledger,
 ) -> None:

@@ -54,7 +54,7 @@ local function job_over(job_id) redis.call('EXPIRE', k('job', job_id), retain_s(
 -- A script that changes anything also publishes its sequence once on the changes-feed channel,
 -- so a reader can keep its copy warm instead of asking the log first (a subscriber sees the
 -- message only after the whole script ran, and, with AOF, after it was made durable).
--- Live load (a device's utilisation, record_samples) is telemetry, not capacity: it is logged
+-- Live load (a device's utilisation, heartbeat.lua) is telemetry, not capacity: it is logged
 -- like any change (placement scores by it), but it is announced as "<seq>:load" and leaves
 -- capacity-seq alone. capacity-seq is the sequence of the last change that was more than live
 -- load; pend.lua takes a placement decided on a kept copy as long as nothing but live load
@@ -216,11 +216,11 @@ end
 -- Usage accounting: when a lease ends, one record of what it held and for how long, written in
 -- the same script that ends it (end_lease is the only way a lease ends, and it ends once), into
 -- usage-rec (lease_id -> JSON) indexed by end time in usage-ended. Used capacity comes from the
--- devices' load integrals (record_samples' util_int, mem_int) less their values at the grant
+-- devices' load integrals (heartbeat.lua's util_int, mem_int) less their values at the grant
 -- (load_base): a device's load is counted toward a share up to that share's grant, since the
 -- ledger cannot tell which holder of a shared device did the work.
 -- A device's load integrals (util_int, mem_int) carried forward to ``now``: the last sample's
--- value held since it, at most LOAD_HOLD_MS, as record_samples does at the next sample.
+-- value held since it, at most LOAD_HOLD_MS, as heartbeat.lua does at the next sample.
 local LOAD_HOLD_MS = 60000
 local LOAD_FIELDS = {'util_int', 'mem_int', 'util', 'mem_used', 'load_ms'}
 -- ``d``: a device's LOAD_FIELDS as HMGET returns them.
@@ -235,48 +235,6 @@ local function integrals_of(d, now)
 end
 local function load_integrals(device_id, now)
   return integrals_of(redis.call('HMGET', k('dev', device_id), unpack(LOAD_FIELDS)), now)
-end
--- One device's sample: its integrals carried forward to ``now`` and the new values stored
--- (``last``: its LOAD_FIELDS as they stood; a changed utilisation goes into the change log), in
--- one HSET: each command a script writes is its own entry in the AOF, key name and all.
-local function record_sample(dk, device_id, util, mem_used, last, now)
-  local util_int, mem_int = integrals_of(last, now)
-  local fields = {'util_int', util_int, 'mem_int', mem_int, 'load_ms', now}
-  if util ~= '' then
-    if last[3] ~= util then
-      fields[#fields + 1], fields[#fields + 2] = 'util', util
-      touched_load('dev', device_id)
-    end
-    -- When it last did any work: what idle reclaim measures a lease's devices by.
-    if tonumber(util) > 0 then fields[#fields + 1], fields[#fields + 2] = 'active_ms', now end
-  end
-  if mem_used ~= '' and last[4] ~= mem_used then
-    fields[#fields + 1], fields[#fields + 2] = 'mem_used', mem_used
-  end
-  redis.call('HSET', dk, unpack(fields))
-end
--- Whether a device was idle and stays so: its stored value (false, as HMGET gives a missing
--- field: never sampled) and the new sample's ('' = unknown, which keeps the stored value) are
--- the same zero. Held any length of time, a zero adds nothing to an integral, so such a sample
--- needs no write at all: an idle pool's ticks write only their heartbeats to the AOF.
-local function still_idle(stored, sampled)
-  if sampled == '' then return not stored or tonumber(stored) == 0 end
-  return stored == sampled and tonumber(sampled) == 0
-end
--- Live load for many devices from ``args`` (device_id, util ('' = unknown), mem_used ('' =
--- unknown), repeated, from index ``first``): last value wins and the version is not bumped; a
--- device whose utilisation changed goes into the change log, since placement reads it. Each
--- device also keeps the running integrals of its load (util_int in %·s, mem_int in MiB·s; see
--- load_integrals): usage accounting reads a lease's used capacity from their values at its grant
--- and end instead of scanning samples.
-local function record_samples(args, first, now)
-  for i = first, #args, 3 do
-    local dk = k('dev', args[i])
-    local last = redis.call('HMGET', dk, unpack(LOAD_FIELDS))
-    if not (still_idle(last[3], args[i + 1]) and still_idle(last[4], args[i + 2])) then
-      record_sample(dk, args[i], args[i + 1], args[i + 2], last, now)
-    end
-  end
 end
 -- What makes a lease active: a fencing token, the term started on the ledger's clock (capped by
 -- the maximum run time), the devices' load integrals as usage accounting's baseline, and the

@@ -1,6 +1,6 @@
 -- Idle reclaim: a watched lease (its queue opted in with idle_reclaim_s) whose devices have done
 -- no work for that long is warned and ends ``idle`` after ARGV[1] ms (see begin_ending). Work is
--- the devices' last non-zero utilisation (record_samples' active_ms); a lease is never idle for
+-- the devices' last non-zero utilisation (heartbeat.lua's active_ms); a lease is never idle for
 -- longer than it has existed. The index is scored by the earliest time each lease could be idle,
 -- so a sweep reads only the leases due; one that worked since is put back at its next chance.
 -- ARGV: warning_ms, the most to look at in one call
