@@ -102,6 +102,19 @@ async def test_the_audit_names_a_record_kept_for_ever_or_one_that_may_vanish(
     ]
 
 
+async def test_the_audit_names_a_device_record_no_registered_device_owns(
+    ledger: Ledger,
+) -> None:
+    """A device record outside the ledger's devices (left by a write to a device it does not
+    hold) would stay for ever: the audit names it; a device that left with its record does not
+    show."""
+    await ledger.register_node("n1", [device_spec("n1", 0), device_spec("n1", 1)], 64_000, 256_000)
+    await ledger.register_node("n1", [device_spec("n1", 0)], 64_000, 256_000)  # nvidia1 leaves
+    assert await audit(ledger) == []
+    await ledger.redis.hset(ledger.key("dev", "n1/nvidia9"), "util", "50.0")
+    assert await audit(ledger) == ["device record n1/nvidia9 belongs to no registered device"]
+
+
 async def test_once_its_retention_is_over_an_ended_job_is_forgotten(ledger: Ledger) -> None:
     """The records go (a lease lookup finds nothing) and the job id may be used again."""
     await ledger.set_retention(Retention(job_s=1, lease_s=1))

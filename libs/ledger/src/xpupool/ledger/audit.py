@@ -28,7 +28,8 @@ async def audit(ledger: Ledger) -> list[str]:
     node's host CPU or memory is over-allocated, and what its counters hold equals the sum of
     the live leases' host charges there (host-only leases, without slices, included); each
     tenant's set of live leases holds exactly its live leases; every job and lease record of
-    what is over expires, and none of what is live does (``retention_problems``).
+    what is over expires, and none of what is live does (``retention_problems``); every device
+    record belongs to a registered device (``stray_device_problems``).
     """
     # Reads are not one atomic snapshot; retry until no script ran while we read.
     for _ in range(50):
@@ -101,7 +102,7 @@ async def audit(ledger: Ledger) -> list[str]:
                 )
             if 100 - d.compute_free_pct != compute[i] or d.holders != holders[i]:
                 problems.append(f"{i} compute/holder counters disagree with its leases")
-    return problems + await retention_problems(ledger)
+    return problems + await retention_problems(ledger) + await stray_device_problems(ledger)
 
 
 async def retention_problems(ledger: Ledger) -> list[str]:
@@ -150,3 +151,22 @@ async def _tenant_lease_sets(ledger: Ledger) -> dict[str, set[str]]:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+async def stray_device_problems(ledger: Ledger) -> list[str]:
+    """Device records that no registered device owns: nothing reads them and nothing deletes
+    them (a device leaves the ledger with its record; a write to one it does not hold would
+    leave such a record for ever). Read again while a registration ran between the reads."""
+    redis = ledger.redis
+    for _ in range(50):
+        version = await ledger.version()
+        registered = {_text(d) for d in await redis.smembers(ledger.key("devices"))}
+        records = {
+            _text(k).removeprefix(ledger.key("dev", ""))
+            async for k in redis.scan_iter(match=ledger.keys_of("dev"), count=1000)
+        }
+        if await ledger.version() == version:
+            break
+    return [
+        f"device record {d} belongs to no registered device" for d in sorted(records - registered)
+    ]
