@@ -219,3 +219,35 @@ async def test_exports_of_consecutive_windows_hold_each_lease_once(ledger: Ledge
     # The report (``xpupool usage``) reads its windows the same way.
     assert [r.lease_id for r in await read_usage(ledger, 0, cut)] == ["lease-w0"]
     assert [r.lease_id for r in await read_usage(ledger, cut, None)] == ["lease-w1", "lease-w2"]
+
+
+async def test_a_sample_that_is_no_finite_count_is_unknown_and_its_device_stays_grantable(
+    ledger: Ledger,
+) -> None:
+    """A tool's NaN, infinity or negative reading is taken for unknown: it never reaches a
+    device's integrals, where a NaN would stay for ever and fail every later grant's encoding
+    of its load baseline. A ledger that holds such a value from before is read as zero."""
+    await ledger.register_node("n1", [device_spec("n1", i) for i in range(2)])
+    tick = [
+        DeviceSample(device_id="n1/nvidia0", util_pct=float("nan"), memory_used_mib=-1),
+        DeviceSample(device_id="n1/nvidia1", util_pct=float("inf"), memory_used_mib=100),
+    ]
+    assert (await ledger.heartbeat("n1", tick)).ok
+    nodes = await ledger.nodes()
+    read = [(d.util_pct, d.memory_used_mib) for d in nodes[0].devices]
+    assert read == [(None, None), (None, 100)]
+    await asyncio.sleep(0.05)
+    busy = [DeviceSample(device_id=f"n1/nvidia{i}", util_pct=50.0) for i in range(2)]
+    assert (await ledger.heartbeat("n1", busy)).ok
+    # As a ledger written before the check may hold it.
+    await ledger.redis.hset(ledger.key("dev", "n1/nvidia1"), mapping={"util_int": "nan"})
+    leases = [await _grant(ledger, f"j{i}", _claim(i)) for i in range(2)]
+    await asyncio.sleep(0.05)
+    assert (await ledger.heartbeat("n1", busy)).ok
+    running = await live_usage(ledger)
+    assert len(running) == 2 and all(r.slices[0].used_capacity_s > 0 for r in running)
+    for lease_id in leases:
+        assert (await ledger.end(lease_id, "released")).ok
+    ended = await _records(ledger)
+    assert sorted(ended) == sorted(leases)
+    assert all(0 < r.slices[0].used_capacity_s < 1 for [r] in ended.values())  # type: ignore[attr-defined]

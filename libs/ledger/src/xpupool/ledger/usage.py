@@ -3,6 +3,7 @@ indexed by end time in usage-ended), the running leases' usage up to now, and re
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -22,13 +23,22 @@ _LOAD_FIELDS = ("util_int", "mem_int", "util", "mem_used", "load_ms")
 def carried_load(fields: list[Any], now_ms: int) -> tuple[float, float]:
     """A device's (util_int, mem_int) carried forward to ``now_ms`` from its hash fields
     ``_LOAD_FIELDS``, as ``load_integrals`` in ``_prelude.lua`` does."""
-    util_int, mem_int, util, mem_used, load_ms = (None if f is None else float(f) for f in fields)
+    util_int, mem_int, util, mem_used, load_ms = (_finite(f) for f in fields)
     u, m = util_int or 0.0, mem_int or 0.0
     if load_ms is not None:
         dt = max(0.0, min(now_ms - load_ms, LOAD_HOLD_MS)) / 1000
         u += (util or 0.0) * dt
         m += (mem_used or 0.0) * dt
     return u, m
+
+
+def _finite(field: Any) -> float | None:
+    """A stored value as a number; a NaN or an infinity (a ledger written before samples were
+    checked) counts as zero, as ``finite`` in ``_prelude.lua``."""
+    if field is None:
+        return None
+    value = float(field)
+    return value if math.isfinite(value) else 0.0
 
 
 def running_usage(

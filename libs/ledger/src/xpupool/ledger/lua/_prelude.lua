@@ -223,13 +223,20 @@ end
 -- value held since it, at most LOAD_HOLD_MS, as heartbeat.lua does at the next sample.
 local LOAD_HOLD_MS = 60000
 local LOAD_FIELDS = {'util_int', 'mem_int', 'util', 'mem_used', 'load_ms'}
+-- A stored integral, 0 where it is not a finite number (a ledger written before samples were
+-- checked may hold a NaN, which would fail every grant's encoding of its load baseline).
+local function finite(v)
+  local n = tonumber(v or '0') or 0
+  if n ~= n or n == math.huge or n == -math.huge then return 0 end
+  return n
+end
 -- ``d``: a device's LOAD_FIELDS as HMGET returns them.
 local function integrals_of(d, now)
-  local u, m = tonumber(d[1] or '0') or 0, tonumber(d[2] or '0') or 0
+  local u, m = finite(d[1]), finite(d[2])
   if d[5] then
     local dt = math.max(0, math.min(now - tonumber(d[5]), LOAD_HOLD_MS)) / 1000
-    if d[3] then u = u + tonumber(d[3]) * dt end
-    if d[4] then m = m + tonumber(d[4]) * dt end
+    if d[3] then u = u + finite(d[3]) * dt end
+    if d[4] then m = m + finite(d[4]) * dt end
   end
   return u, m
 end

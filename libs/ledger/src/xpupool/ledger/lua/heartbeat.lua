@@ -23,6 +23,14 @@ local function record_sample(dk, device_id, util, mem_used, last, now)
   end
   redis.call('HSET', dk, unpack(fields))
 end
+-- A sampled value as it is stored: '' (unknown) for anything but a finite number of at least
+-- zero. A tool's NaN or infinity would stay in the device's integrals for ever, and a grant on it
+-- could no longer encode its load baseline.
+local function sampled(value)
+  local n = tonumber(value)
+  if not n or n ~= n or n < 0 or n == math.huge then return '' end
+  return value
+end
 -- Whether a device was idle and stays so: its stored value (false, as HMGET gives a missing
 -- field: never sampled) and the new sample's ('' = unknown, which keeps the stored value) are
 -- the same zero. Held any length of time, a zero adds nothing to an integral, so such a sample
@@ -44,9 +52,9 @@ local function record_samples(node_id, args, first, now)
   for i = first, #args, 3 do
     local dk = k('dev', args[i])
     local last = redis.call('HMGET', dk, unpack(SAMPLED_FIELDS))
-    if last[6] == node_id
-        and not (still_idle(last[3], args[i + 1]) and still_idle(last[4], args[i + 2])) then
-      record_sample(dk, args[i], args[i + 1], args[i + 2], last, now)
+    local util, mem_used = sampled(args[i + 1]), sampled(args[i + 2])
+    if last[6] == node_id and not (still_idle(last[3], util) and still_idle(last[4], mem_used)) then
+      record_sample(dk, args[i], util, mem_used, last, now)
     end
   end
 end
