@@ -72,6 +72,9 @@ def test_load_toml(tmp_path: Path):
     ("doc", "where"),
     [
         ({"queues": [{"name": "a", "weight": 0}]}, "queues[0].weight"),
+        ({"queues": [{"name": "a", "weight": float("inf")}]}, "queues[0].weight"),
+        ({"queues": [{"name": "a", "limit": {"units": float("nan")}}]}, "queues[0].limit.units"),
+        ({"preemption": {"grace_s": float("inf")}}, "preemption.grace_s"),
         (
             {"queues": [{"name": "a", "guaranteed": {"units": 4}, "limit": {"units": 2}}]},
             "queues[0].limit.units",

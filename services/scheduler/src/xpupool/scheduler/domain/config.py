@@ -37,6 +37,7 @@ it takes).
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -314,6 +315,10 @@ class _Ctx:
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise self.fail(where, f"must be a number, got {v!r}")
         f = float(v)
+        # YAML's .nan and .inf, and JSON's NaN: a NaN limit compares false with everything, so
+        # it would let any use through, and unlimited is written by leaving a limit out.
+        if not math.isfinite(f):
+            raise self.fail(where, f"must be a finite number, got {v!r}")
         if f < minimum or (strict and f <= minimum):
             raise self.fail(where, f"must be {'>' if strict else '>='} {minimum:g}, got {v!r}")
         return f
