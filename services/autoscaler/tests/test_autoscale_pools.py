@@ -90,6 +90,14 @@ def test_toml_is_read_too(tmp_path: Path) -> None:
         ),
         (pool(min_size=5), "pools[0].min_size (pool 'a100'): 5 is above max_size 4"),
         (
+            pool(drain={"policy": "preempt", "grace_s": float("inf")}),
+            "pools[0].drain.grace_s (pool 'a100'): must be a finite number, got inf",
+        ),
+        (
+            pool(cost_per_hour=float("nan")),
+            "pools[0].cost_per_hour (pool 'a100'): must be a finite number, got nan",
+        ),
+        (
             pool(drain={"policy": "wait", "grace_s": 30}),
             "pools[0].drain.grace_s (pool 'a100'): only applies to policy preempt",
         ),

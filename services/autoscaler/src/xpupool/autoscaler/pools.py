@@ -40,6 +40,7 @@ and keeps the last good configuration when the new one is bad, reporting why.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -267,12 +268,35 @@ def _pool_label(data: Any, where: str) -> str:
     return f" (pool {name!r})" if isinstance(name, str) and name else ""
 
 
+def _non_finite(data: Any, where: str = "") -> tuple[str, float] | None:
+    """The first NaN or infinity in a parsed document (YAML's ``.nan``, ``.inf``; TOML's
+    ``nan``, ``inf``), with its path: the types' bounds let an infinity through, and a NaN or
+    an infinite grace, cost or cool-down has no meaning the autoscaler could act on."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return where, data
+    items: Any = ()
+    if isinstance(data, Mapping):
+        items = ((f"{where}.{k}" if where else str(k), v) for k, v in data.items())
+    elif isinstance(data, list):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(data))
+    for path, value in items:
+        found = _non_finite(value, path)
+        if found is not None:
+            return found
+    return None
+
+
 def parse_pools(
     data: Any, *, source: str = "<pools>", catalog: Catalog | None = None
 ) -> PoolsConfig:
     """Validate an already-parsed document (YAML/TOML/dict) into a :class:`PoolsConfig`."""
     if not isinstance(data, Mapping):
         raise PoolConfigError(f"{source}: must be a mapping with a `pools` list")
+    bad = _non_finite(data)
+    if bad is not None:
+        path, value = bad
+        label = _pool_label(data, path)
+        raise PoolConfigError(f"{source}: {path}{label}: must be a finite number, got {value!r}")
     try:
         raw = msgspec.convert(data, _PoolFile)
     except msgspec.ValidationError as exc:
