@@ -29,16 +29,22 @@ async def audit(ledger: Ledger) -> list[str]:
     the live leases' host charges there (host-only leases, without slices, included); each
     tenant's set of live leases holds exactly its live leases; every job and lease record of
     what is over expires, and none of what is live does (``retention_problems``); every device
-    record belongs to a registered device (``stray_device_problems``).
+    record belongs to a registered device: nothing else reads or deletes one (a device leaves
+    the ledger with its record; a write to one it does not hold would leave one for ever).
     """
     # Reads are not one atomic snapshot; retry until no script ran while we read.
     for _ in range(50):
         version = await ledger.version()
         leases, nodes = await ledger.leases(), await ledger.nodes()
         tenant_sets = await _tenant_lease_sets(ledger)
+        device_records = await _device_records(ledger)
         if await ledger.version() == version:
             break
-    problems: list[str] = []
+    registered = {d.spec.device_id for node in nodes for d in node.devices}
+    problems = [
+        f"device record {d} belongs to no registered device"
+        for d in sorted(device_records - registered)
+    ]
     by_tenant: dict[str, set[str]] = defaultdict(set)
     for lease in leases:
         by_tenant[lease.tenant].add(lease.lease_id)
@@ -102,7 +108,7 @@ async def audit(ledger: Ledger) -> list[str]:
                 )
             if 100 - d.compute_free_pct != compute[i] or d.holders != holders[i]:
                 problems.append(f"{i} compute/holder counters disagree with its leases")
-    return problems + await retention_problems(ledger) + await stray_device_problems(ledger)
+    return problems + await retention_problems(ledger)
 
 
 async def retention_problems(ledger: Ledger) -> list[str]:
@@ -153,20 +159,10 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-async def stray_device_problems(ledger: Ledger) -> list[str]:
-    """Device records that no registered device owns: nothing reads them and nothing deletes
-    them (a device leaves the ledger with its record; a write to one it does not hold would
-    leave such a record for ever). Read again while a registration ran between the reads."""
-    redis = ledger.redis
-    for _ in range(50):
-        version = await ledger.version()
-        registered = {_text(d) for d in await redis.smembers(ledger.key("devices"))}
-        records = {
-            _text(k).removeprefix(ledger.key("dev", ""))
-            async for k in redis.scan_iter(match=ledger.keys_of("dev"), count=1000)
-        }
-        if await ledger.version() == version:
-            break
-    return [
-        f"device record {d} belongs to no registered device" for d in sorted(records - registered)
-    ]
+async def _device_records(ledger: Ledger) -> set[str]:
+    """The device ids of every device record the ledger holds."""
+    prefix = ledger.key("dev", "")
+    return {
+        _text(k).removeprefix(prefix)
+        async for k in ledger.redis.scan_iter(match=ledger.keys_of("dev"), count=1000)
+    }
