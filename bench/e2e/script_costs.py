@@ -13,10 +13,11 @@ bytes one admission and its release write are reported too, and what the ledger 
 ended job: its records' memory, and the time an AOF rewrite of them all takes.
 
 Last, a collector's tick (``ticks``): a node of eight devices heartbeating with its samples in one
-script, as the collector does, for a busy node (load that moves every tick) and for idle nodes
-read as the vendors' tools report them (``../shared/fixtures/vendor-cli``: an idle NVIDIA H20 or
-Cambricon MLU370 at 0 % and 0 MiB; an idle Ascend 910B at 0 % AI Core and about 4,175 MB of HBM
-in use, moving by a megabyte): Redis's time and the AOF bytes a tick.
+script, as the collector does, for a busy node (utilisation that moves every tick, with memory
+that moves too or that the job's framework holds) and for idle nodes read as the vendors' tools
+report them (``../shared/fixtures/vendor-cli``: an idle NVIDIA H20 or Cambricon MLU370 at 0 % and
+0 MiB; an idle Ascend 910B at 0 % AI Core and 4,174-4,175 MB of HBM in use by chip, held):
+Redis's time and the AOF bytes a tick.
 
 ``--baseline-lua DIR`` compares two versions of the scripts on one server: this machine's speed
 moves by a third within minutes, more than most changes to a script, so runs one after another
@@ -248,6 +249,12 @@ async def retained(redis: Redis, ledger: Ledger, kept: list[tuple[str, str]]) ->
 def _tick_samples(node: str, shape: str, tick: int) -> list[DeviceSample]:
     """One tick's samples of ``node``'s eight devices, as ``shape`` reads on real tools."""
     devices = [f"{node}/nvidia{d}" for d in range(8)]
+    if shape == "busy, memory held":  # a job whose framework holds its memory pool
+        return [
+            DeviceSample(device_id=d, util_pct=float(40 + (tick * 7 + i * 13) % 61),
+                         memory_used_mib=20_000 + i * 977)
+            for i, d in enumerate(devices)
+        ]  # fmt: skip
     if shape == "busy":  # load that moves each tick: a job's utilisation and memory
         return [
             DeviceSample(device_id=d, util_pct=float(40 + (tick * 7 + i * 13) % 61),
@@ -256,9 +263,10 @@ def _tick_samples(node: str, shape: str, tick: int) -> list[DeviceSample]:
         ]  # fmt: skip
     if shape == "idle, 0 MiB":  # nvidia-smi on an idle H20, cnmon on an idle MLU370
         return [DeviceSample(device_id=d, util_pct=0.0, memory_used_mib=0) for d in devices]
-    # npu-smi on an idle 910B: 0 % AI Core, 4174-4175 MB of HBM in use
+    # npu-smi on an idle 910B: 0 % AI Core, 4174-4175 MB of HBM in use by chip; the recorded
+    # output is one reading, so each chip's is held from tick to tick
     return [
-        DeviceSample(device_id=d, util_pct=0.0, memory_used_mib=4174 + (tick + i) % 2)
+        DeviceSample(device_id=d, util_pct=0.0, memory_used_mib=4174 + i % 2)
         for i, d in enumerate(devices)
     ]
 
@@ -282,7 +290,7 @@ async def ticks(
         for name in names:
             devices = [_spec(name, d) for d in range(8)]
             assert (await ledger.register_node(name, devices, 256_000, 2_000_000)).ok
-    for shape in ("busy", "idle, 0 MiB", "idle, Ascend HBM"):
+    for shape in ("busy", "busy, memory held", "idle, 0 MiB", "idle, Ascend HBM"):
         for ledger in ledgers.values():
             for name in names:  # each node's first tick of this shape
                 await ledger.heartbeat(name, _tick_samples(name, shape, 0))

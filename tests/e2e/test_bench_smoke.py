@@ -121,7 +121,7 @@ def test_script_costs_times_the_ledger_scripts_and_their_parts() -> None:
     for line in ("pend.lua", "end.lua", "AOF per admission + release", "4 cjson encode+decode"):
         assert line in done.stdout, done.stdout
     # A collector's tick, by the shape of its samples.
-    for shape in ("busy", "idle, 0 MiB", "idle, Ascend HBM"):
+    for shape in ("busy", "busy, memory held", "idle, 0 MiB", "idle, Ascend HBM"):
         assert f"tick, {shape} " in done.stdout, done.stdout
 
 
@@ -144,7 +144,7 @@ def test_script_costs_compares_with_a_baseline_on_one_server() -> None:
         assert any(
             line.startswith(name) and "the baseline's" in line for line in done.stdout.splitlines()
         ), done.stdout
-    for shape in ("busy", "idle, 0 MiB", "idle, Ascend HBM"):
+    for shape in ("busy", "busy, memory held", "idle, 0 MiB", "idle, Ascend HBM"):
         [line] = [x for x in done.stdout.splitlines() if x.startswith(f"tick, {shape} ")]
         mine = float(line.split("us in Redis,")[1].split("bytes of AOF")[0])
         theirs = float(line.split("interleaved), ")[1].split(" bytes")[0])
