@@ -1307,7 +1307,7 @@ async def _announce(pubsub: Any, on_change: Callable[[bool, int, bool], None]) -
 
 
 def _sample_args(samples: Iterable[DeviceSample]) -> list[str]:
-    """Samples as the load scripts take them: device id, utilisation, memory used ('' where
+    """Samples as heartbeat.lua takes them: device id, utilisation, memory used ('' where
     unknown), each encoded as redis-py encodes numbers, so the stored form stays comparable."""
     args: list[str] = []
     for sample in samples:
