@@ -4,6 +4,10 @@ effect), without building the attributes or links nobody would record."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -103,3 +107,37 @@ def test_a_recorded_step_has_its_attributes_links_and_parent(
     assert span.attributes == {"messaging.system": "nats"}
     assert [link.context for link in span.links] == [other]
     assert span.parent is not None and format(span.context.trace_id, "032x") == JOB_TRACE
+
+
+# Each case runs in a process of its own: a tracer provider can be installed once per process.
+_PROVIDER_PROBE = """
+import json
+from opentelemetry import trace
+from xpupool.obs.tracing import configure_tracing, spans_recorded
+configure_tracing("probe")
+print(json.dumps([type(trace.get_tracer_provider()).__name__, spans_recorded()]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("environment", "provider", "recorded"),
+    [
+        ({}, "NoOpTracerProvider", False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}, "TracerProvider", True),
+        # A provider named by OpenTelemetry's own variable is still loaded, not replaced.
+        ({"OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider"}, "TracerProvider", True),
+    ],
+)
+def test_configured_tracing_installs_the_provider_that_says_whether_spans_are_recorded(
+    environment: dict[str, str], provider: str, recorded: bool
+) -> None:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    result = subprocess.run(
+        [sys.executable, "-c", _PROVIDER_PROBE],
+        env=clean | environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(result.stdout.splitlines()[-1]) == [provider, recorded]
