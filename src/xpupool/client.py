@@ -42,7 +42,7 @@ from xpupool.contracts import (
     RenewLease,
     SubmitReply,
     decoder_for,
-    encode,
+    encode_finite,
 )
 from xpupool.contracts import subjects as s
 from xpupool.contracts.access import tenant_inbox
@@ -154,7 +154,7 @@ class XpupoolClient:
         """Publish a job request on the client's tenant subject (a tenant-less client: the
         request's tenant); ``Nats-Msg-Id = job_id`` makes a retried submit a no-op."""
         subject, headers = self._job_message(s.JOB_REQUESTED, request)
-        await self.js.publish(subject, encode(request), headers=headers, timeout=5)
+        await self.js.publish(subject, encode_finite(request), headers=headers, timeout=5)
 
     async def submit_raw(
         self, payload: bytes, msg_id: str | None = None, tenant: str | None = None
@@ -173,7 +173,7 @@ class XpupoolClient:
         subject, headers = self._job_message(s.JOB_SUBMIT, request)
         try:
             msg = await self.nc.request(
-                subject, encode(request), timeout=self.request_timeout_s, headers=headers
+                subject, encode_finite(request), timeout=self.request_timeout_s, headers=headers
             )
             reply: SubmitReply = _SUBMIT_DECODER.decode(msg.data)
         except (NoRespondersError, NatsTimeoutError, msgspec.DecodeError):
@@ -251,7 +251,7 @@ class XpupoolClient:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.request_timeout_s
-        payload, pause = encode(command), 0.02
+        payload, pause = encode_finite(command), 0.02
         while True:
             try:
                 return await self.nc.request(
@@ -280,7 +280,9 @@ class XpupoolClient:
         tenant: str | None = None,
     ) -> LeaseReply:
         """Renew a lease by request/reply (the secret of a grant this client saw is used
-        unless one is given)."""
+        unless one is given). A ``ttl_s`` that is no finite number is refused with a
+        ``ValueError``, as every number this client sends (``encode_finite``): JSON has no NaN
+        or infinity, and as ``null`` it would renew for the lease's own term."""
         secret, owner = self._holder(lease_id, secret, tenant)
         command = RenewLease(
             lease_id=lease_id, lease_secret=secret, fencing_token=token, ttl_s=ttl_s

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import msgspec
 import pytest
 
-from xpupool.contracts import asyncapi, decoder_for, describe_error, encode
+from xpupool.contracts import asyncapi, decoder_for, describe_error, encode, encode_finite
 from xpupool.contracts import payloads as p
 from xpupool.contracts.subjects import CHANNELS, STREAMS, channel_of, subject_of
 
@@ -422,3 +425,26 @@ def test_the_bus_refusal_codes_are_values_of_every_reply_error(errors: type) -> 
 
     for code in (INVALID_REQUEST, PAYLOAD_TOO_LARGE):
         assert errors(code).value == code
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "path"),
+    [
+        ({"max_wait_s": math.inf}, "max_wait_s"),
+        ({"lease_ttl_s": math.nan}, "lease_ttl_s"),
+        # A percentage worked out by division in untyped code: Python puts a float in an int.
+        ({"device": p.DeviceDemand(memory_pct=-math.inf)}, "device.memory_pct"),  # type: ignore[arg-type]
+        ({"selector": p.DeviceSelector(min_capacity=math.nan)}, "selector.min_capacity"),
+    ],
+)
+def test_a_number_json_cannot_carry_is_refused_naming_its_field(
+    request_fields: dict[str, Any], path: str
+) -> None:
+    """msgspec writes NaN and infinity as ``null``: a client's ``max_wait_s=inf`` would reach the
+    scheduler as "no limit", its ``lease_ttl_s=nan`` as a type error about a ``null``."""
+    request = p.JobRequested(job_id="j", tenant="t", **request_fields)
+    assert f'"{path.rsplit(".", 1)[-1]}":null'.encode() in encode(request)  # sent unchecked
+    with pytest.raises(ValueError, match=rf"^{re.escape(path)} must be a finite number$"):
+        encode_finite(request)
+    finite = p.JobRequested(job_id="j", tenant="t", max_wait_s=5.0, labels={"a": "b"})
+    assert encode_finite(finite) == encode(finite)

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import eventually
 from tests.e2e.conftest import EventLog, Ready, cli_env
+from xpupool.cli.main import build_parser
 from xpupool.client import XpupoolClient
 from xpupool.contracts import (
     AllocationGranted,
@@ -219,3 +220,16 @@ def test_sizes_are_binary_units(text: str, mib: int) -> None:
 def test_bad_sizes_are_refused(text: str) -> None:
     with pytest.raises(ValueError):
         parse_size_mib(text)
+
+
+@pytest.mark.parametrize("option", ["--ttl", "--max-wait", "--cpus", "--grace", "--share"])
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf"])
+def test_a_number_option_that_is_no_finite_number_is_a_usage_error(
+    option: str, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``float()`` takes ``nan`` and ``inf``; sent, JSON would carry them as "not given" (an
+    infinite wait as none at all), and ``--cpus nan`` ended in a traceback."""
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["run", f"{option}={text}", "--", "true"])
+    assert exit_.value.code == 2
+    assert f"argument {option}: not a finite number: '{text}'" in capsys.readouterr().err

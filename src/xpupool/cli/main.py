@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import sys
@@ -290,7 +291,7 @@ async def _scale_status(args: argparse.Namespace) -> int:
 
 def _add_console(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     top = sub.add_parser("top", help="the pool and queues, live, with the latest events")
-    top.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    top.add_argument("--interval", type=_finite, default=2.0, help="seconds between refreshes")
     top.add_argument("--iterations", type=int, default=0, help="frames to draw (0: until Ctrl-C)")
     top.add_argument("--once", action="store_true", help="draw one frame and exit")
     events = sub.add_parser("events", help="pool events: grants, preemptions, health, scaling")
@@ -416,6 +417,18 @@ def _delegate(command: str, argv: Sequence[str]) -> int:
     return replay_main(list(argv))
 
 
+def _finite(text: str) -> float:
+    """A number option: ``nan`` and ``inf``, which ``float()`` takes, are refused here rather
+    than sent (JSON would carry them as "not given") or worked with."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
 def _size(text: str) -> int:
     try:
         return parse_size_mib(text)
@@ -437,7 +450,7 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     size = run.add_mutually_exclusive_group()
     size.add_argument("--gpus", type=int, help="whole devices (default 1; 0: host only)")
     size.add_argument(
-        "--share", type=float, help="a fraction of one device, memory and compute (0.25)"
+        "--share", type=_finite, help="a fraction of one device, memory and compute (0.25)"
     )
     run.add_argument("--memory", type=_size, help="device memory per device (20GiB, 512MiB)")
     run.add_argument("--compute", type=int, help="compute share per device, in percent")
@@ -445,11 +458,11 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument("--model", action="append", help="an acceptable model (repeatable)")
     run.add_argument("--queue")
     run.add_argument("--priority", default="normal")
-    run.add_argument("--max-wait", type=float, help="give up after waiting this many seconds")
-    run.add_argument("--cpus", type=float, default=0.0, help="host CPUs on the node")
+    run.add_argument("--max-wait", type=_finite, help="give up after waiting this many seconds")
+    run.add_argument("--cpus", type=_finite, default=0.0, help="host CPUs on the node")
     run.add_argument("--host-memory", type=_size, help="host memory on the node (8GiB)")
-    run.add_argument("--ttl", type=float, default=60.0, help="lease term, renewed while CMD runs")
-    run.add_argument("--grace", type=float, default=10.0, help="SIGTERM to SIGKILL, seconds")
+    run.add_argument("--ttl", type=_finite, default=60.0, help="lease term, renewed while CMD runs")
+    run.add_argument("--grace", type=_finite, default=10.0, help="SIGTERM to SIGKILL, seconds")
     run.add_argument("--job-id")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...")
 
@@ -523,11 +536,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--model", action="append")
     submit.add_argument("--cpu-milli", type=int, default=0, help="host CPU on the node")
     submit.add_argument("--host-memory-mib", type=int, default=0, help="host memory on the node")
-    submit.add_argument("--ttl", type=float, default=300.0, help="lease term in seconds")
+    submit.add_argument("--ttl", type=_finite, default=300.0, help="lease term in seconds")
     submit.add_argument("--priority", default="normal")
     submit.add_argument("--queue")
     submit.add_argument("--wait", action="store_true", help="wait and print the outcome as JSON")
-    submit.add_argument("--timeout", type=float, default=60.0)
+    submit.add_argument("--timeout", type=_finite, default=60.0)
 
     for name in ("release", "renew"):
         cmd = sub.add_parser(name, help=f"{name} a lease")
@@ -538,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--secret", help="the grant's lease_secret ($XPUPOOL_LEASE_SECRET; keeps it off ps)"
         )
         if name == "renew":
-            cmd.add_argument("--ttl", type=float)
+            cmd.add_argument("--ttl", type=_finite)
 
     _add_run(sub)
     cancel = sub.add_parser(

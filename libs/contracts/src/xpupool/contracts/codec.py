@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
 from functools import lru_cache
 from typing import Any
 
 import msgspec
+import msgspec.inspect
 
 _ENCODER = msgspec.json.Encoder()
 
@@ -14,6 +16,74 @@ _ENCODER = msgspec.json.Encoder()
 def encode(event: msgspec.Struct) -> bytes:
     """The JSON bytes of an event, ``type`` tag included."""
     return _ENCODER.encode(event)
+
+
+def encode_finite(event: msgspec.Struct) -> bytes:
+    """``encode``, refusing a number that JSON cannot carry (``ValueError`` naming the field).
+
+    msgspec writes NaN and infinity as ``null``, and a receiver reads ``null`` in an optional
+    field as "not given": a renewal for ``inf`` seconds would renew for the lease's own term and
+    succeed, a job with ``max_wait_s=nan`` would wait for ever. What a client sends goes
+    through this; a service's own events are computed, not typed in."""
+    if (found := _non_finite(event)) is not None:
+        raise ValueError(f"{'.'.join(reversed(found)).replace('.[', '[')} must be a finite number")
+    return _ENCODER.encode(event)
+
+
+def _non_finite(value: object) -> list[str] | None:
+    """Where the first NaN or infinity in ``value`` (a Struct, its nested Structs, lists and
+    dicts) lies, innermost step first; None when there is none. Only fields whose type can hold
+    a number are visited, and the path is built only for a value found: a job request is checked
+    in a few microseconds."""
+    if type(value) is float:
+        return None if math.isfinite(value) else []
+    if value is None or type(value) is int:
+        return None
+    if isinstance(value, msgspec.Struct):
+        for name in _float_fields(type(value)):
+            if (found := _non_finite(getattr(value, name))) is not None:
+                return [*found, name]
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            if (found := _non_finite(item)) is not None:
+                return [*found, f"[{index}]"]
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if (found := _non_finite(item)) is not None:
+                return [*found, f"[{key}]"]
+    return None
+
+
+@lru_cache(maxsize=256)
+def _float_fields(struct: type[msgspec.Struct]) -> tuple[str, ...]:
+    """The fields of ``struct`` whose type can hold a number, directly or nested."""
+    info = msgspec.inspect.type_info(struct)
+    assert isinstance(info, msgspec.inspect.StructType)
+    return tuple(f.name for f in info.fields if _holds_float(f.type, set()))
+
+
+def _holds_float(kind: msgspec.inspect.Type, seen: set[type]) -> bool:
+    mi = msgspec.inspect
+    # An int field too: Python does not stop a float there, and a NaN in ``memory_pct`` (a
+    # percentage worked out by division) would be sent as no share at all, a whole device.
+    if isinstance(kind, mi.FloatType | mi.IntType | mi.AnyType):
+        return True
+    if isinstance(kind, mi.Metadata):
+        return _holds_float(kind.type, seen)
+    if isinstance(kind, mi.UnionType):
+        return any(_holds_float(member, seen) for member in kind.types)
+    if isinstance(kind, mi.ListType | mi.VarTupleType | mi.SetType | mi.FrozenSetType):
+        return _holds_float(kind.item_type, seen)
+    if isinstance(kind, mi.TupleType):
+        return any(_holds_float(member, seen) for member in kind.item_types)
+    if isinstance(kind, mi.DictType):
+        return _holds_float(kind.value_type, seen)
+    if isinstance(kind, mi.StructType):
+        if kind.cls in seen:  # a recursive type: its floats are found where it first appears
+            return False
+        seen.add(kind.cls)
+        return any(_holds_float(f.type, seen) for f in kind.fields)
+    return False
 
 
 @lru_cache(maxsize=64)
