@@ -9,6 +9,7 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry.sdk.trace import TracerProvider
 
 from tests.conftest import eventually
@@ -178,3 +179,44 @@ async def test_readiness_waits_for_a_pulling_consumer(nc: Client, nats_server: N
     await wait_until_pulling(nats_server.url, [durable], timeout_s=10)
     stop.set()
     await task
+
+
+async def test_a_durable_made_with_other_delivery_limits_takes_the_service_s(
+    nc: Client,
+) -> None:
+    """A durable an older release made (5 tries, as the bus's default was for every command)
+    is updated to the limits the service now passes, in place: its unacknowledged message is
+    still delivered, and redelivered past the old limit."""
+    js = nc.jetstream()
+    durable = _durable("test-limits")
+    await js.add_consumer(
+        subjects.JOBS_STREAM.name,
+        config=ConsumerConfig(
+            durable_name=durable.name,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=30.0,
+            max_deliver=2,
+            filter_subject=durable.channel.pattern,
+        ),
+    )
+    publisher = Publisher(nc, source="/tests")
+    await publisher.publish(JobRequested(job_id="limits-1", tenant="t"))
+    attempts: list[str] = []
+
+    async def fail_three_times(request: JobRequested, *, tenant: str) -> Sequence[msgspec.Struct]:
+        attempts.append(request.job_id)
+        if len(attempts) <= 3:
+            raise RuntimeError("ledger away")
+        return []
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        consume_stream(js, durable, fail_three_times, publisher, stop, max_deliver=10)
+    )
+    await eventually(lambda: len(attempts) >= 4, timeout_s=20)
+    info = await js.consumer_info(subjects.JOBS_STREAM.name, durable.name)
+    assert info.config.max_deliver == 10
+    stop.set()
+    await task
+    assert attempts == ["limits-1"] * 4

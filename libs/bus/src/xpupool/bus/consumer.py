@@ -384,6 +384,13 @@ class PullStatusError(Exception):
         self.status = status
 
 
+def _limits(config: ConsumerConfig) -> tuple[int | None, int | None, int | None]:
+    """A durable's delivery limits that a server updates in place: tries, acknowledgement wait
+    (whole milliseconds: the server keeps nanoseconds, the client seconds), pending acks."""
+    ack_wait_ms = None if config.ack_wait is None else round(config.ack_wait * 1000)
+    return config.max_deliver, ack_wait_ms, config.max_ack_pending
+
+
 class _PullConsumer:
     """One durable's pull requests, answered on an inbox of its own.
 
@@ -403,14 +410,23 @@ class _PullConsumer:
         self.sub: Subscription | None = None
 
     async def open(self) -> Subscription:
-        """Create the durable if it is missing (as before: an existing one is left as is), and
-        subscribe to a fresh inbox."""
+        """Create the durable if it is missing, bring an existing one's delivery limits to this
+        service's, and subscribe to a fresh inbox.
+
+        The server stops delivering a message after its durable's ``max_deliver``, whatever the
+        service would still try: a durable made by an older release (a lower limit, another
+        acknowledgement wait) would drop a command the service now retries for longer. Only the
+        fields a server lets a durable change are compared, so a running durable is updated in
+        place and keeps its position."""
         if self.sub is None:
             stream = self.durable.stream.name
             try:
-                await self.js.consumer_info(stream, self.durable.name)
+                info = await self.js.consumer_info(stream, self.durable.name)
             except NotFoundError:
                 await self.js.add_consumer(stream, config=self.config)
+            else:
+                if _limits(info.config) != _limits(self.config):
+                    await self.js.add_consumer(stream, config=self.config)
             self.sub = await self.nc.subscribe(self.nc.new_inbox())
         return self.sub
 
