@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack, suppress
+from typing import Any
 
 import msgspec
 
 from xpupool.bus import DispatchStats, consume_stream, serve_subject
 from xpupool.bus.connection import bus_settings
 from xpupool.bus.lifecycle import (
+    Bus,
     open_bus,
     run_service,
     run_until_stopped,
@@ -36,6 +39,11 @@ from xpupool.obs.metrics import LoopLag, watch_loop_lag
 SERVICE = "lease-manager"
 # How many renewals, releases and lease queries one subject serves at once.
 REQUEST_CONCURRENCY = 64
+# How often a scheduler's command is delivered before it is given up: a ledger away (restarting,
+# failing over) fails every try, and the consumer's back-off grows to 5 s a try, so 720 rides out
+# an hour. The bus's default (5 tries, 6 s) dropped an EndLease over a short Redis restart: the
+# cancel or preemption was lost for good and the lease lived on while its holder renewed it.
+COMMAND_MAX_DELIVER = 720
 
 
 async def expire_leases(
@@ -46,14 +54,44 @@ async def expire_leases(
     ``warning_s`` are warned first (``LeaseEnding``, once each); leases idle past their queue's
     ``idle_reclaim_s`` are warned and end ``idle_warning_s`` later."""
     log = get_logger()
+    # Each step is tried on its own: a warning or reclaim refused at every tick (a record it
+    # cannot read, a role whose ACL predates its script) must not keep leases past their term.
+    steps: tuple[tuple[str, Callable[[], Awaitable[object]]], ...] = (
+        ("warn_deadlines", functools.partial(ledger.warn_deadlines, int(warning_s * 1000))),
+        ("reclaim_idle", functools.partial(ledger.reclaim_idle, int(idle_warning_s * 1000))),
+        ("expire_due", ledger.expire_due),
+    )
     while not stop.is_set():
-        try:
-            await ledger.warn_deadlines(int(warning_s * 1000))
-            await ledger.reclaim_idle(int(idle_warning_s * 1000))
-            await ledger.expire_due()
-        except Exception as error:  # noqa: BLE001  (Redis away: try again next tick)
-            log.warning("expiry_failed", error=repr(error))
+        for step, run_step in steps:
+            try:
+                await run_step()
+            except Exception as error:  # noqa: BLE001  (Redis away: try again next tick)
+                log.warning("expiry_failed", step=step, error=repr(error))
         await asyncio.sleep(interval_s)
+
+
+def scheduler_commands(
+    bus: Bus, ledger: Ledger, stop: asyncio.Event, stats: DispatchStats
+) -> list[Coroutine[Any, Any, None]]:
+    """Consume the scheduler's commands: reservations to grant and leases to end. Each is
+    handled again until the ledger takes it (``COMMAND_MAX_DELIVER``): both handlers are
+    idempotent, and nothing else ever sends a command again (the scheduler marks a cancelled
+    or preempted lease when it queues its EndLease, and queues it once)."""
+    return [
+        consume_stream(
+            bus.js,
+            durable,
+            functools.partial(handler, ledger=ledger),
+            bus.publisher,
+            stop,
+            stats=stats,
+            max_deliver=COMMAND_MAX_DELIVER,
+        )
+        for durable, handler in (
+            (subjects.LEASE_MANAGER_GRANTS, handlers.grant_reservation),
+            (subjects.LEASE_MANAGER_ENDS, handlers.end_lease),
+        )
+    ]
 
 
 async def trim_usage_records(
@@ -195,22 +233,7 @@ async def run(settings: LeaseManagerSettings) -> None:
                 await run_until_stopped(
                     run_stop,
                     watch_bus(bus.nc, run_stop),
-                    consume_stream(
-                        bus.js,
-                        subjects.LEASE_MANAGER_GRANTS,
-                        functools.partial(handlers.grant_reservation, ledger=ledger),
-                        bus.publisher,
-                        run_stop,
-                        stats=stats,
-                    ),
-                    consume_stream(
-                        bus.js,
-                        subjects.LEASE_MANAGER_ENDS,
-                        functools.partial(handlers.end_lease, ledger=ledger),
-                        bus.publisher,
-                        run_stop,
-                        stats=stats,
-                    ),
+                    *scheduler_commands(bus, ledger, run_stop, stats),
                     relay.run(run_stop),
                     direct.run(bus.publisher.send, run_stop),
                     grants.run(bus.js, run_stop),

@@ -195,15 +195,18 @@ local function job_outcome(job_id)
 end
 
 -- Starts a lease's announced end (a preemption with grace, idle reclaim): its deadline becomes
--- now + grace_ms (or stays, if sooner), renewals stop there, the holder is warned once through
--- the lease-manager's outbox (LeaseEnding), and the expiry sweep ends it at the deadline for
--- ``reason``. Returns false when the lease is already ending.
+-- now + grace_ms (or stays, if sooner), renewals stop there, the holder is warned through the
+-- lease-manager's outbox (LeaseEnding, once per reason), and the expiry sweep ends it then for
+-- ``reason``. A lease already ending keeps its end unless this one is sooner and for another
+-- reason (a preemption's grace for a lease warned of its maximum run time or of idle reclaim:
+-- the preemptor waits the grace, not the rest of the older warning), which then replaces it and
+-- is announced too. Returns false when nothing changed.
 local function begin_ending(lease_id, reason, grace_ms, now)
   local lk = k('lease', lease_id)
   local l = redis.call('HMGET', lk, 'deadline_ms', 'expires_ms', 'ending_reason')
-  if l[3] then return false end
   local deadline = now + grace_ms
   if l[1] then deadline = math.min(deadline, tonumber(l[1])) end
+  if l[3] and (l[3] == reason or not l[1] or deadline >= tonumber(l[1])) then return false end
   local expires = math.min(tonumber(l[2]), deadline)
   redis.call('HSET', lk, 'deadline_ms', deadline, 'ending_reason', reason, 'expires_ms', expires,
     'warned', 1)

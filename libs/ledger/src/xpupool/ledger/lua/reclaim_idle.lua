@@ -15,7 +15,9 @@ for _, lease_id in ipairs(due) do
     redis.call('ZREM', k('idle-watch'), lease_id)
   else
     local last = tonumber(l[2])
-    for _, s in ipairs(cjson.decode(l[4])) do
+    -- A record without its slices (damaged) counts as idle since its grant, as it ends whole
+    -- (end_lease): an error here would refuse every sweep while the lease stays watched.
+    for _, s in ipairs(cjson.decode(l[4] or '[]')) do
       local active = tonumber(redis.call('HGET', k('dev', s.device_id), 'active_ms') or '0')
       if active > last then last = active end
     end
