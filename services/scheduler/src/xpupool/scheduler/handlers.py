@@ -345,22 +345,32 @@ def _admissions(
     view: ChangeCursor | None,
     follows_feed: bool,
 ) -> list[Admission]:
-    return [
-        Admission(
-            a.request.job_id,
-            a.priority,
-            msgspec.json.encode(a.request),
-            None if a.request.max_wait_s is None else int(a.request.max_wait_s * 1000),
-            ADMITTED,
-            tenant=a.request.tenant or "",
-            limits=a.limits,
-            trace=a.trace,
-            placement=placements[a.request.job_id][1] if a.request.job_id in placements else None,
-            placement_view=view if a.request.job_id in placements else None,
-            caller_follows_feed=follows_feed,
+    admissions = []
+    offered: set[str] = set()
+    for a in arrivals:
+        job_id = a.request.job_id
+        # A placement was decided for the first request of its job id in the batch
+        # (``place_on_arrival``) and goes with that one only: a duplicate of the id (a
+        # resubmission, or another tenant's request with the same id) is admitted after it
+        # like any duplicate, and is never offered a placement made for another request.
+        placed = placements.get(job_id) if job_id not in offered else None
+        offered.add(job_id)
+        admissions.append(
+            Admission(
+                job_id,
+                a.priority,
+                msgspec.json.encode(a.request),
+                None if a.request.max_wait_s is None else int(a.request.max_wait_s * 1000),
+                ADMITTED,
+                tenant=a.request.tenant or "",
+                limits=a.limits,
+                trace=a.trace,
+                placement=None if placed is None else placed[1],
+                placement_view=None if placed is None else view,
+                caller_follows_feed=follows_feed,
+            )
         )
-        for a in arrivals
-    ]
+    return admissions
 
 
 async def _admit_arrivals(arrivals: Sequence[Arrival], deps: SchedulerDeps) -> list[ScriptResult]:
@@ -507,7 +517,11 @@ async def place_on_arrival(
     view = None
     try:
         config = deps.config.current()
-        unique = {a.request.job_id: a.request for a in arrivals}
+        # The first request of each job id is the one placed: it is admitted first, and the
+        # ledger treats the ones after it as its duplicates (``_admissions``).
+        unique: dict[str, JobRequested] = {}
+        for a in arrivals:
+            unique.setdefault(a.request.job_id, a.request)
         # Under load, the read the last commit carried (a view check would refuse what a
         # release meanwhile made stale); else, for a lone arrival, the kept copy; else a read.
         recent = (
@@ -696,14 +710,38 @@ def _usage_claims(
     claims = []
     for name in config.path(reserve.queue):
         queue = config.queue(name)
-        limit_units = queue.limit_units if queue and queue.limit_units is not None else -1.0
-        claims.append(UsageClaim(name, UNITS_FIELD, reserve.capacity_units, limit_units))
+        limit_units = queue.limit_units if queue and queue.limit_units is not None else None
+        limits = {model: queue.limit_devices.get(model) if queue else None for model in per_model}
+        if queue is not None and not queue.over_quota:
+            # A queue that may not borrow stops at its guarantee (``quota._within_guarantee``:
+            # a model's device guarantee where it has one, else the units guarantee). The
+            # ledger checks it with the limits, in the grant's step: a decision on a stale
+            # snapshot (a peer replica's, or a placement on arrival) must not pass it either.
+            for model in per_model:
+                guaranteed = queue.guaranteed_devices.get(model)
+                if guaranteed is not None:
+                    limits[model] = _lower(limits[model], guaranteed)
+                else:
+                    limit_units = _lower(limit_units, queue.guaranteed_units)
+        claims.append(
+            UsageClaim(
+                name,
+                UNITS_FIELD,
+                reserve.capacity_units,
+                -1.0 if limit_units is None else limit_units,
+            )
+        )
         for model, count in per_model.items():
-            limit = queue.limit_devices.get(model) if queue else None
+            limit = limits[model]
             claims.append(
                 UsageClaim(name, devices_field(model), count, -1.0 if limit is None else limit)
             )
     return claims
+
+
+def _lower(limit: float | None, ceiling: float) -> float:
+    """The lower of a limit (None: none) and a ceiling."""
+    return ceiling if limit is None else min(limit, ceiling)
 
 
 def reservation_of(

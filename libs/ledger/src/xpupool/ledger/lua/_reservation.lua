@@ -57,6 +57,11 @@ local function take_reservation(r, grant_outbox, new_job)
     host_counts[node_id] = {cpu_free, host_mem_free}
   end
   for _, u in ipairs(r.usage) do
+    -- The amount the lease's record keeps (cjson writes 14 significant digits), which its end
+    -- gives back: checked and added as that, so the counter comes back to what it was. (A
+    -- share's fraction, a third of a device, rarely has a short decimal form; the difference
+    -- left by each lease added up, with the same sign for the same share.)
+    u.inc = cjson.decode(cjson.encode(u.inc))
     -- Read only where a limit applies: most counters (every ancestor's, every model's) have none.
     if u.limit >= 0 then
       local current = tonumber(redis.call('HGET', k('usage', u.scope), u.field) or '0')

@@ -4,6 +4,11 @@
 local lk = k('lease', ARGV[1])
 local state = redis.call('HGET', lk, 'state')
 if not state or state == 'ended' then return fail('lease_gone', ARGV[1]) end
+-- The job ended while the cycle that chose the victim was deciding (cancelled by its tenant,
+-- timed out, rejected by a peer): the victim keeps its lease. (Only a pending job preempts; a
+-- job without a record is a caller's own, as in the ledger's tests.)
+local job_state = redis.call('HGET', k('job', ARGV[2]), 'state')
+if job_state and job_state ~= 'pending' then return fail('job_finished', job_state) end
 if redis.call('HGET', lk, 'preempted_for') == ARGV[2] then
   return cjson.encode({ok = true, duplicate = true})
 end

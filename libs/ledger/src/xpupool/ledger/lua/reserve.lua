@@ -14,7 +14,11 @@ local job = redis.call('HMGET', jk, 'state', 'lease_id')
 if job[2] and job[2] ~= '' then
   return cjson.encode({ok = true, duplicate = true, lease_id = job[2]})
 end
-if job[1] == 'timed_out' then return fail('job_finished', job[1]) end
+-- A job that ended while the cycle that placed it was deciding (timed out, cancelled by its
+-- tenant, rejected by a peer replica) already has its terminal event queued: a grant now would
+-- be a second outcome, and its slices would be held for a job nobody waits for. (Only pending
+-- jobs are reserved; a job without a record is a caller's own, as in the ledger's tests.)
+if job[1] and job[1] ~= 'pending' then return fail('job_finished', job[1]) end
 local taken, refusal = take_reservation(r)
 if not taken then return refusal end
 return cjson.encode({ok = true, lease_id = r.lease_id, slices = taken.taken, token = taken.token})

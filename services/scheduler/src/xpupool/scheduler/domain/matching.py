@@ -309,4 +309,23 @@ def _over_limit(
                 "count",
                 f"{devices:g} {cls.model} asked; queue {qname!r} is limited to {lim:g}",
             )
+        if not q.over_quota:
+            # A queue that may not borrow stops at its guarantee (``quota._within_guarantee``:
+            # its guarantee for the model where it has one, else its units guarantee), so a
+            # demand beyond it would wait quota_exhausted for ever.
+            guaranteed = q.guaranteed_devices.get(cls.model)
+            if guaranteed is not None and devices > guaranteed + 1e-9:
+                return Rejection(
+                    Reason.EXCEEDS_QUOTA_LIMIT,
+                    "count",
+                    f"{devices:g} {cls.model} asked; queue {qname!r} may not borrow beyond "
+                    f"its guarantee of {guaranteed:g}",
+                )
+            if guaranteed is None and units > q.guaranteed_units + 1e-9:
+                return Rejection(
+                    Reason.EXCEEDS_QUOTA_LIMIT,
+                    "count",
+                    f"{units:g} units asked; queue {qname!r} may not borrow beyond its "
+                    f"guarantee of {q.guaranteed_units:g}",
+                )
     return None
