@@ -456,6 +456,22 @@ async def test_admission_is_idempotent_and_orders_by_priority_then_arrival(ledge
     assert not refused.ok and refused.reason == "job_reserved"
 
 
+async def test_a_wait_is_noted_only_while_the_job_waits(ledger: Ledger) -> None:
+    """A cycle notes why a job waits on a list read before the job ended (cancelled by its
+    tenant here): the note is refused, so no JobPending follows its terminal event, and a job
+    whose record is gone gets no record made of the note alone."""
+    assert (await ledger.pend("w", 100, b"{}", None, "queued", tenant="acme")).ok
+    assert await ledger.note_pending("w", "insufficient_capacity", "full", nominated=False)
+    job = await ledger.get_job("w")
+    assert job is not None and job.reason == "insufficient_capacity"
+    assert (await ledger.cancel_job("w", "acme")).ok
+    assert not await ledger.note_pending("w", "quota_exhausted", "later")
+    job = await ledger.get_job("w")
+    assert job is not None and job.state == "cancelled" and job.reason != "quota_exhausted"
+    assert not await ledger.note_pending("never-pended", "insufficient_capacity")
+    assert await ledger.redis.exists(ledger.key("job", "never-pended")) == 0
+
+
 async def test_a_cycle_listing_times_out_first_and_survives_a_server_without_its_scripts(
     ledger: Ledger,
 ) -> None:

@@ -409,7 +409,7 @@ async def test_scheduler_runs_its_ledger_flows_and_nothing_else(
     scheduler = Ledger(redis_as(access.SCHEDULER), ns)
     assert (await scheduler.pend("p1", 500, b"{}", 60_000, "queued", tenant=A)).ok
     assert [j.job_id for _, j in await scheduler.pending_jobs()] == ["p1"]
-    await scheduler.note_pending("p1", "no_capacity", "full", nominated=True)
+    assert await scheduler.note_pending("p1", "no_capacity", "full", nominated=True)
     assert await scheduler.pending_count(A) == 1
     results = await scheduler.reserve_many(
         [reservation("p1", SliceClaim("n1/nvidia0", whole=True))]

@@ -84,6 +84,7 @@ LEDGER_SCRIPTS: Final[Mapping[str, tuple[str, ...]]] = {
         "reserve",
         "pend",
         "drop_pending",
+        "note_pending",
         "cancel_job",
         "request_preemption",
         "acquire",
@@ -121,7 +122,7 @@ _CLIENT_COMMANDS: Final = ("evalsha", "script|load", "script|exists", "ping")
 RELAY_ROLES: Final = (access.SCHEDULER, access.LEASE_MANAGER)
 _RELAY_COMMANDS: Final = ("xgroup|create", "xreadgroup", "xautoclaim", "xack", "xdel")
 RELAY_SCRIPTS: Final = ("reap_consumers",)
-# Commands each role runs outside scripts (``ledger.py`` reads, ``note_pending``).
+# Commands each role runs outside scripts (``ledger.py`` reads, ``publish_fair_share``).
 DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
     access.SCHEDULER: (
         # the ledger's change feed (Ledger.follow_changes), on its channel only
@@ -142,7 +143,7 @@ DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
         "zscan",
         "mget",
         "get",
-        # note_pending, publish_fair_share
+        # publish_fair_share
         "hset",
         # now_ms (changes_since is a script: read_changes)
         "time",

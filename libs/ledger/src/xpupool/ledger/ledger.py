@@ -805,12 +805,11 @@ class Ledger:
 
     async def note_pending(
         self, job_id: str, reason: str, detail: str = "", nominated: bool | None = None
-    ) -> None:
-        """Record why a pending job waits (for ``xpupool explain``); not a state change."""
-        mapping: dict[str | bytes, str] = {"reason": reason, "detail": detail}
-        if nominated is not None:
-            mapping["nominated"] = "1" if nominated else "0"
-        await self._redis.hset(self.key("job", job_id), mapping=mapping)  # type: ignore[arg-type]
+    ) -> bool:
+        """Record why a pending job waits (for ``xpupool explain``); not a state change. False,
+        and nothing written, when the job no longer waits (it ended since it was listed)."""
+        flag = "" if nominated is None else "1" if nominated else "0"
+        return (await self._run("note_pending", job_id, reason, detail, flag)).ok
 
     async def request_preemption(
         self, lease_id: str, job_id: str, grace_ms: int = 0

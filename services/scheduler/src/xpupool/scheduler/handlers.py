@@ -798,11 +798,12 @@ async def _waiting(
     deps: SchedulerDeps,
     nominated: bool | None = None,
 ) -> list[msgspec.Struct]:
-    """Record a wait; publish JobPending only when the reason changed (not every cycle)."""
+    """Record a wait; publish JobPending only when the reason changed (not every cycle), and
+    never for a job that ended since the cycle listed it (its terminal event is out)."""
     if reason == job.reason and detail == job.detail and nominated is None:
         return []
-    await deps.ledger.note_pending(job.job_id, reason, detail, nominated)
-    if reason == job.reason:
+    noted = await deps.ledger.note_pending(job.job_id, reason, detail, nominated)
+    if not noted or reason == job.reason:
         return []
     since = (job.since_ms or 0) / 1000
     return [
