@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.integration.ledger_builders import device_spec, reservation
-from xpupool.contracts import DeviceDemand, JobReason, JobRejected, JobRequested
+from xpupool.contracts import DeviceDemand, JobReason, JobRejected, JobRequested, encode
 from xpupool.ledger import Admission, AdmissionLimits, Ledger, SliceClaim, UsageClaim, audit
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.handlers import (
@@ -20,6 +21,7 @@ from xpupool.scheduler.handlers import (
     admit_arrivals,
     admit_job,
     place_on_arrival,
+    schedule_cycle,
 )
 from xpupool.scheduler.settings import SchedulerSettings
 
@@ -244,3 +246,36 @@ async def test_a_quota_counter_comes_back_to_zero_after_every_lease_ends(ledger:
             reservation(f"f{i}", SliceClaim("n1/nvidia0", 1024, 33), usage=claim)
         )
         assert taken.ok, taken
+
+
+async def test_a_waiting_job_whose_queue_a_reload_took_from_its_tenant_is_rejected(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """Its tenant could charge the queue when the job arrived (checked then); the queue file
+    was reloaded since without the tenant on the queue. The next cycle rejects the waiting job
+    (``queue_not_allowed``) instead of placing it and charging a queue its tenant no longer
+    may spend; under the old file the same cycle leaves it waiting."""
+    queues = tmp_path / "queues.yaml"
+    allowed = "queues:\n  - {name: shared, tenants: [t]}\n"
+    queues.write_text(allowed)
+    await _one_gpu(ledger)  # held by another job: the request waits for it
+    assert (await ledger.reserve(reservation("other", SliceClaim("n1/nvidia0", whole=True)))).ok
+    request = JobRequested(job_id="q1", tenant="t", queue="shared")
+    admitted = await ledger.pend("q1", 500, encode(request), None, "queued", tenant="t")
+    assert admitted.ok and admitted.outcome == "pending"
+
+    await schedule_cycle(_deps_of(ledger, queues))  # nowhere to place it: it waits
+    assert (await ledger.get_job("q1")).state == "pending"  # type: ignore[union-attr]
+
+    queues.write_text(allowed.replace("tenants: [t]", "tenants: [u]"))
+    await schedule_cycle(_deps_of(ledger, queues))
+    job = await ledger.get_job("q1")
+    assert job is not None and (job.state, job.reason) == ("rejected", "queue_not_allowed")
+    entries: Any = await ledger.redis.xrange(ledger.key("outbox", "scheduler"))
+    rejected = [f for _, f in entries if f[b"kind"] == b"rejected"]
+    assert [(f[b"job_id"], f[b"field"]) for f in rejected] == [(b"q1", b"queue")]
+    assert await audit(ledger) == []
+
+
+def _deps_of(ledger: Ledger, queues: Path) -> SchedulerDeps:
+    return SchedulerDeps(ledger=ledger, settings=SchedulerSettings(), config=ConfigSource(queues))

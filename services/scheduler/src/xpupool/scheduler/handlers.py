@@ -900,9 +900,19 @@ async def _decide_and_commit(
 
     records: dict[str, tuple[JobRecord, JobRequested]] = {}
     pending = []
+    # Its tenant may charge the queue was checked on arrival; a reload of the queue file may
+    # have taken the queue away since, and a waiting job is decided under the file in force.
+    withdrawn: list[tuple[str, Decision]] = []
     for body, job in jobs:
         request = _REQUEST_DECODER.decode(body)
         records[job.job_id] = (job, request)
+        tenant = request.tenant or ""
+        if not config.may_charge(tenant, request.queue):
+            detail = f"tenant {tenant!r} may no longer charge queue {request.queue!r}"
+            withdrawn.append(
+                (job.job_id, Reject(job.job_id, JobReason.QUEUE_NOT_ALLOWED, "queue", detail))
+            )
+            continue
         pending.append(
             PendingRequest(
                 request,
@@ -924,13 +934,16 @@ async def _decide_and_commit(
     # The usage the pool starts with (before decide_batch applies the cycle's decisions) is
     # what the fair-share history folds in.
     usage = current_usage(pool)
-    decisions = _decide(
-        deps,
-        pending,
-        pool,
-        config,
-        incoming=deps.incoming.jobs(snapshot.now_s) | incoming,
-        growable=_growable(deps, shapes),
+    decisions = (
+        _decide(
+            deps,
+            pending,
+            pool,
+            config,
+            incoming=deps.incoming.jobs(snapshot.now_s) | incoming,
+            growable=_growable(deps, shapes),
+        )
+        + withdrawn
     )
     memory_total = device_memory(pool, (d for _, d in decisions))
     deps.history = update_history(
