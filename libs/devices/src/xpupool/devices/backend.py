@@ -254,9 +254,12 @@ def to_specs(infos: Iterable[DeviceInfo], node_id: str, catalog: Catalog) -> lis
     """Every leasable unit: each MIG/vNPU partition of a partitioned device, else the device.
 
     A partition's capacity and cost are the parent's times its compute share (slices/total).
+    A MIG-enabled GPU without instances yields nothing (:func:`_unusable`).
     """
     specs: list[DeviceSpec] = []
     for info in infos:
+        if _unusable(info):
+            continue
         whole = to_spec(info, node_id, catalog)
         if not (info.mig_mode and info.partitions):
             specs.append(whole)
@@ -288,6 +291,13 @@ def to_specs(infos: Iterable[DeviceInfo], node_id: str, catalog: Catalog) -> lis
                 )
             )
     return specs
+
+
+def _unusable(info: DeviceInfo) -> bool:
+    """A GPU in MIG mode with no instance (MIG just enabled, or every instance destroyed): no
+    CUDA process can use it whole and there is nothing to lease in it, so it is no unit until
+    an instance is made (a lease on it would give its holder a UUID that shows no device)."""
+    return bool(info.mig_mode) and not info.partitions
 
 
 def _partition_spec(vendor: Vendor, part: PartitionInfo, profile: str) -> PartitionSpec:
@@ -338,6 +348,8 @@ def to_samples(infos: Iterable[DeviceInfo], node_id: str) -> list[DeviceSample]:
     """
     samples: list[DeviceSample] = []
     for info in infos:
+        if _unusable(info):
+            continue
         whole = to_sample(info, node_id)
         if not (info.mig_mode and info.partitions):
             samples.append(whole)

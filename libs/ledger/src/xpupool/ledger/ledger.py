@@ -566,8 +566,16 @@ class Ledger:
         cpu_milli: int = 0,
         memory_mib: int = 0,
         labels: dict[str, str] | None = None,
+        health: Mapping[str, tuple[Health, str]] | None = None,
     ) -> ScriptResult:
-        """Register or reconcile a node; leases on devices that vanished end as ``lost``."""
+        """Register or reconcile a node; leases on devices that vanished end as ``lost``, and so
+        do those on a device whose UUID changed (another unit under the same id).
+
+        ``health`` (device id -> health and reason, as the node's backend reads them now) is
+        written in the same step; a device it leaves out keeps its health (a new one is
+        healthy, one the node's loss marked lost is healthy again).
+        """
+        readings = health or {}
         payload = {
             "node_id": node_id,
             "cpu_milli": cpu_milli,
@@ -579,6 +587,15 @@ class Ledger:
                     "device_id": d.device_id,
                     "spec": msgspec.json.encode(d).decode(),
                     "memory_mib": d.memory_mib,
+                    "uuid": d.uuid,
+                    **(
+                        {
+                            "health": readings[d.device_id][0].value,
+                            "health_reason": readings[d.device_id][1],
+                        }
+                        if d.device_id in readings
+                        else {}
+                    ),
                 }
                 for d in devices
             ],

@@ -38,7 +38,7 @@ from xpupool.devices.backend import device_id_for, partition_id_for
 from xpupool.devices.enforcement import running_isolation, running_share_limits
 from xpupool.ledger import DeviceRecord, LeaseRecord, Ledger
 from xpupool.obs import get_logger
-from xpupool.telemetry_collector.health import HealthModel
+from xpupool.telemetry_collector.health import HealthModel, reason_of
 from xpupool.telemetry_collector.metrics import CollectorMetrics
 from xpupool.telemetry_collector.overuse import (
     DeviceUse,
@@ -69,6 +69,8 @@ class CollectorDeps:
     lease_of_pid: LeaseOfPid = read_lease_env
     # Granted leases holding a device of this node, by id (their slices never change).
     lease_cache: dict[str, LeaseRecord] = field(default_factory=dict)
+    # When the node's devices were last read whole (time.monotonic): see _tick's spec check.
+    specs_read_at: float = 0.0
 
 
 def _now() -> datetime:
@@ -87,23 +89,38 @@ def unique_specs(specs: Sequence[DeviceSpec]) -> list[DeviceSpec]:
     return list(seen.values())
 
 
-async def register_node(deps: CollectorDeps) -> Sequence[msgspec.Struct]:
-    """Put the node and its present devices into the ledger, reconciling with what was there:
-    leases on devices that vanished end as ``lost`` (the lease-manager's outbox reports them)."""
-    infos = await asyncio.to_thread(deps.backend.discover)
+def node_specs(deps: CollectorDeps, infos: Sequence[DeviceInfo]) -> list[DeviceSpec]:
+    """The leasable units of ``infos`` as this node registers them: one per id, with the share
+    limit mechanisms that run here."""
     running = running_share_limits(
         deps.settings.share_limits, simulated=isinstance(deps.backend, SimulatedBackend)
     )
-    specs = [
+    return [
         msgspec.structs.replace(spec, isolation=running_isolation(spec.isolation, running))
         for spec in unique_specs(to_specs(infos, deps.settings.node_id, deps.catalog))
     ]
+
+
+async def register_node(deps: CollectorDeps) -> Sequence[msgspec.Struct]:
+    """Put the node and its present devices into the ledger, reconciling with what was there:
+    leases on devices that vanished or were replaced end as ``lost`` (the lease-manager's
+    outbox reports them). Each device's health is written as the backend reads it now, in the
+    same script: the ledger never holds a device healthy that is not, even for a moment, and a
+    device that recovered while no collector ran (an XID is only sticky in the process that
+    saw it) is healthy again."""
+    infos = await asyncio.to_thread(deps.backend.discover)
+    deps.specs_read_at = time.monotonic()
+    specs = node_specs(deps, infos)
+    readings = {
+        s.device_id: (s.health, reason_of(s)) for s in to_samples(infos, deps.settings.node_id)
+    }
     result = await deps.ledger.register_node(
         deps.settings.node_id,
         specs,
         deps.settings.cpu_milli,
         deps.settings.memory_mib,
         {"backend": deps.settings.backend},
+        health=readings,
     )
     if not result.ok:
         raise RuntimeError(f"registration refused: {result.reason} {result.detail}")
@@ -155,10 +172,17 @@ async def _tick(deps: CollectorDeps) -> tuple[list[msgspec.Struct], str]:
     # Only a device shared by several leases needs its processes (the one-holder rule charges
     # all its memory); discover() reads them, at a higher cost than sample() on some backends.
     need_processes = any(d.holders > 1 and not d.exclusive for d in devices)
+    # A unit can change under the same id while the collector runs (a MIG instance destroyed
+    # and made again with the same instance ids: a new UUID, maybe another profile): its
+    # samples still match the ledger's ids, so every spec_check_interval_s the devices are read
+    # whole and registered again if what the ledger holds is no longer what is there.
+    check_specs = time.monotonic() - deps.specs_read_at >= deps.settings.spec_check_interval_s
+    infos: list[DeviceInfo] | None = None
     try:
-        if need_processes:
+        if need_processes or check_specs:
             infos = await asyncio.to_thread(deps.backend.discover)
-            samples, processes = to_samples(infos, node_id), processes_by_unit(infos, node_id)
+            samples = to_samples(infos, node_id)
+            processes = processes_by_unit(infos, node_id) if need_processes else {}
         else:
             samples, processes = await asyncio.to_thread(deps.backend.sample), {}
     except BackendUnavailable as error:
@@ -172,6 +196,13 @@ async def _tick(deps: CollectorDeps) -> tuple[list[msgspec.Struct], str]:
     events: list[msgspec.Struct] = []
     known = {d.spec.device_id for d in devices}
     reconcile = any(s.device_id not in known for s in samples)
+    if check_specs and infos is not None:
+        deps.specs_read_at = time.monotonic()
+        if {s.device_id: s for s in node_specs(deps, infos)} != {
+            d.spec.device_id: d.spec for d in devices
+        }:
+            log.warning("device_specs_changed")
+            reconcile = True
     for t in deps.health.observe(known, samples):
         if t.device_id in known:
             await deps.ledger.set_health(t.device_id, t.current, t.reason)
@@ -197,7 +228,6 @@ async def _tick(deps: CollectorDeps) -> tuple[list[msgspec.Struct], str]:
     events.extend(await _check_overuse(deps, log, devices, samples, processes, need_processes))
     if reconcile or not beat.ok:
         events.extend(await register_node(deps))
-        await _reapply_health(deps, samples)
     deps.metrics.update_devices(node_id, (d.spec for d in devices), samples, deps.health.states)
     events.append(TelemetrySampled(node_id=node_id, at=_now(), samples=list(samples)))
     return events, "ok"
@@ -337,13 +367,6 @@ async def _holders(deps: CollectorDeps, device_ids: Sequence[str]) -> dict[str, 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-async def _reapply_health(deps: CollectorDeps, samples: Sequence[DeviceSample]) -> None:
-    """After a re-registration the ledger's health is reset; restore what the backend says."""
-    for sample in samples:
-        if sample.health is not Health.HEALTHY:
-            await deps.ledger.set_health(sample.device_id, sample.health, "re-registered")
 
 
 async def inject_fault(command: InjectFault, deps: CollectorDeps) -> Sequence[msgspec.Struct]:

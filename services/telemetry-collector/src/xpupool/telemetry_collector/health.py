@@ -40,7 +40,7 @@ class HealthModel:
             sample = seen.get(device_id)
             if sample is not None:
                 self.missed[device_id] = 0
-                current, reason = sample.health, _reason(sample)
+                current, reason = sample.health, reason_of(sample)
             else:
                 self.missed[device_id] = self.missed.get(device_id, 0) + 1
                 if self.missed[device_id] < self.missed_limit:
@@ -52,7 +52,8 @@ class HealthModel:
         return transitions
 
 
-def _reason(sample: DeviceSample) -> str:
+def reason_of(sample: DeviceSample) -> str:
+    """Why a sample reads the health it does, in a few words."""
     if sample.health is Health.HEALTHY:
         return "reporting normally"
     if sample.xid is not None:

@@ -45,6 +45,9 @@ class CollectorSettings(msgspec.Struct, frozen=True, kw_only=True):
     sample_interval_s: float = 1.0
     # Consecutive ticks without a sample before a device counts as lost.
     missed_samples_lost: int = 3
+    # How often a tick reads the devices whole (discover: more tool calls than a sample on
+    # some backends) to find a unit changed under the same id, e.g. a MIG instance made again.
+    spec_check_interval_s: float = 30.0
     cpu_milli: int = msgspec.field(default_factory=lambda: (os.cpu_count() or 1) * 1000)
     memory_mib: int = 0
     # Prometheus text on this port (deployments use 9400, dcgm-exporter's); 0 serves no

@@ -1,7 +1,13 @@
 -- Put a node and its devices into the ledger, or reconcile them on a collector restart: usage of
 -- surviving devices is kept, new devices join free, and leases on vanished devices end as lost.
+-- A device id that now names another unit (its uuid changed: a MIG instance destroyed and made
+-- again with the same GPU and compute instance ids, another card at the same index) is the old
+-- unit vanished and a new one joined: its leases end as lost, since the unit their holders were
+-- told (CUDA_VISIBLE_DEVICES=<its uuid>) is gone, and the new one joins free.
 -- ARGV[1]: JSON {node_id, cpu_milli, memory_mib, labels_json, devices=[{device_id, spec=<json>,
---   memory_mib}]}
+--   memory_mib, uuid, health?, health_reason?}]}; a device's health, when given, is what its
+--   backend reads now and is written with the rest (else a new device is healthy, one the node's
+--   loss marked lost is healthy again, and any other keeps its health).
 local r = cjson.decode(ARGV[1])
 local nk = k('node', r.node_id)
 local wanted = {}
@@ -11,13 +17,14 @@ for _, d in ipairs(r.devices) do
 end
 local now = now_ms()
 local removed, lost = {}, {}
+local function end_leases_of(device_id, detail)
+  for _, lease_id in ipairs(redis.call('SMEMBERS', k('dev-leases', device_id))) do
+    if end_lease(lease_id, 'lost', detail, now) == 'ended' then table.insert(lost, lease_id) end
+  end
+end
 for _, device_id in ipairs(redis.call('SMEMBERS', k('node-devices', r.node_id))) do
   if not wanted[device_id] then
-    for _, lease_id in ipairs(redis.call('SMEMBERS', k('dev-leases', device_id))) do
-      if end_lease(lease_id, 'lost', 'device ' .. device_id .. ' vanished', now) == 'ended' then
-        table.insert(lost, lease_id)
-      end
-    end
+    end_leases_of(device_id, 'device ' .. device_id .. ' vanished')
     redis.call('DEL', k('dev', device_id), k('dev-leases', device_id))
     redis.call('SREM', k('devices'), device_id)
     redis.call('SREM', k('node-devices', r.node_id), device_id)
@@ -28,17 +35,33 @@ end
 local added = {}
 for _, d in ipairs(r.devices) do
   local dk = k('dev', d.device_id)
-  local old_total = redis.call('HGET', dk, 'mem_total')
-  if old_total then
+  local held = redis.call('HMGET', dk, 'mem_total', 'spec')
+  local old_uuid = held[2] and cjson.decode(held[2]).uuid
+  if held[1] and d.uuid and old_uuid ~= d.uuid then
+    end_leases_of(d.device_id, 'device ' .. d.device_id .. ' replaced: uuid ' ..
+      tostring(old_uuid) .. ' is now ' .. d.uuid)
+    -- Nothing holds the old unit now; the new one starts from nothing, as a new device does.
+    redis.call('DEL', dk, k('dev-leases', d.device_id))
+    table.insert(removed, d.device_id)
+    held[1] = false
+  end
+  if held[1] then
     -- A device whose visible memory changed keeps what is leased out of it.
-    redis.call('HINCRBY', dk, 'mem_free', d.memory_mib - tonumber(old_total))
+    redis.call('HINCRBY', dk, 'mem_free', d.memory_mib - tonumber(held[1]))
     redis.call('HSET', dk, 'spec', d.spec, 'mem_total', d.memory_mib, 'node', r.node_id)
-    if redis.call('HGET', dk, 'health') == 'lost' then redis.call('HSET', dk, 'health', 'healthy') end
+    if not d.health and redis.call('HGET', dk, 'health') == 'lost' then
+      redis.call('HSET', dk, 'health', 'healthy')
+    end
   else
     redis.call('HSET', dk, 'spec', d.spec, 'node', r.node_id, 'mem_total', d.memory_mib,
       'mem_free', d.memory_mib, 'compute_free', 100, 'holders', 0, 'exclusive', 0,
       'health', 'healthy')
     table.insert(added, d.device_id)
+  end
+  -- The backend's reading, in the same step: a device is never grantable in between as
+  -- healthy when it is not, and one that recovered while no collector ran is healthy again.
+  if d.health then
+    redis.call('HSET', dk, 'health', d.health, 'health_reason', d.health_reason or '')
   end
   redis.call('SADD', k('devices'), d.device_id)
   redis.call('SADD', k('node-devices', r.node_id), d.device_id)
