@@ -990,6 +990,9 @@ class ScaleReason(StrEnum):
     """The draining node holds no lease any more."""
     DRAIN_GRACE = "drain_grace"
     """The pool's drain policy preempts the leases left on a draining node, with a grace."""
+    LOST = "lost"
+    """A node that failed at its provider, or never registered by its scale-up's deadline,
+    holding no lease: given back to the provider (its replacement is planned apart)."""
 
 
 class DrainPolicy(StrEnum):

@@ -11,8 +11,11 @@ A cycle (:meth:`Autoscaler.cycle`), on the ledger's clock:
    belong to no pool and are never drained. A pool node is **ready** once it is registered in
    the ledger (its collector's first registration and heartbeat): only then does ``NodeReady``
    go out, and only then can the scheduler place anything on its devices. Before that it is
-   **provisioning**; with a drain recorded it is **draining**; registered but not ``up``, or
-   failed at its provider, it is **lost**.
+   **provisioning**; with a drain recorded it is **draining**; registered but not ``up``,
+   failed at its provider, or not registered by its scale-up's deadline (below), it is
+   **lost**: no longer incoming capacity nor part of the size, and, unless it was registered
+   and is only unreachable, given back to its provider once it holds no lease (``remove``
+   before any scale-up of the cycle, so its replacement finds room under ``max_size``).
 2. **Resume.** On a new term (this replica just took the lease) every journal entry is replayed
    with its own decision id, which is the provider request id: providers answer a request they
    have carried out from their record, so a scale-up the previous leader was killed in the
@@ -101,6 +104,7 @@ from xpupool.contracts import (
     ScaleAction,
     ScaleDecision,
     ScaleFailed,
+    ScaleReason,
 )
 from xpupool.devices.catalog import load_catalog
 from xpupool.ledger import LeaseRecord, Ledger
@@ -144,6 +148,9 @@ class _PoolView:
     provisioning: list[str] = field(default_factory=list)
     draining: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
+    #: lost nodes to give back to the provider: never registered by their deadline, or failed
+    #: at the provider, and holding no lease
+    dead: list[str] = field(default_factory=list)
     unnamed_incoming: int = 0
     provider_error: str = ""
 
@@ -303,7 +310,10 @@ class Autoscaler:
         for name, nodes in listed.items():
             for provided in nodes or ():
                 provided_state[provided.node_id] = provided.state
-                if provided.node_id not in records:
+                # One the provider is removing is not a new member: after a remove it stays
+                # listed while it is deleted (a Machine ``Deleting``), its collector still up;
+                # taken in again it would be announced ready, sized and drained once more.
+                if provided.node_id not in records and provided.state is not NodeLifecycle.REMOVING:
                     record = PoolNodeRecord(
                         node_id=provided.node_id,
                         pool=name,
@@ -355,12 +365,23 @@ class Autoscaler:
             if changed:
                 ops.append(state.op_node(record))
             view = views[record.pool]
+            failed = provided_state.get(node_id) is NodeLifecycle.FAILED
+            # A node that has not registered by its scale-up's deadline will not: counted as
+            # incoming it would answer the pending demand for ever (no replacement is ever
+            # bought) and hold a slot of max_size, so it is lost and given back.
+            overdue = (
+                registered is None
+                and record.requested_at is not None
+                and now - record.requested_at > _provisioning_timeout(view.pool, settings)
+            )
             if record.draining_since is not None:
                 view.draining.append(node_id)
             elif up:
                 view.ready.append(node_id)
-            elif registered is not None or provided_state.get(node_id) is NodeLifecycle.FAILED:
+            elif registered is not None or failed or overdue:
                 view.lost.append(node_id)
+                if (failed or overdue) and not by_node.get(node_id):
+                    view.dead.append(node_id)
             else:
                 view.provisioning.append(node_id)
         await state.write(term, ops)
@@ -379,12 +400,11 @@ class Autoscaler:
             }
             ready = len(named & ready_nodes)
             entry_pool = pools.get(entry.decision.pool)
-            delay = entry_pool.provisioning_delay_s if entry_pool else 0.0
-            timeout = 3 * delay + settings.autoscaler_provisioning_grace_s
             if ready >= entry.decision.count or entry_pool is None:
                 await state.write(term, [state.op_drop_entry(entry.decision_id)])
                 journal.pop(entry.decision_id)
                 continue
+            timeout = _provisioning_timeout(entry_pool, settings)
             if now - entry.started_at > timeout:
                 late = f"{entry.decision.count - ready} of {entry.decision.count} nodes not "
                 late += f"ready after {now - entry.started_at:.0f} s"
@@ -481,6 +501,7 @@ class Autoscaler:
             for n in e.decision.node_ids
         }
         down_steps: list[ScaleStep] = []
+        dead_steps: list[ScaleStep] = []
         history_ops: list[list[str | int | float]] = []
         forecasts: dict[str, float] = {}
         predictive_steps: list[ScaleStep] = []
@@ -524,6 +545,22 @@ class Autoscaler:
             if undrained:
                 up_steps = _fewer(up_steps, name, undrained)
             down_steps.extend(steps)
+            dead = tuple(n for n in view.dead if n not in in_journal)
+            if dead:
+                # Out of the size already (lost), so neither min_size nor returning demand
+                # keeps them: no grant can reach them, and a replacement is planned instead.
+                dead_steps.append(
+                    ScaleStep(
+                        action=ScaleAction.REMOVE,
+                        pool=name,
+                        reason=ScaleReason.LOST,
+                        node_ids=dead,
+                        detail=(
+                            "failed at the provider or not registered within "
+                            f"{_provisioning_timeout(pool, settings):g} s; no lease on it"
+                        ),
+                    )
+                )
 
             # Demand history: devices in use on the pool plus the pending devices it answers.
             used = sum(
@@ -565,7 +602,9 @@ class Autoscaler:
         await state.write(term, history_ops)
 
         plan = ScalePlan(
-            steps=(*min_steps, *up_steps, *predictive_steps, *down_steps),
+            # Lost nodes go back first: a provider that counts them toward max_size then has
+            # room for their replacements.
+            steps=(*dead_steps, *min_steps, *up_steps, *predictive_steps, *down_steps),
             unserved=dict(answer.unserved),
         )
 
@@ -786,8 +825,20 @@ class Autoscaler:
     ) -> None:
         state = self.deps.state
         decision = entry.decision
-        # Re-read the leases right before giving nodes back: one granted since the plan keeps
+        # A lost node given back was never drained: drain it first (a no-op for one the ledger
+        # has never seen) and record it, so that if it registers or comes back now it takes no
+        # grant, and if the provider refuses it is a draining node (undrained on demand). Then
+        # re-read the leases right before giving nodes back: one granted since the plan keeps
         # its node (it stays draining; a later cycle removes it once empty).
+        drained = []
+        for node_id in decision.node_ids:
+            record = records.get(node_id)
+            if record is not None and record.draining_since is None:
+                await self.deps.drainer.drain(node_id)
+                record.draining_since = now
+                record.drain_decision = decision.decision_id
+                drained.append(state.op_node(record))
+        await state.write(term, drained)
         busy = _leases_by_node(await self.deps.ledger.leases())
         removable = [n for n in decision.node_ids if not busy.get(n)]
         kept = [n for n in decision.node_ids if busy.get(n)]
@@ -967,6 +1018,11 @@ def _leases_by_node(leases: Iterable[LeaseRecord]) -> dict[str, set[str]]:
         for node_id in {s.node_id for s in lease.slices} | set(lease.host):
             out.setdefault(node_id, set()).add(lease.lease_id)
     return out
+
+
+def _provisioning_timeout(pool: PoolConfig, settings: AutoscalerSettings) -> float:
+    """How long a scale-up of ``pool`` may take before its unready nodes count as lost."""
+    return 3 * pool.provisioning_delay_s + settings.autoscaler_provisioning_grace_s
 
 
 def _fewer(steps: builtins.list[ScaleStep], pool: str, by: int) -> builtins.list[ScaleStep]:
