@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import msgspec
@@ -343,23 +343,34 @@ async def connected(
     *,
     creds: str | None = None,
     tls_ca: str | None = None,
+    max_reconnect_attempts: int = 5,
 ) -> AsyncIterator[XpupoolClient]:
     """A started client on its own connection (as ``tenant``, with its credentials), drained on
-    exit."""
+    exit; closed instead when NATS is away then, so that the body's own result (a command's
+    exit code) is not replaced by the connection's error. ``max_reconnect_attempts``: how often
+    a lost connection is tried again before the client gives up (-1: as long as it lives)."""
     nc = await connect_client(
         url,
         name=f"xpupool-client-{tenant or 'any'}",
         creds=creds,
         tls_ca=tls_ca,
         inbox_prefix=tenant_inbox(tenant) if tenant else None,
+        max_reconnect_attempts=max_reconnect_attempts,
     )
     client = XpupoolClient(nc, tenant)
     await client.start()
     try:
         yield client
     finally:
-        await client.close()
-        await nc.drain()
+        if nc.is_connected:
+            await client.close()
+            await nc.drain()
+        else:
+            # Reconnecting or given up: there is nothing to drain to (drain() raises then), and
+            # nats-py's close writes what was buffered meanwhile to the lost socket, which raises
+            # once the connection is marked closed: nothing is left to lose.
+            with suppress(OSError):
+                await nc.close()
 
 
 def decode_lease_ended(data: bytes) -> LeaseEnded:

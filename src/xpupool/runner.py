@@ -6,11 +6,14 @@ fits; on the job stream when no scheduler answers), shows why the job waits whil
 ``XPUPOOL_JOB_ID`` and ``XPUPOOL_LEASE_ID``), renews the lease while ``CMD`` runs, releases it
 when ``CMD`` exits and exits with ``CMD``'s code. ``CMD`` runs in its own process group, which
 holds the terminal's foreground when there is one (so Ctrl-C, a REPL or a debugger behave as if
-``CMD`` had been started directly); SIGINT and SIGTERM sent to the runner are forwarded to that
-group, and the lease is still released. If the lease ends under ``CMD`` (preempted, expired,
-lost with its node, released by someone holding its secret), ``CMD``'s group gets SIGTERM, then
-SIGKILL after the grace period, and the runner exits with :data:`EXIT_LEASE_LOST`. Stopped
-while the job waits, the runner cancels it.
+``CMD`` had been started directly); SIGINT, SIGTERM and SIGHUP sent to the runner are forwarded
+to that group, and the lease is still released. If the lease ends under ``CMD`` (preempted,
+expired, lost with its node, released by someone holding its secret), ``CMD``'s group gets
+SIGTERM, then SIGKILL after the grace period, and the runner exits with
+:data:`EXIT_LEASE_LOST`; that includes a term that passed with no renewal answered (NATS away),
+which the runner sees on its own clock, since no event can then tell it. Stopped while the job
+waits, the runner cancels it; stopped once granted but before ``CMD`` started, it releases the
+lease and never starts ``CMD``.
 
 Exit codes: ``CMD``'s own (``128 + N`` when signal ``N`` killed it); :data:`EXIT_NOT_GRANTED`
 when the request was rejected or timed out (``CMD`` never ran); :data:`EXIT_LEASE_LOST`;
@@ -56,8 +59,13 @@ __all__ = [
 EXIT_NOT_GRANTED = 3
 #: The lease ended while ``CMD`` ran (``EX_TEMPFAIL``: running again may well succeed).
 EXIT_LEASE_LOST = 75
-#: Stopped (SIGINT/SIGTERM) before the grant.
+#: Stopped (SIGINT/SIGTERM/SIGHUP) before ``CMD`` started.
 EXIT_INTERRUPTED = 130
+
+# The signals that stop the runner: each is forwarded to ``CMD``'s group once it runs. SIGHUP
+# too: left at its default (the terminal or ssh session gone, ``kill -HUP``) it killed the
+# runner alone, with the lease held until its term and ``CMD`` running on in its own group.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _MIB_PER_UNIT = {"": 1.0, "b": 1 / 2**20, "k": 1 / 1024, "m": 1.0, "g": 1024.0, "t": 1024.0**2}
@@ -185,16 +193,26 @@ class _Run:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in _STOP_SIGNALS:
             loop.add_signal_handler(signum, self.on_signal, signum)
         try:
             outcome = await self.wait_for_grant()
             if not isinstance(outcome, AllocationGranted):
                 return outcome
             self.grant = outcome
-            return await self.run_command(outcome)
+            if self.stop.is_set():
+                # Stopped while the request was on its way, or as the grant came: a command its
+                # user has stopped is not started; the lease goes back at once.
+                await self.release(outcome)
+                self.status.done(f"stopped; {outcome.lease_id} released, CMD not started")
+                return EXIT_INTERRUPTED
+            # The lease's end on this process's clock, counted from the grant's arrival (later
+            # than the ledger's start by the grant's delivery only; both ends of the granted
+            # term are the ledger's, so no clock skew between the machines enters it).
+            term = (outcome.expires_at - outcome.granted_at).total_seconds()
+            return await self.run_command(outcome, loop.time() + term)
         finally:
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in _STOP_SIGNALS:
                 loop.remove_signal_handler(signum)
 
     async def wait_for_grant(self) -> AllocationGranted | int:
@@ -229,7 +247,7 @@ class _Run:
         self.status.done(f"granted {result.lease_id} on {devices}")
         return result
 
-    async def run_command(self, grant: AllocationGranted) -> int:
+    async def run_command(self, grant: AllocationGranted, held_until: float) -> int:
         env = dict(os.environ)
         env.update(grant.env)
         env.update(XPUPOOL_JOB_ID=grant.job_id, XPUPOOL_LEASE_ID=grant.lease_id)
@@ -248,7 +266,7 @@ class _Run:
             await self.release(grant)
             self.status.done(f"cannot start {self.argv[0]!r}: {error.strerror or error}")
             return 127 if isinstance(error, FileNotFoundError) else 126
-        renewing = asyncio.ensure_future(self.renew_loop(grant))
+        renewing = asyncio.ensure_future(self.renew_loop(grant, held_until))
         exited = asyncio.ensure_future(child.wait())
         try:
             return await self.supervise(grant, child, exited, renewing)
@@ -310,21 +328,39 @@ class _Run:
             return EXIT_LEASE_LOST
         return code
 
-    async def renew_loop(self, grant: AllocationGranted) -> None:
+    async def renew_loop(self, grant: AllocationGranted, held_until: float) -> None:
+        """Renew every third of the term until cancelled; end the run when a renewal is
+        refused, or when ``held_until`` (the lease's end on the loop's clock; after a renewal,
+        counted from when it was sent, so never later than the ledger's) passes with no renewal
+        answered: with NATS away no ``LeaseEnded`` can come, while the lease-manager ends the
+        lease at its term all the same."""
+        loop = asyncio.get_running_loop()
         term = self.request.lease_ttl_s
         every = self.options.renew_every_s or max(0.2, term / 3)
         while True:
-            await asyncio.sleep(every)
+            await asyncio.sleep(min(every, max(0.0, held_until - loop.time())))
+            sent = loop.time()
+            if sent >= held_until:
+                self.end_reason = self.end_reason or "its term passed with no renewal answered"
+                self.lease_ended.set()
+                return
             try:
-                reply = await self.client.renew(grant.lease_id, grant.fencing_token, term)
-            except Exception as error:  # noqa: BLE001  (NATS away: the next renewal retries)
-                self.status.done(f"renewal failed ({error!r}); retrying")
+                # Bounded by the term: an answer after it would come too late to keep CMD on.
+                reply = await asyncio.wait_for(
+                    self.client.renew(grant.lease_id, grant.fencing_token, term),
+                    held_until - sent,
+                )
+            except Exception as error:  # noqa: BLE001  (NATS away: retried while the term runs)
+                if loop.time() < held_until:
+                    self.status.done(f"renewal failed ({error!r}); retrying")
                 continue
             if not reply.ok:
                 refusal = reply.error.value if reply.error else "refused"
                 self.end_reason = self.end_reason or f"renewal refused: {refusal}"
                 self.lease_ended.set()
                 return
+            # The ledger renewed from when it ran the renewal, after it was sent.
+            held_until = sent + term
 
     async def cancel(self) -> None:
         """Stopped before the grant: take the request back (a grant that raced the cancel is

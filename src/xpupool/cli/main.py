@@ -12,7 +12,7 @@ import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypedDict
 from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
@@ -43,7 +43,14 @@ def _urls(args: argparse.Namespace) -> tuple[str, str, str]:
     )
 
 
-def _nats_security(args: argparse.Namespace) -> dict[str, str | None]:
+class _NatsSecurity(TypedDict):
+    """``connected``'s security keywords."""
+
+    creds: str | None
+    tls_ca: str | None
+
+
+def _nats_security(args: argparse.Namespace) -> _NatsSecurity:
     """The credentials file and CA for the NATS connection (options, else environment)."""
     return {
         "creds": args.creds or os.environ.get("XPUPOOL_NATS_CREDS") or None,
@@ -505,7 +512,10 @@ async def _run_job(args: argparse.Namespace) -> int:
     except msgspec.ValidationError as error:
         raise UsageError(f"invalid request: {error}") from None
     nats_url, _, _ = _urls(args)
-    async with connected(nats_url, tenant, **_nats_security(args)) as client:
+    # Reconnecting for as long as the run lasts: renewals, the lease's end and the release all
+    # need the connection, and one that gave up over a NATS restart left CMD running unrenewed.
+    security = _nats_security(args)
+    async with connected(nats_url, tenant, **security, max_reconnect_attempts=-1) as client:
         return await run_job(client, request, argv, RunOptions(grace_s=args.grace))
 
 
