@@ -308,10 +308,11 @@ def nats_users(identities: Sequence[Identity]) -> str:
     entries = []
     for identity in identities:
         p = identity.permissions
+        deny = f", deny: {_conf_list(p.publish_deny)}" if p.publish_deny else ""
         entries.append(
             f"    # {identity.kind} {identity.name}\n"
             f"    {{nkey: {json.dumps(identity.public_key)}, permissions: {{\n"
-            f"      publish: {{allow: {_conf_list(p.publish)}}}\n"
+            f"      publish: {{allow: {_conf_list(p.publish)}{deny}}}\n"
             f"      subscribe: {{allow: {_conf_list(p.subscribe)}}}\n"
             f"    }}}}"
         )

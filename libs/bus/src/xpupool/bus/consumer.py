@@ -44,7 +44,7 @@ from xpupool.bus.lifecycle import BusClosed
 from xpupool.bus.publisher import MessageTooLarge, Publisher, encoded_size
 from xpupool.bus.semconv import consumer_attributes
 from xpupool.contracts import decoder_for, describe_error, encode
-from xpupool.contracts.codec import DETAIL_LIMIT, clip
+from xpupool.contracts.codec import DETAIL_LIMIT, FIELD_LIMIT, clip
 from xpupool.contracts.subjects import Channel, Durable
 from xpupool.obs import bind_message_context, get_logger, start_current_span
 
@@ -54,6 +54,9 @@ MAX_MESSAGE_BYTES: Final = 65536
 """Default size limit of a received payload; a bigger one is answered, never decoded."""
 
 ACK_PREFIX: Final = "$JS.ACK."
+# Where every NATS client makes its inboxes (nats-py, nats.go, nats.js, ... by default; the
+# secure stack's tenant and service prefixes are under it too).
+INBOX_PREFIX: Final = "_INBOX."
 SERVICE_ERROR: Final = "Nats-Service-Error"
 SERVICE_ERROR_CODE: Final = "Nats-Service-Error-Code"
 PULL_EXPIRES_S: Final = 1.0
@@ -118,6 +121,8 @@ class DispatchStats:
     invalid: dict[str, int] = field(default_factory=dict)
     too_large: int = 0
     """Results (events or replies) that were not sent because they exceeded ``max_payload``."""
+    reply_refused: int = 0
+    """Requests handled but not answered: their reply subject was no inbox (``reply_inbox``)."""
 
     @property
     def invalid_total(self) -> int:
@@ -137,6 +142,18 @@ def is_stream_message(msg: Msg) -> bool:
     """Whether a message on a pull inbox is a stream message (it carries its ack subject); the
     rest are the server's status messages, whatever their headers look like."""
     return bool(msg.reply) and msg.reply.startswith(ACK_PREFIX)
+
+
+def reply_inbox(msg: Msg) -> str | None:
+    """Where a request may be answered: its reply subject, when that is an inbox.
+
+    The requester names the reply subject, and NATS checks only the subject a client publishes
+    on, never the reply subject it sets: answered anywhere, a tenant's request would have the
+    service publish with the service's rights, onto another tenant's events or a JetStream API
+    subject (a stream purge takes any body). Every NATS client's inboxes are under ``_INBOX.``
+    (on the secure stack ``_INBOX.t.<tenant>`` and ``_INBOX.svc.<role>``)."""
+    reply = msg.reply
+    return reply if reply and reply.startswith(INBOX_PREFIX) else None
 
 
 class EarlyReply:
@@ -279,8 +296,9 @@ class _Dispatcher:
         )
         started = time.perf_counter()
         early = None
-        if self.reply_nc is not None and msg.reply and self.channel.reply is not None:
-            early = EarlyReply(functools.partial(self._reply, self.reply_nc, msg.reply))
+        inbox = self._inbox(msg)
+        if self.reply_nc is not None and inbox and self.channel.reply is not None:
+            early = EarlyReply(functools.partial(self._reply, self.reply_nc, inbox))
         token = _EARLY_REPLY.set(early)
         try:
             if self.tenant_scoped:
@@ -331,14 +349,24 @@ class _Dispatcher:
         reply_type = self.channel.reply
         for result in results:
             if reply_type is not None and isinstance(result, reply_type):
-                if self.reply_nc is not None and msg.reply and not replied:
-                    await self._reply(self.reply_nc, msg.reply, result)
+                inbox = reply_inbox(msg)
+                if self.reply_nc is not None and inbox and not replied:
+                    await self._reply(self.reply_nc, inbox, result)
                 continue
             try:
                 await self.publisher.publish(result)
             except MessageTooLarge:
                 self.stats.too_large += 1
                 raise
+
+    def _inbox(self, msg: Msg) -> str | None:
+        """``reply_inbox``, saying so once per request whose reply subject is no inbox: it is
+        handled (its events go out as they would), but not answered there."""
+        inbox = reply_inbox(msg)
+        if msg.reply and inbox is None and self.reply_nc is not None:
+            self.stats.reply_refused += 1
+            self.log.warning("reply_refused", reply=clip(msg.reply, FIELD_LIMIT))
+        return inbox
 
     def _reply_headers(self, reply: msgspec.Struct) -> dict[str, str]:
         try:
@@ -680,10 +708,10 @@ async def serve_subject(
                 dispatcher.stats.failed += 1
                 span.set_status(Status(StatusCode.ERROR, repr(error)[:500]))
                 log.error("request_failed", error=repr(error)[:DETAIL_LIMIT])
-                if msg.reply:
+                if inbox := reply_inbox(msg):
                     with contextlib.suppress(Exception):
                         await nc.publish(
-                            msg.reply, b"", headers=_service_error(repr(error)[:200], "500")
+                            inbox, b"", headers=_service_error(repr(error)[:200], "500")
                         )
 
     slots = asyncio.Semaphore(max(1, concurrency))

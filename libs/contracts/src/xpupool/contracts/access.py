@@ -11,7 +11,9 @@ Identities:
   (no stream or consumer administration): a JetStream publish needs none, and its events reach
   it over a plain subscription;
 - each **service** publishes its own families and reads what it consumes, and uses the
-  JetStream API only if it consumes a stream;
+  JetStream API only if it consumes a stream, and then never to delete or purge anything
+  (``JS_API_DENIED``): a service answers a request on whatever reply subject the requester
+  named, so a tenant could otherwise have a service's answer land on a purge of the streams;
 - the **operator** (the CLI's operator commands, fault injection, tests' observers) may do all.
 
 Every identity uses its own inbox prefix, so no identity can read another's replies.
@@ -32,14 +34,40 @@ OPERATOR: Final = "operator"
 SERVICE_ROLES: Final = (SCHEDULER, LEASE_MANAGER, TELEMETRY_COLLECTOR, AUTOSCALER, OPERATOR)
 
 _JS_API: Final = ("$JS.API.>", "$JS.ACK.>")
+# What no service does with the JetStream API, denied to every role that has it. A service
+# answers a request by publishing on the request's reply subject, which the requester (a tenant)
+# chooses and NATS does not check; with "$JS.API.>" allowed, a tenant asking for its own job list
+# with the reply subject "$JS.API.STREAM.PURGE.XPUPOOL_TENANT_EVENTS" had the scheduler purge
+# every tenant's events (a purge takes any body; deletes take the empty body of an error
+# answer). Services create, update, read and pull; these are the rest of the API that changes or
+# removes state, the account's and the cluster's included.
+JS_API_DENIED: Final = (
+    "$JS.API.STREAM.DELETE.>",
+    "$JS.API.STREAM.PURGE.>",
+    "$JS.API.STREAM.MSG.DELETE.>",
+    "$JS.API.STREAM.SNAPSHOT.>",
+    "$JS.API.STREAM.RESTORE.>",
+    "$JS.API.STREAM.PEER.>",
+    "$JS.API.STREAM.LEADER.>",
+    "$JS.API.CONSUMER.DELETE.>",
+    "$JS.API.CONSUMER.PAUSE.>",
+    "$JS.API.CONSUMER.RESET.>",
+    "$JS.API.CONSUMER.UNPIN.>",
+    "$JS.API.CONSUMER.LEADER.>",
+    "$JS.API.META.>",
+    "$JS.API.SERVER.>",
+    "$JS.API.ACCOUNT.>",
+)
 
 
 @dataclass(frozen=True)
 class Permissions:
-    """NATS allow lists: subjects (with wildcards) an identity may publish and subscribe to."""
+    """NATS allow lists: subjects (with wildcards) an identity may publish and subscribe to;
+    ``publish_deny`` wins over ``publish`` (nats-server's ``deny``)."""
 
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
+    publish_deny: tuple[str, ...] = ()
 
 
 def service_inbox(role: str) -> str:
@@ -85,11 +113,15 @@ def service_permissions(role: str) -> Permissions:
                     s.SCALE_PROVISIONING.address,
                     s.SCALE_READY.address,
                 ),
+                publish_deny=JS_API_DENIED,
             )
         case "lease-manager":
             return Permissions(
                 publish=(
                     *_JS_API,
+                    # Flow-control answers of its ordered consumer of the stored grants
+                    # (grant_watch): refused, the server stops delivering to it for good.
+                    f"$JS.FC.{s.EVENTS_STREAM.name}.>",
                     "xpupool.alloc.v1.>",
                     s.NODE_LOST.address,
                     *_tenant_events("granted", "renewed", "ending", "ended.>"),
@@ -103,6 +135,7 @@ def service_permissions(role: str) -> Permissions:
                     s.LEASE_GET.pattern,
                     s.LEASE_LIST.pattern,
                 ),
+                publish_deny=JS_API_DENIED,
             )
         case "telemetry-collector":
             return Permissions(
@@ -125,6 +158,7 @@ def service_permissions(role: str) -> Permissions:
                     s.NODE_LOST.address,
                     s.TELEMETRY.pattern,
                 ),
+                publish_deny=JS_API_DENIED,
             )
         case "operator":
             return Permissions(publish=(">",), subscribe=(">",))

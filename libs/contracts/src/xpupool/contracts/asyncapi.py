@@ -188,6 +188,8 @@ def _permissions() -> dict[str, Any]:
     for role in access.SERVICE_ROLES:
         perms = access.service_permissions(role)
         out[role] = {"publish": list(perms.publish), "subscribe": list(perms.subscribe)}
+        if perms.publish_deny:
+            out[role]["publish_deny"] = list(perms.publish_deny)
     tenant = access.tenant_permissions("TENANT")
     out["tenant <TENANT>"] = {"publish": list(tenant.publish), "subscribe": list(tenant.subscribe)}
     return out

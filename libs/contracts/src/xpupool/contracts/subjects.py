@@ -137,7 +137,9 @@ DELIVERY: Final = (
     "subscriber of its subjects get the AllocationGranted before any later event of that lease "
     "(LeaseRenewed, LeaseEnding, LeaseEnded), whichever service or replica published each, also "
     "when the holder renews or releases on the grant's submit reply. Events of different leases "
-    "come in no promised order."
+    "come in no promised order. A request is answered only on a reply subject under _INBOX. "
+    "(every NATS client's own inboxes; on the secure server _INBOX.t.<tenant>): one that names "
+    "another reply subject is handled, its events published, and not answered."
 )
 
 TENANT_PARAM: Final = {"tenant": "the tenant's name, pinned to its credentials by the server"}
