@@ -117,6 +117,15 @@ class XpupoolClient:
         self._subscriptions.append(await self.nc.subscribe(events, cb=self._on_event))
         await round_trip(self.nc)  # listening once this returns, even for a request sent elsewhere
 
+    @property
+    def reconnects(self) -> int:
+        """How often the connection was made again since it opened: core NATS keeps nothing for
+        a subscriber while it is away, so an event published then never reaches this client:
+        a job waited for across a reconnect is asked about again (``submit_request``: a job
+        that went further is answered with its live grant, one that ended with how)."""
+        count: int = self.nc.stats["reconnects"]
+        return count
+
     def listen(self, listener: Callable[[TenantEvent], None]) -> None:
         """Call ``listener`` with every tenant event this client receives."""
         self._listeners.append(listener)

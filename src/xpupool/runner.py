@@ -216,6 +216,7 @@ class _Run:
                 loop.remove_signal_handler(signum)
 
     async def wait_for_grant(self) -> AllocationGranted | int:
+        reconnects = self.client.reconnects
         outcome = await self.client.submit_expecting(self.request)
         self.status.show()
         stopped = asyncio.ensure_future(self.stop.wait())
@@ -226,6 +227,15 @@ class _Run:
                 if stopped.done() and not outcome.done():
                     await self.cancel()
                     return EXIT_INTERRUPTED
+                if not outcome.done() and self.client.reconnects != reconnects:
+                    # The job's outcome may have gone out while the connection was down, and
+                    # would never come: ask again, until an answer comes back.
+                    reply = await self.client.submit_request(self.request)
+                    if reply is not None:
+                        reconnects = self.client.reconnects
+                        answered = reply.granted or reply.rejected
+                        if answered is not None and not outcome.done():
+                            outcome.set_result(answered)
                 if not outcome.done():
                     self.status.show()
         finally:

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from nats.aio.msg import Msg
 
 from tests.conftest import eventually
 from tests.e2e.conftest import Ready, cli_env
@@ -220,3 +221,65 @@ async def test_a_stop_before_cmd_starts_never_starts_it_and_releases_the_grant(
     job = await ledger.get_job("run-stopped")
     assert job is not None and job.lease_id
     await _ended(ledger, job.lease_id, "released")
+
+
+class _AwayWhileGranted(XpupoolClient):
+    """A client whose connection is down (``away``): it receives no event, as a core NATS
+    subscriber gets nothing of that time; coming back counts as a reconnect."""
+
+    away = False
+    came_back = 0
+
+    @property
+    def reconnects(self) -> int:
+        return self.came_back
+
+    async def _on_event(self, msg: Msg) -> None:
+        if not self.away:
+            await super()._on_event(msg)
+
+
+async def test_a_grant_published_while_the_runner_was_away_is_asked_for_again(
+    make_stack: Callable[..., Stack], ready: Ready, tmp_path: Path
+) -> None:
+    """The runner waits; its job is granted while its connection is down, so the grant's event
+    never reaches it. Back, it asks again (the same job id: no second grant) and is answered
+    with the live grant, and CMD runs. It waited for ever before, and the lease ran out."""
+    stack = make_stack([NodeSpec("node-r", "1xA100-80GB")], tenants=[TENANT])
+    ledger = await ready(stack, 1)
+    marker = tmp_path / "ran"
+    async with stack.client(TENANT) as holder, stack.client(TENANT) as tenant:
+        held = await holder.submit_and_wait(JobRequested(job_id="holder", tenant=TENANT))
+        assert isinstance(held, AllocationGranted)
+        client = _AwayWhileGranted(tenant.nc, TENANT)
+        await client.start()
+        try:
+            request = JobRequested(job_id="run-away", tenant=TENANT)
+            argv = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+            running = asyncio.ensure_future(
+                run_job(client, request, argv, RunOptions(grace_s=1), io.StringIO())
+            )
+
+            async def waiting() -> bool:
+                job = await ledger.get_job("run-away")
+                return job is not None and job.state == "pending"
+
+            await eventually(waiting)
+            client.away = True
+            assert (await holder.release(held.lease_id, held.fencing_token)).ok
+
+            async def leased() -> bool:
+                job = await ledger.get_job("run-away")
+                return job is not None and job.state == "leased"
+
+            await eventually(leased)
+            await asyncio.sleep(0.5)  # the grant's event has come and gone
+            client.away, client.came_back = False, 1
+            code = await asyncio.wait_for(running, 20)
+        finally:
+            await client.close()
+    assert code == 0 and marker.exists()
+    job = await ledger.get_job("run-away")
+    assert job is not None and job.lease_id
+    await _ended(ledger, job.lease_id, "released")
+    assert await audit(ledger) == []

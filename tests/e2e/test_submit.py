@@ -71,9 +71,12 @@ async def test_the_reply_is_the_outcome_and_the_events_say_the_same(
     assert waiting is not None and waiting.outcome is SubmitOutcome.WAITING
     assert waiting.granted is None and waiting.rejected is None
 
-    # A resubmission of a job that went further is told so, and granted nothing more.
+    # A resubmission of a job that went further is told so, and granted nothing more; its
+    # owner is given the live grant again (one whose connection was down when it went out has
+    # no other way to it).
     again = await client.submit_request(_whole("sub-1"))
     assert again is not None and again.outcome is SubmitOutcome.KNOWN
+    assert again.granted == grant
 
     # The reply's grant is the published one; releasing it needs nothing but the reply.
     def granted() -> list[AllocationGranted]:

@@ -293,7 +293,9 @@ class SubmitOutcome(StrEnum):
     """Refused: ``SubmitReply.rejected`` says why; the rejection is published as well."""
     KNOWN = "known"
     """A job of this id was admitted before and has gone further (reserved, leased): its
-    outcome was published, or is on its way, on the tenant's subjects."""
+    outcome was published, or is on its way, on the tenant's subjects. While its lease is live,
+    ``SubmitReply.granted`` is its grant as the lease stands now (no new grant: a requester
+    that missed the event, its connection down when it went out, has it again)."""
 
 
 class QueryError(StrEnum):

@@ -48,6 +48,7 @@ from xpupool.contracts import (
     JobReserved,
     JobState,
     JobTimedOut,
+    LeaseState,
     ListJobs,
     NodeProvisioning,
     NodeReady,
@@ -117,6 +118,8 @@ from xpupool.scheduler.tracing import (
 )
 
 ADMITTED = JobReason.QUEUED.value
+# pend.lua's answer to a resubmission of a job that was granted (``job_`` and its state).
+LEASED = "job_leased"
 _REQUEST_DECODER = decoder_for((JobRequested,))
 _JOB_REASONS = {r.value: r for r in JobReason}
 
@@ -244,8 +247,24 @@ async def submit_job(
     elif admitted.ok:
         reply = SubmitReply(job_id=job_id, outcome=SubmitOutcome.WAITING)
     else:
-        reply = SubmitReply(job_id=job_id, outcome=SubmitOutcome.KNOWN, detail=admitted.reason)
+        reply = SubmitReply(
+            job_id=job_id,
+            outcome=SubmitOutcome.KNOWN,
+            detail=admitted.reason,
+            granted=await _live_grant(job_id, tenant, deps) if admitted.reason == LEASED else None,
+        )
     return [reply]
+
+
+async def _live_grant(job_id: str, tenant: str, deps: SchedulerDeps) -> AllocationGranted | None:
+    """The grant of ``tenant``'s job as its lease stands now, while it is live: the owner
+    asking again is one that may have missed it (its connection was down when the grant went
+    out, and a core NATS subscriber gets nothing of that time), and has no other way to it."""
+    job = await deps.ledger.get_job(job_id)
+    lease = await deps.ledger.get_lease(job.lease_id) if job and job.lease_id else None
+    if lease is None or lease.state != LeaseState.ACTIVE.value or lease.tenant != tenant:
+        return None
+    return granted_event(lease)
 
 
 def _granted_reply(grant: AllocationGranted) -> SubmitReply:
