@@ -3,9 +3,10 @@ compare it with the counters the scripts maintain. Used by tests and, later, the
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
-from xpupool.ledger.ledger import Ledger
+from xpupool.ledger.ledger import LeaseRecord, Ledger
 
 # A record of what is over expires (retain_s in _prelude.lua); one of what is live never does.
 _LIVE_STATES = {
@@ -18,6 +19,10 @@ _OVER_STATES = {
 }
 # Records whose state and expiry one transaction reads.
 _CHUNK = 1000
+# How far a quota counter may be from the sum of its live leases' claims: each claim is added
+# and given back as the decimal its lease keeps (_reservation.lua), so what is left is the
+# rounding of Redis's float sums, many orders of magnitude below the ledger's own check (1e-9).
+_COUNTER_TOLERANCE = 1e-9
 
 
 async def audit(ledger: Ledger) -> list[str]:
@@ -30,13 +35,19 @@ async def audit(ledger: Ledger) -> list[str]:
     tenant's set of live leases holds exactly its live leases; every job and lease record of
     what is over expires, and none of what is live does (``retention_problems``); every device
     record belongs to a registered device: nothing else reads or deletes one (a device leaves
-    the ledger with its record; a write to one it does not hold would leave one for ever).
+    the ledger with its record; a write to one it does not hold would leave one for ever);
+    every quota counter equals the sum of the live leases' claims on it (``counter_problems``);
+    each device's and each node's lease index lists exactly the live leases on it
+    (``index_problems``: a device's removal and a node's loss end the leases listed there).
     """
     # Reads are not one atomic snapshot; retry until no script ran while we read.
     for _ in range(50):
         version = await ledger.version()
         leases, nodes = await ledger.leases(), await ledger.nodes()
-        tenant_sets = await _tenant_lease_sets(ledger)
+        tenant_sets = await _sets_of(ledger, "tenant-leases")
+        device_sets = await _sets_of(ledger, "dev-leases")
+        node_sets = await _sets_of(ledger, "node-leases")
+        counters = await _usage_counters(ledger)
         device_records = await _device_records(ledger)
         if await ledger.version() == version:
             break
@@ -108,7 +119,55 @@ async def audit(ledger: Ledger) -> list[str]:
                 )
             if 100 - d.compute_free_pct != compute[i] or d.holders != holders[i]:
                 problems.append(f"{i} compute/holder counters disagree with its leases")
+    problems += counter_problems(leases, counters)
+    problems += index_problems(leases, device_sets, node_sets)
     return problems + await retention_problems(ledger)
+
+
+def counter_problems(leases: list[LeaseRecord], counters: dict[str, dict[str, float]]) -> list[str]:
+    """The quota counters (scope -> field -> value) that differ from the sum of the live
+    leases' claims: a counter short of its leases lets a queue past its limit, and one that
+    holds more (an end that gave nothing back) refuses the queue that much for ever."""
+    held: dict[tuple[str, str], float] = defaultdict(float)
+    for lease in leases:
+        for claim in lease.usage:
+            held[claim.scope, claim.field] += claim.inc
+    kept = {(scope, f): v for scope, fields in counters.items() for f, v in fields.items()}
+    return [
+        f"quota counter {scope}/{f} is {kept.get((scope, f), 0.0)!r}, "
+        f"its live leases hold {held.get((scope, f), 0.0)!r}"
+        for scope, f in sorted(held.keys() | kept.keys())
+        if not math.isclose(
+            kept.get((scope, f), 0.0), held.get((scope, f), 0.0), abs_tol=_COUNTER_TOLERANCE
+        )
+    ]
+
+
+def index_problems(
+    leases: list[LeaseRecord], device_sets: dict[str, set[str]], node_sets: dict[str, set[str]]
+) -> list[str]:
+    """Devices and nodes whose lease index (``dev-leases:<device>``, ``node-leases:<node>``)
+    is not exactly the live leases on them: by their slices, and on a node by its slices' and
+    host charges' nodes, as _reservation.lua indexes them."""
+    on_device: dict[str, set[str]] = defaultdict(set)
+    on_node: dict[str, set[str]] = defaultdict(set)
+    for lease in leases:
+        for s in lease.slices:
+            on_device[s.device_id].add(lease.lease_id)
+            on_node[s.node_id].add(lease.lease_id)
+        for node_id in lease.host:
+            on_node[node_id].add(lease.lease_id)
+    problems = []
+    for kind, live, listed in (("device", on_device, device_sets), ("node", on_node, node_sets)):
+        for name in sorted(live.keys() | listed.keys()):
+            missing = sorted(live.get(name, set()) - listed.get(name, set()))
+            extra = sorted(listed.get(name, set()) - live.get(name, set()))
+            if missing or extra:
+                problems.append(
+                    f"{kind} {name}'s lease index lacks live leases {missing} "
+                    f"and holds others {extra}"
+                )
+    return problems
 
 
 async def retention_problems(ledger: Ledger) -> list[str]:
@@ -140,11 +199,12 @@ async def retention_problems(ledger: Ledger) -> list[str]:
     return problems
 
 
-async def _tenant_lease_sets(ledger: Ledger) -> dict[str, set[str]]:
-    """Each tenant's set of live leases, as the scripts keep it (``tenant-leases:<tenant>``),
-    read in one round trip."""
-    redis, prefix = ledger.redis, ledger.key("tenant-leases", "")
-    keys = [_text(k) async for k in redis.scan_iter(match=ledger.keys_of("tenant-leases"))]
+async def _sets_of(ledger: Ledger, family: str) -> dict[str, set[str]]:
+    """Each set of one key family as the scripts keep it (``tenant-leases:<tenant>``,
+    ``dev-leases:<device>``, ``node-leases:<node>``), by the name after the family, read in
+    one round trip."""
+    redis, prefix = ledger.redis, ledger.key(family, "")
+    keys = [_text(k) async for k in redis.scan_iter(match=ledger.keys_of(family), count=1000)]
     async with redis.pipeline(transaction=False) as pipe:
         for key in keys:
             pipe.smembers(key)
@@ -152,6 +212,20 @@ async def _tenant_lease_sets(ledger: Ledger) -> dict[str, set[str]]:
     return {
         key.removeprefix(prefix): {_text(m) for m in found}
         for key, found in zip(keys, members, strict=True)
+    }
+
+
+async def _usage_counters(ledger: Ledger) -> dict[str, dict[str, float]]:
+    """Every quota counter (``usage:<scope>``: field -> value), read in one round trip."""
+    redis, prefix = ledger.redis, ledger.key("usage", "")
+    keys = [_text(k) async for k in redis.scan_iter(match=ledger.keys_of("usage"), count=1000)]
+    async with redis.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.hgetall(key)
+        rows = await pipe.execute()
+    return {
+        key.removeprefix(prefix): {_text(f): float(_text(v)) for f, v in row.items()}
+        for key, row in zip(keys, rows, strict=True)
     }
 
 

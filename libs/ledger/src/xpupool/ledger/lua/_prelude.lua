@@ -353,6 +353,10 @@ local function end_lease(lease_id, reason, detail, now, outbox)
     end
     touched('dev', s.device_id)
     redis.call('SREM', k('dev-leases', s.device_id), lease_id)
+    -- take_reservation indexed the lease under its slices' nodes too, not only under those it
+    -- charges host resources on (a request without host CPU or memory has none): left there,
+    -- every lease a node ever ran would stay listed, for reap_nodes.lua to walk all at once.
+    if s.node_id then redis.call('SREM', k('node-leases', s.node_id), lease_id) end
   end
   for node_id, h in pairs(cjson.decode(l.host)) do
     local nk = k('node', node_id)
