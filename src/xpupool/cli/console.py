@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,6 +28,7 @@ from redis.asyncio import Redis
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from xpupool.bus.connection import connect_client, round_trip
 from xpupool.contracts import Health
@@ -39,6 +41,22 @@ from xpupool.ledger.ledger import DeviceRecord, LeaseRecord, NodeRecord
 NO_QUEUE = "(none)"
 #: A fair-share view older than this (no scheduler publishing) is not shown.
 FAIR_SHARE_STALE_S = 60.0
+#: What a terminal would act on rather than show: C0 and C1 controls (escape sequences, BEL,
+#: newlines), DEL, and the bidirectional overrides that reorder what follows them.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on written as an escape (``\\x1b``):
+    events carry what tenants sent (a field name in a rejection's detail), which must reach the
+    operator's screen as text, never as a command to the terminal or a line of its own."""
+    return _UNPRINTABLE.sub(lambda m: ascii(m[0])[1:-1], text)
+
+
+def _cell(text: str) -> Text:
+    """A table cell that shows ``text`` as it is: rich reads a plain string as markup, so a name
+    such as ``[/x]`` (a closing tag nobody opened) would raise instead of being drawn."""
+    return Text(printable(text))
 
 
 @dataclass(frozen=True)
@@ -215,7 +233,7 @@ def event_line(subject: str, data: bytes, received: datetime | None = None) -> E
         decoded = None
     if not isinstance(decoded, dict):
         when = (received or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%S")
-        return EventLine(when, "undecodable", "", "", "", f"{len(data)} bytes", subject)
+        return EventLine(when, "undecodable", "", "", "", f"{len(data)} bytes", printable(subject))
     raw_time = decoded.get("time") or decoded.get("at") or decoded.get("granted_at")
     when = (
         str(raw_time)[:19]
@@ -233,13 +251,13 @@ def event_line(subject: str, data: bytes, received: datetime | None = None) -> E
         )
         summary = f"{summary} on {where}".strip()
     return EventLine(
-        time=when,
-        type=_short_type(kind),
-        tenant=str(decoded.get("tenant") or ""),
-        job=str(decoded.get("job_id") or ""),
-        lease=str(decoded.get("lease_id") or ""),
-        summary=summary,
-        subject=subject,
+        time=printable(when),
+        type=printable(_short_type(kind)),
+        tenant=printable(str(decoded.get("tenant") or "")),
+        job=printable(str(decoded.get("job_id") or "")),
+        lease=printable(str(decoded.get("lease_id") or "")),
+        summary=printable(summary),
+        subject=printable(subject),
     )
 
 
@@ -310,8 +328,8 @@ def summary_tables(summary: Summary) -> Group:
     pool.add_column("util")
     for r in summary.pool:
         pool.add_row(
-            r.vendor,
-            r.model,
+            _cell(r.vendor),
+            _cell(r.model),
             str(r.devices),
             f"{r.healthy} ok" + (f", {r.unhealthy} not" if r.unhealthy else ""),
             f"{_mib(r.memory_used_mib)}/{_mib(r.memory_total_mib)}",
@@ -325,14 +343,14 @@ def summary_tables(summary: Summary) -> Group:
     queues.add_column("fair-share usage")
     for q in summary.queues:
         queues.add_row(
-            q.queue,
+            _cell(q.queue),
             str(q.running),
             str(q.reserved),
             str(q.pending),
             str(q.devices_held),
             _mib(q.memory_mib),
             f"{q.pool_compute_share:.0%}",
-            " ".join(f"{k}={v:g}" for k, v in q.quota_used.items()) or "-",
+            _cell(" ".join(f"{k}={v:g}" for k, v in q.quota_used.items()) or "-"),
             "-"
             if q.fair_share_usage is None
             else f"{q.fair_share_usage:g} ({q.fair_share_fraction or 0:.0%})",
@@ -346,7 +364,8 @@ def events_table(lines: Sequence[EventLine]) -> Table:
     for column in ("time", "type", "tenant", "job", "lease", "summary"):
         table.add_column(column)
     for line in lines:
-        table.add_row(line.time, line.type, line.tenant, line.job, line.lease, line.summary)
+        cells = (line.time, line.type, line.tenant, line.job, line.lease, line.summary)
+        table.add_row(*(_cell(x) for x in cells))
     return table
 
 

@@ -298,7 +298,7 @@ async def _scale_status(args: argparse.Namespace) -> int:
 
 def _add_console(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     top = sub.add_parser("top", help="the pool and queues, live, with the latest events")
-    top.add_argument("--interval", type=_finite, default=2.0, help="seconds between refreshes")
+    top.add_argument("--interval", type=_positive, default=2.0, help="seconds between refreshes")
     top.add_argument("--iterations", type=int, default=0, help="frames to draw (0: until Ctrl-C)")
     top.add_argument("--once", action="store_true", help="draw one frame and exit")
     events = sub.add_parser("events", help="pool events: grants, preemptions, health, scaling")
@@ -307,7 +307,9 @@ def _add_console(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     events.add_argument(
         "--type", action="append", default=[], help="e.g. granted, alloc, health (repeatable)"
     )
-    events.add_argument("--limit", type=int, default=50, help="recent events without --follow")
+    events.add_argument(
+        "--limit", type=_positive_int, default=50, help="recent events without --follow"
+    )
     events.add_argument("--json", action="store_true", help="JSON lines (also when not a tty)")
 
 
@@ -433,6 +435,26 @@ def _finite(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    """A number option above 0: ``top --interval 0`` would redraw (reading the whole ledger)
+    without a pause."""
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    """A count option of 1 or more: ``events --limit 0`` would slice ``[-0:]``, every event."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
     return value
 
 

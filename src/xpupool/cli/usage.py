@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import math
 import re
 import sys
 from collections.abc import Iterable, Sequence
@@ -65,9 +66,11 @@ class IdleLease(msgspec.Struct, frozen=True, kw_only=True):
 def parse_duration(text: str) -> float:
     """``7d``, ``12h``, ``30m``, ``90s``, ``2w`` (or plain seconds) in seconds."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
-    if not match:
+    # More digits than a float holds read as infinity, which no point in time is ms away from.
+    seconds = float(match[1]) * _UNITS[match[2] or "s"] if match else math.inf
+    if not math.isfinite(seconds):
         raise ValueError(f"not a duration: {text!r} (e.g. 7d, 12h, 30m)")
-    return float(match[1]) * _UNITS[match[2] or "s"]
+    return seconds
 
 
 def parse_time(text: str, now_ms: int) -> int:
@@ -320,10 +323,16 @@ async def run(args: argparse.Namespace, redis: Redis, namespace: str) -> int:
     except ValueError as error:
         sys.stderr.write(f"xpupool: error: {error}\n")
         return 2
-    if args.records:
-        ended = await records_ended_in(ledger, since, now if until is None else until)
-        sys.stdout.write(format_records(ended))
-        return 0
-    records = await read_usage(ledger, since, until)
+    try:
+        if args.records:
+            ended = await records_ended_in(ledger, since, now if until is None else until)
+            sys.stdout.write(format_records(ended))
+            return 0
+        records = await read_usage(ledger, since, until)
+    except ValueError as error:
+        # A record that does not decode (another version's, or damaged) is named, never
+        # skipped: said in one line, as `scale status` says a status it cannot read.
+        sys.stderr.write(f"xpupool: error: {' '.join(str(error).split())}\n")
+        return 1
     sys.stdout.write(format_rows(aggregate(records, args.by, load_catalog()), args.by, fmt))
     return 0

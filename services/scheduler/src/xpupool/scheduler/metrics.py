@@ -6,8 +6,9 @@ outbox and usage series, so no series is exported by two services.
 - ``xpupool_pool_devices{vendor,model,state}``, ``xpupool_pool_memory_bytes{...}`` and
   ``xpupool_pool_capacity_units{...}`` (normalized capacity): ``state`` is ``total``, ``used``
   or ``free``; ``xpupool_pool_device_utilization_ratio{vendor,model}``: mean live load (0-1)
-  of the devices that report one. Rendered at scrape time from a snapshot the service's event
-  loop refreshes (:meth:`SchedulerMetrics.observe_pool`), never read on the scrape thread.
+  of the devices that report one; a lost node's devices are left out. Rendered at scrape time
+  from a snapshot the service's event loop refreshes (:meth:`SchedulerMetrics.observe_pool`),
+  never read on the scrape thread.
 - ``xpupool_scheduler_queue_pending_requests{queue}`` and
   ``xpupool_scheduler_queue_oldest_wait_seconds{queue}``: as of this replica's last cycle (0
   for a queue it has only granted on admission).
@@ -44,7 +45,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, Histogram
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from xpupool.contracts import JobReason
+from xpupool.contracts import Health, JobReason
 from xpupool.obs.metrics import serve_metrics
 from xpupool.placement.inventory import NodeState, PoolSnapshot
 
@@ -99,9 +100,14 @@ _NodeSums = tuple[tuple[tuple[str, str], _Sums], ...]
 def node_sums(node: NodeState) -> _NodeSums:
     """One node's part of the pool rows, by (vendor, model). A device counts as used when
     anything holds part of it; its free capacity is the fraction of memory nobody holds, times
-    its capacity units."""
+    its capacity units. A lost device (a node that stopped heartbeating: the snapshot keeps its
+    devices, marked lost, for the leases it still accounts for) is no part of the pool, as in
+    the working pool's totals and the console's: counted, it showed as free capacity, with its
+    last load in the mean, for as long as the node stayed lost."""
     acc: dict[tuple[str, str], list[float]] = {}
     for d in node.devices:
+        if d.health == Health.LOST:
+            continue
         row = acc.get((d.vendor, d.model))
         if row is None:
             row = acc[(d.vendor, d.model)] = [0.0] * 8

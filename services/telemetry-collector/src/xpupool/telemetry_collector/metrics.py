@@ -121,9 +121,15 @@ class CollectorMetrics:
         )
 
     def observe_tick(self, outcome: str, duration_s: float) -> None:
-        """Count one tick and record how long it took."""
+        """Count one tick and record how long it took. A tick that failed (``error``: the
+        ledger down or refusing) put no reading in place of the last one, which the device
+        series must not show as current until a tick succeeds: they go, as they do when the
+        backend gives nothing (left in place, the DCGM gauges read flat through a Redis outage,
+        as if the devices' load had stopped changing)."""
         self.samples.labels(outcome=outcome).inc()
         self.sample_duration.observe(duration_s)
+        if outcome == "error":
+            self._devices.readings = ()
 
     def update_devices(
         self,
