@@ -19,7 +19,7 @@ from xpupool.ledger import Ledger, SliceClaim
 from xpupool.scheduler import handlers
 from xpupool.scheduler.capacity_watch import CapacityWatch
 from xpupool.scheduler.config_source import ConfigSource
-from xpupool.scheduler.main import cycle_loop
+from xpupool.scheduler.main import CycleLock, cycle_loop
 from xpupool.scheduler.settings import SchedulerSettings
 
 pytestmark = pytest.mark.integration
@@ -99,3 +99,42 @@ def _cycles(deps: handlers.SchedulerDeps) -> float:
     """The cycles this replica ran so far (each one decides the waiting job)."""
     registry = deps.metrics.registry
     return registry.get_sample_value("xpupool_scheduler_cycle_duration_seconds_count") or 0.0
+
+
+async def test_a_replica_whose_peer_holds_the_cycle_lock_reports_no_queue_of_its_own(
+    nats_server: NatsServer, ledger: Ledger
+) -> None:
+    """A replica's queue gauges are those of its last cycle: while a peer holds the cycle lock
+    and decides the waiting jobs, they would stay as they were for as long (a backlog long
+    drained, under ``max by (queue)``). Finding the lock taken, it reports none."""
+    nc = await nats.connect(nats_server.url)
+    settings = SchedulerSettings(retry_interval_s=0.05)
+    deps = handlers.SchedulerDeps(ledger=ledger, settings=settings, config=ConfigSource(None))
+    watch = CapacityWatch(nc, lambda: handlers.wake_for_capacity(deps))
+    stop = asyncio.Event()
+    assert (await ledger.register_node("n1", [device_spec("n1", 0)], 64_000, 256_000)).ok
+    assert (await ledger.reserve(reservation("x", SliceClaim("n1/nvidia0", whole=True)))).ok
+    request = JobRequested(job_id="w", tenant="t")
+    assert (await ledger.pend("w", 500, encode(request), None, "no_capacity", tenant="t")).ok
+    loop = asyncio.create_task(cycle_loop(deps, Publisher(nc, "/test"), stop, watch))
+
+    def pending() -> float | None:
+        return deps.metrics.registry.get_sample_value(
+            "xpupool_scheduler_queue_pending_requests", {"queue": "t"}
+        )
+
+    try:
+        await eventually(lambda: pending() == 1, timeout_s=5)
+        stop.set()
+        deps.wake.set()
+        await asyncio.wait_for(loop, 5)  # gives its lock back
+        peer = CycleLock(ledger, "peer", ttl_ms=60_000)
+        assert await peer.take()
+        stop = asyncio.Event()
+        loop = asyncio.create_task(cycle_loop(deps, Publisher(nc, "/test"), stop, watch))
+        await eventually(lambda: pending() == 0, timeout_s=5)
+    finally:
+        stop.set()
+        deps.wake.set()
+        await asyncio.wait_for(loop, 5)
+        await nc.close()

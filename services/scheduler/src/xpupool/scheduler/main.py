@@ -131,6 +131,9 @@ async def cycle_loop(
             # Before the cycle reads the pool: a lease end after that read wakes the next.
             await lease_ends.follow()
             if not await lock.take():
+                # A peer decides the waiting jobs now and reports their queues: this replica's
+                # gauges of its last cycle would otherwise stay as they were for as long.
+                deps.metrics.observe_queues(())
                 await asyncio.sleep(0.02)
                 deps.wake.set()
                 continue

@@ -11,7 +11,8 @@ outbox and usage series, so no series is exported by two services.
   never read on the scrape thread.
 - ``xpupool_scheduler_queue_pending_requests{queue}`` and
   ``xpupool_scheduler_queue_oldest_wait_seconds{queue}``: as of this replica's last cycle (0
-  for a queue it has only granted on admission).
+  for a queue it has only granted on admission, and for every queue while a peer holds the
+  cycle lock: take the maximum over replicas).
 - ``xpupool_scheduler_fair_share_usage_units{queue}``: the decayed normalized capacity a queue
   (subtree included) has used, as this replica's fair-share history ranks queues by;
 - ``xpupool_scheduler_grants_total{queue}``, ``xpupool_scheduler_rejections_total{reason}``
