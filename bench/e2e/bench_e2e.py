@@ -666,18 +666,26 @@ class Load:
         return await rate_in_window(self.one, concurrency, duration_s)
 
     async def open(
-        self, rate: float, duration_s: float, poisson: random.Random | None = None
+        self,
+        rate: float,
+        duration_s: float,
+        poisson: random.Random | None = None,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> list[float]:
         """Submit at ``rate`` (not slowed by the system): evenly spaced, or with ``poisson``
-        exponential gaps of the same mean (many independent clients); grant latencies."""
+        exponential gaps of the same mean (many independent clients); grant latencies.
+        ``clock`` and ``sleep`` keep the schedule (a test's own time, which a loaded host's
+        scheduling does not move)."""
         self.granted = []
         tasks = []
-        t0 = time.perf_counter()
+        t0 = clock()
         due = 0.0
         for _ in range(max(1, int(rate * duration_s))):
-            delay = t0 + due - time.perf_counter()
+            delay = t0 + due - clock()
             if delay > 0:
-                await asyncio.sleep(delay)
+                await sleep(delay)
             tasks.append(asyncio.create_task(self.one()))
             due += poisson.expovariate(rate) if poisson is not None else 1 / rate
         await asyncio.gather(*tasks)
