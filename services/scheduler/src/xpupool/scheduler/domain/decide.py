@@ -285,6 +285,9 @@ class _Outcome:
     decision: Decision
     demand: Demand | None = None
     classes: tuple[int, ...] = ()
+    claim: Preempt | None = None
+    """For a job waiting for its victims to end: those victims and where it will then be placed,
+    which the batch keeps for it (see :func:`_claim`)."""
 
 
 def _decide_one(item: PendingRequest, pool: WorkingPool, ctx: _Ctx) -> _Outcome:
@@ -339,7 +342,44 @@ def _decide_one(item: PendingRequest, pool: WorkingPool, ctx: _Ctx) -> _Outcome:
                 )
 
     wait = _why_not(item, pool, ctx, demand, policy, queue, priority, ranked, allowed, verdicts)
-    return _Outcome(_timed_out(item, ctx, wait), demand, allowed)
+    out = _Outcome(_timed_out(item, ctx, wait), demand, allowed)
+    if isinstance(out.decision, Wait) and out.decision.reason is Reason.PREEMPTION_IN_PROGRESS:
+        out.claim = _claim(item, pool, ctx, demand, policy, queue, priority, ranked)
+    return out
+
+
+def _claim(
+    item: PendingRequest,
+    pool: WorkingPool,
+    ctx: _Ctx,
+    demand: Demand,
+    policy: PlacementPolicy,
+    queue: str,
+    priority: int,
+    ranked: Sequence[int],
+) -> Preempt | None:
+    """The job's own ending victims (``preempted_for`` it) and where it fits once they are gone,
+    or None. Until they end it does not fit, so nothing would keep what it was preempted for: a
+    later request would take the free part of it (a device its gang counts on, the rest of a
+    shared device) and the victims would have been ended for nothing. The batch applies the claim
+    as it applied the preemption itself, so that part stays the job's."""
+    job = item.request.job_id
+    mine = [lid for lid in _ending(pool) if pool.leases[lid].state.preempted_for == job]
+    if not mine:
+        return None
+    released = pool.release_many(mine)
+    try:
+        for ci in ranked:
+            verdict = check_quota(pool, ctx.config, queue, demand, ci)
+            if not verdict.allowed:
+                continue
+            pl = place_in_class(pool, demand, policy, ci)
+            if pl is not None:
+                reserve = _reserve(pool, item.request, queue, priority, pl, verdict.in_quota)
+                return Preempt(job, tuple(mine), reserve, "kept while its victims end")
+    finally:
+        pool.restore_many(released)
+    return None
 
 
 def _timed_out(item: PendingRequest, ctx: _Ctx, wait: Decision) -> Decision:
@@ -424,6 +464,14 @@ _GROWABLE: Final = frozenset(
     }
 )
 """Rejections that more nodes could answer (not an invalid request or a quota limit)."""
+
+
+_HOLDS_FOR: Final = frozenset(
+    {Reason.INSUFFICIENT_CAPACITY, Reason.WAITING_FOR_GANG, Reason.WAITING_FOR_MIN_RUNTIME}
+)
+"""Why a starved request may wait and still hold nodes. Waiting for its victims' minimum run
+time too: else what frees there meanwhile goes to later requests, whose new leases are young
+again (or not preemptible by it at all), and a stream of short jobs postpones it for ever."""
 
 
 def _incoming(job: str) -> Wait:
@@ -529,6 +577,7 @@ def _why_not(
         in_quota=in_quota,
         config=cfg,
         quota_ok=quota_ok,
+        in_quota_on=lambda ci: verdicts[ci].in_quota,
     )
     eligible: dict[str, PoolLease] = {}
     young: dict[str, PoolLease] = {}
@@ -704,7 +753,9 @@ def decide_batch(
 
     The order and the anti-starvation holds are described in :mod:`.fairshare`. Each Reserve and
     Preempt is applied to the working pool before the next request is considered, so the batch
-    never over-allocates. A :class:`~.pool.WorkingPool` passed in is mutated; a snapshot is not.
+    never over-allocates. A job still waiting for its victims to end keeps, for the rest of the
+    batch, what it will be placed on once they have (:func:`_claim`); that is taken back out
+    before returning. A :class:`~.pool.WorkingPool` passed in is mutated; a snapshot is not.
     With ``apply_last=False`` the batch's last decision is not applied (no request follows it),
     for a caller that takes every reservation back out of the pool anyway: a lone decision then
     neither adds its reservation to the pool nor removes it again.
@@ -747,6 +798,7 @@ def decide_batch(
         return (0 if below_guarantee(wp, cfg, q) else 1, share_path(wp, cfg, history, q))
 
     out: list[tuple[str, Decision]] = list(rejected)
+    claims: list[tuple[str, list[PoolLease]]] = []
     holds = 0
     to_decide = sum(len(group) for group in groups.values())
     order = FairOrder(groups, head_key, queue_key)
@@ -756,9 +808,20 @@ def decide_batch(
         to_decide -= 1
         if isinstance(d, Reserve | Preempt) and (apply_last or to_decide > 0):
             apply_decision(wp, d, ctx.now_s)
+            if isinstance(d, Preempt):
+                # A victim's end can bring a lease its queue borrowed back within the queue's
+                # guarantee: re-mark, or a later request of the batch would reclaim it.
+                refresh_over_quota(wp, cfg)
+        elif res.claim is not None and to_decide > 0:
+            # Its victims are still ending: what they give back, and the free capacity it will
+            # be placed on with it, stay its own for the rest of the batch.
+            victims = [wp.leases[v] for v in res.claim.victims]
+            apply_decision(wp, res.claim, ctx.now_s)
+            refresh_over_quota(wp, cfg)
+            claims.append((res.claim.job_id, victims))
         elif (
             isinstance(d, Wait)
-            and d.reason in (Reason.INSUFFICIENT_CAPACITY, Reason.WAITING_FOR_GANG)
+            and d.reason in _HOLDS_FOR
             and holds < cfg.starvation.max_holds
             and ctx.now_s - it.enqueued_at_s >= cfg.starvation.after_s
             and res.demand is not None
@@ -768,4 +831,9 @@ def decide_batch(
                 wp.held_nodes |= held
                 holds += 1
         out.append((it.request.job_id, d))
+    # A claim is no decision: the pool leaves the batch as its decisions alone left it (its
+    # victims still there, ending), which is what a caller taking them back out expects.
+    for job_id, victims in reversed(claims):
+        wp.release(f"reservation:{job_id}")
+        wp.restore_many(victims)
     return out

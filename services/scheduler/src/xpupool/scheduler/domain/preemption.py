@@ -6,7 +6,9 @@ least ``preemption.min_runtime_s``):
 
 * a lease of *Q* itself with priority < *p* (priority preemption inside a queue);
 * an over-quota (borrowed) lease of another queue, when the request is in-quota (reclaim) or
-  the lease's priority is < *p*.
+  the lease's priority is < *p*. In quota means on the device class it would be placed on: a
+  request that the guarantee covers only on another model (or that a units guarantee covers
+  only on a cheaper class) reclaims nothing where it would itself be borrowing.
 
 In-quota leases of other queues are never taken: their guarantee is a promise.
 
@@ -103,6 +105,7 @@ def plan_preemption(
     ready: dict[str, PoolLease] | None = None,
     young: dict[str, PoolLease] | None = None,
     candidates: dict[str, PoolLease] | None = None,
+    in_quota_on: Callable[[int], bool] | None = None,
 ) -> PreemptionPlan | None:
     """The cheapest set of leases whose end lets ``demand`` fit, or ``None``.
 
@@ -111,7 +114,9 @@ def plan_preemption(
     simulated pool, so preempting a lease of one's own queue can also make room under a limit.
     ``ready`` and ``young``, when given, collect the leases the request may end and those only
     their minimum run time protects (in the same pass over the leases); ``candidates`` replaces
-    the pass (a plan over given leases).
+    the pass (a plan over given leases). ``in_quota`` says whether the request is in quota on
+    some class; ``in_quota_on(class_index)``, when given, whether on that one: a plan on a class
+    where it is not reclaims nothing its priority alone would not take.
     """
     cfg = config.preemption
     if not cfg.enabled:
@@ -137,14 +142,32 @@ def plan_preemption(
             ready.update(candidates)
     if not candidates:
         return None
+    # Leases only a reclaim may take (borrowed by another queue, not of a lower priority): a
+    # class where the request would itself be borrowing leaves them alone, or its own new lease,
+    # over quota, is theirs to take back at once (the two queues would preempt each other for
+    # ever).
+    reclaim_only = (
+        {
+            lid
+            for lid, pl in candidates.items()
+            if pl.queue != queue and pl.state.priority >= priority
+        }
+        if in_quota and in_quota_on is not None
+        else set()
+    )
     for ci in classes:
+        usable = candidates
+        if reclaim_only and in_quota_on is not None and not in_quota_on(ci):
+            usable = {lid: pl for lid, pl in candidates.items() if lid not in reclaim_only}
+            if not usable:
+                continue
         plan = (
             _plan_per_node(
                 pool,
                 demand,
                 policy,
                 ci,
-                candidates,
+                usable,
                 quota_ok,
                 cfg.max_victims,
                 cfg.max_candidate_nodes,
@@ -152,7 +175,7 @@ def plan_preemption(
             )
             if demand.scope == "node"
             else _plan_global(
-                pool, demand, policy, ci, candidates, quota_ok, cfg.max_victims, respect_holds
+                pool, demand, policy, ci, usable, quota_ok, cfg.max_victims, respect_holds
             )
         )
         if plan is not None:
