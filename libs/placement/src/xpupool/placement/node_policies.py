@@ -400,18 +400,33 @@ def _signature(pool: WorkingPool) -> tuple[object, ...]:
 
 
 def pod_demand(
-    pool: WorkingPool, demand: Demand, allowed_models: frozenset[str] | None
+    pool: WorkingPool,
+    demand: Demand,
+    allowed_models: frozenset[str] | None,
+    classes: Sequence[int] | None = None,
 ) -> PodDemand:
-    """The trace's view of ``demand``: GPUs, milli-GPU per GPU, host CPU and memory."""
+    """The trace's view of ``demand``: GPUs, milli-GPU per GPU, host CPU and memory.
+
+    ``classes``: the device classes it is placed on (``demand.classes`` when None).
+    """
     if demand.host_only:
         return PodDemand(cpu_milli=demand.cpu_milli, memory_mib=demand.host_memory_mib)
     if demand.whole:
         milli = MILLI
     else:
-        # Memory as a fraction of the smallest matching device: never less than the share
-        # really takes on any of them, so the milli-GPU view cannot over-commit memory.
+        # Memory as a fraction of the smallest device it may go to: never less than the share
+        # really takes on any of them, so the milli-GPU view cannot over-commit memory. Only
+        # classes the share fits on count: measured against a smaller device (a 24 GiB share
+        # beside 16 GiB cards, a device of unknown memory) it came out as a whole GPU, which
+        # sent it to an idle device instead of one already shared.
         cls = min(
-            (pool.classes[ci] for ci in demand.classes),
+            (
+                c
+                for c in (
+                    pool.classes[ci] for ci in (demand.classes if classes is None else classes)
+                )
+                if demand.share(c)[0] <= c.memory_total_mib
+            ),
             key=lambda c: c.memory_total_mib,
             default=None,
         )
@@ -500,7 +515,7 @@ class TracePolicy(DelegatedJudgements):
                 ],
                 dtype=np.bool_,
             )
-        pod = pod_demand(pool, demand, allowed)
+        pod = pod_demand(pool, demand, allowed, classes)
         state = st
         if not exact or held or devs_ok is not None:
             state = view.restricted(rows_ok, devs_ok, None)

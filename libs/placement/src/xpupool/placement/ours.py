@@ -181,6 +181,9 @@ class FragmentationPolicy:
         self.cpu_weight = cpu_weight
         self._evaluator: FragEvaluator | None = None
         self._cache: FragCache | None = None
+        # The static node arrays (CPU capacity, GPUs, model) the evaluator's scarcity weights
+        # were computed from: another cluster with the same models needs other weights.
+        self._weighted_for: tuple[IntArray, IntArray, IntArray] | None = None
         self._groups = NodeGroups()
         self._kept: OrderedDict[tuple[int, int, int], _ShapeCosts] = OrderedDict()
         self._kept_token: object = None
@@ -196,15 +199,41 @@ class FragmentationPolicy:
         return cls(ctx.typical_shapes())
 
     def _frag(self, state: ClusterState) -> tuple[FragEvaluator, FragCache]:
-        if self._evaluator is None or self._evaluator.models != state.models:
+        if (
+            self._evaluator is None
+            or self._evaluator.models != state.models
+            or not self._weighted_on(state)
+        ):
             probe = FragEvaluator(self.target, state.models)
             if self.scarcity:
                 # Same evaluator as FragEvaluator(self._scarcity_weighted(state), models).
                 probe = probe.reweighted(self._scarcity_weighted(state, probe))
             self._evaluator = probe
             self._cache = FragCache(self._evaluator)
+            self._weighted_for = (state.cpu_cap, state.num_gpu, state.model_id)
         assert self._cache is not None
         return self._evaluator, self._cache
+
+    def _weighted_on(self, state: ClusterState) -> bool:
+        """Whether the evaluator's scarcity weights are those of ``state``'s nodes.
+
+        They count the nodes of the empty cluster able to host each shape, so a node view
+        rebuilt for a node added or removed (same models) needs new ones: kept, a policy decided
+        otherwise than a fresh one on the same state. Copies of a state (one-off restricted
+        ones) share its static arrays, which the identity test answers at once.
+        """
+        if not self.scarcity:
+            return True
+        was = self._weighted_for
+        if was is None:
+            return False
+        now = (state.cpu_cap, state.num_gpu, state.model_id)
+        if all(a is b for a, b in zip(now, was, strict=True)):
+            return True
+        if not all(np.array_equal(a, b) for a, b in zip(now, was, strict=True)):
+            return False
+        self._weighted_for = now  # the same cluster rebuilt: same weights
+        return True
 
     def _scarcity_weighted(
         self, state: ClusterState, probe: FragEvaluator | None = None
