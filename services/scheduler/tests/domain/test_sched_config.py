@@ -190,3 +190,50 @@ def test_a_tenant_on_several_queues_defaults_to_its_own_or_the_first():
         }
     )
     assert mapped.resolve_queue("ops", None) == "short"
+
+
+def test_what_a_parent_queue_sets_for_its_leases_holds_for_its_subtree() -> None:
+    """Jobs name leaf queues, and only the leaf's settings were read: a parent's
+    ``preemptible: false`` protected none of its children's leases, and its placement policy,
+    maximum run time and idle reclaim reached none of them. A child inherits them unless it sets
+    its own; a parent's maximum run time bounds its children's."""
+    cfg = parse_config(
+        {
+            "queues": [
+                {
+                    "name": "research",
+                    "preemptible": False,
+                    "placement": "binpack",
+                    "max_runtime_s": 3600,
+                    "idle_reclaim_s": 600,
+                    "children": [
+                        {"name": "vision"},
+                        {
+                            "name": "nlp",
+                            "preemptible": True,
+                            "placement": "spread",
+                            "max_runtime_s": 86400,
+                            "idle_reclaim_s": 60,
+                        },
+                        {"name": "short", "max_runtime_s": 60},
+                    ],
+                },
+                {"name": "batch"},
+            ]
+        }
+    )
+    vision, nlp, short, batch = (cfg.queues[n] for n in ("vision", "nlp", "short", "batch"))
+    assert (vision.preemptible, vision.placement, vision.max_runtime_s, vision.idle_reclaim_s) == (
+        False,
+        "binpack",
+        3600,
+        600,
+    )
+    assert (nlp.preemptible, nlp.placement, nlp.max_runtime_s, nlp.idle_reclaim_s) == (
+        True,
+        "spread",
+        3600,
+        60,
+    )
+    assert short.max_runtime_s == 60
+    assert (batch.preemptible, batch.placement, batch.max_runtime_s) == (True, None, None)

@@ -88,7 +88,9 @@ class QueueConfig:
 
     ``over_quota`` allows borrowing idle capacity beyond the guarantee (reclaimable);
     ``preemptible`` lets the queue's leases be preempted at all; ``max_runtime_s`` bounds how
-    long its leases live, renewals included (a request's own limit, if smaller, wins).
+    long its leases live, renewals included (a request's own limit, if smaller, wins). Those
+    two, ``placement`` and ``idle_reclaim_s`` are as the file set them here or on the nearest
+    ancestor that did (a parent's ``max_runtime_s`` bounding its children's).
     """
 
     name: str
@@ -142,6 +144,16 @@ class FairShareConfig:
 
     half_life_s: float = 3600.0
     history_weight: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class _Inherited:
+    """What a queue file's queue passes down to its children unless they set their own."""
+
+    placement: str | None = None
+    preemptible: bool = True
+    max_runtime_s: float | None = None
+    idle_reclaim_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,7 +476,7 @@ def parse_config(
     tenants: dict[str, str] = {}
     queue_tenants: dict[str, set[str]] = {}
 
-    def parse_queue(raw: object, where: str, parent: str) -> str:
+    def parse_queue(raw: object, where: str, parent: str, above: _Inherited) -> str:
         q = c.mapping(raw, where, _QUEUE_KEYS)
         name = c.string(q.get("name"), f"{where}.name")
         if name == ROOT:
@@ -498,6 +510,26 @@ def parse_config(
                     f"{where}.placement",
                     f"unknown policy {policy!r} (known: {', '.join(known_policies)})",
                 )
+        # What a queue sets for its leases holds for its subtree too (jobs name leaf queues,
+        # which alone were read: a parent's ``preemptible: false`` protected nothing). A child
+        # may set its own; a parent's maximum run time bounds its children's.
+        own_runtime = (
+            None
+            if q.get("max_runtime_s") is None
+            else c.number(q["max_runtime_s"], f"{where}.max_runtime_s", strict=True)
+        )
+        here = _Inherited(
+            placement=policy if policy is not None else above.placement,
+            preemptible=c.boolean(q.get("preemptible", above.preemptible), f"{where}.preemptible"),
+            max_runtime_s=min(
+                (x for x in (own_runtime, above.max_runtime_s) if x is not None), default=None
+            ),
+            idle_reclaim_s=(
+                above.idle_reclaim_s
+                if q.get("idle_reclaim_s") is None
+                else c.number(q["idle_reclaim_s"], f"{where}.idle_reclaim_s", strict=True)
+            ),
+        )
         for t in q.get("tenants", []) or []:
             tenant = c.string(t, f"{where}.tenants")
             queue_tenants.setdefault(name, set()).add(tenant)
@@ -508,7 +540,9 @@ def parse_config(
         kids_raw = q.get("children", []) or []
         if not isinstance(kids_raw, list):
             raise c.fail(f"{where}.children", "must be a list of queues")
-        kids = tuple(parse_queue(k, f"{where}.children[{i}]", name) for i, k in enumerate(kids_raw))
+        kids = tuple(
+            parse_queue(k, f"{where}.children[{i}]", name, here) for i, k in enumerate(kids_raw)
+        )
         if g_units > 0:
             kid_sum = sum(queues[k].guaranteed_units for k in kids)
             if kid_sum > g_units + 1e-9:
@@ -525,26 +559,20 @@ def parse_config(
             guaranteed_devices=g_dev,
             limit_devices=l_dev,
             over_quota=c.boolean(q.get("over_quota", True), f"{where}.over_quota"),
-            placement=policy,
-            preemptible=c.boolean(q.get("preemptible", True), f"{where}.preemptible"),
+            placement=here.placement,
+            preemptible=here.preemptible,
             children=kids,
-            max_runtime_s=(
-                None
-                if q.get("max_runtime_s") is None
-                else c.number(q["max_runtime_s"], f"{where}.max_runtime_s", strict=True)
-            ),
-            idle_reclaim_s=(
-                None
-                if q.get("idle_reclaim_s") is None
-                else c.number(q["idle_reclaim_s"], f"{where}.idle_reclaim_s", strict=True)
-            ),
+            max_runtime_s=here.max_runtime_s,
+            idle_reclaim_s=here.idle_reclaim_s,
         )
         return name
 
     top_raw = top.get("queues", []) or []
     if not isinstance(top_raw, list):
         raise c.fail("queues", "must be a list of queues")
-    top_names = tuple(parse_queue(q, f"queues[{i}]", ROOT) for i, q in enumerate(top_raw))
+    top_names = tuple(
+        parse_queue(q, f"queues[{i}]", ROOT, _Inherited()) for i, q in enumerate(top_raw)
+    )
     queues[ROOT] = QueueConfig(name=ROOT, parent=None, children=top_names)
 
     for tenant in list(tenants):
