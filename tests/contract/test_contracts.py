@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import re
@@ -12,6 +13,7 @@ from typing import Any
 import jsonschema
 import msgspec
 import pytest
+import yaml
 
 from xpupool.contracts import asyncapi, decoder_for, describe_error, encode, encode_finite
 from xpupool.contracts import payloads as p
@@ -448,3 +450,66 @@ def test_a_number_json_cannot_carry_is_refused_naming_its_field(
         encode_finite(request)
     finite = p.JobRequested(job_id="j", tenant="t", max_wait_s=5.0, labels={"a": "b"})
     assert encode_finite(finite) == encode(finite)
+
+
+def test_what_fields_and_enum_members_mean_reaches_the_published_schemas() -> None:
+    """The docstrings under fields and enum members (what ``known``, ``releasing`` or
+    ``lease_not_granted`` mean, what ``max_runtime_s`` does) are part of the contract: msgspec
+    publishes only class docstrings, so proto/ must carry them too."""
+    docs = asyncapi._attribute_docs()
+    assert "KNOWN" in docs["SubmitOutcome"] and "max_runtime_s" in docs["JobRequested"]
+    assert "LEASE_NOT_GRANTED" in docs["LeaseError"] and "reason" in docs["JobInfo"]
+    for name, members in docs.items():
+        schema = json.loads((PROTO / "schemas" / f"{name}.json").read_text())
+        kind = getattr(p, name)
+        for member, text in members.items():
+            if issubclass(kind, enum.Enum):
+                value = getattr(kind, member).value
+                assert f"`{value}`: {text}" in schema["description"], (name, member)
+            else:
+                assert text in schema["properties"][member]["description"], (name, member)
+
+
+def test_the_published_request_rules_are_the_bus_s() -> None:
+    """What proto/ tells a foreign client about requests is what the bus does: the size it reads
+    (``payload_too_large`` beyond), and the headers of a reply with no body (a service error),
+    which every request/reply operation lists as a possible answer."""
+    from xpupool.bus.consumer import MAX_MESSAGE_BYTES, SERVICE_ERROR, SERVICE_ERROR_CODE
+    from xpupool.contracts.subjects import MAX_REQUEST_BYTES, SERVICE_ERROR_HEADERS
+
+    assert MAX_MESSAGE_BYTES == MAX_REQUEST_BYTES
+    assert (SERVICE_ERROR, SERVICE_ERROR_CODE) == SERVICE_ERROR_HEADERS
+    document = yaml.safe_load((PROTO / "asyncapi.yaml").read_text())
+    assert document["x-xpupool-max-request-bytes"] == MAX_MESSAGE_BYTES
+    assert f"over {MAX_MESSAGE_BYTES:,} bytes" in document["info"]["description"]
+    error = document["components"]["messages"]["ServiceError"]
+    assert error["headers"]["required"] == [SERVICE_ERROR, SERVICE_ERROR_CODE]
+    assert "payload" not in error  # the body is empty
+    replying = [o for o in document["operations"].values() if "reply" in o]
+    assert len(replying) == sum(1 for c in CHANNELS if c.reply is not None)
+    for operation in replying:
+        refs = [m["$ref"] for m in operation["reply"]["messages"]]
+        assert refs[-1] == "#/components/messages/ServiceError", operation["channel"]
+        assert "_INBOX." in operation["reply"]["address"]["description"]
+
+
+def test_events_without_a_fixed_id_are_the_ones_proto_calls_repeatable() -> None:
+    """A foreign client deduplicates by ce-id: a tenant event whose ce-id is fresh on every
+    publish (no ``dedup_id``) must be named in proto/ as one that may come again."""
+    from xpupool.contracts.subjects import dedup_id
+
+    tenant_types = {
+        t for c in CHANNELS if c.tenant_scoped and c.receivers == ("upstream",) for t in c.payloads
+    }
+    events: list[msgspec.Struct] = [e for e in EXAMPLES if type(e) in tenant_types]
+    events += [p.JobRejected(job_id="j1", tenant="t", reason=reason) for reason in p.JobReason]
+    assert {type(e) for e in events} == tenant_types
+    fresh = {
+        f"`{e.reason.value}` JobRejected" if isinstance(e, p.JobRejected) else type(e).__name__
+        for e in events
+        if dedup_id(e) is None
+    }
+    assert fresh, "every tenant event has a fixed id: say so in DELIVERY"
+    document = yaml.safe_load((PROTO / "asyncapi.yaml").read_text())
+    for label in fresh:
+        assert f"a {label} " in document["info"]["description"].replace("A ", "a "), label

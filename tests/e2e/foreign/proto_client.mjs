@@ -4,18 +4,22 @@
 // (XPUPOOL_NATS_URL, XPUPOOL_NATS_CREDS: an NKey seed file, XPUPOOL_NATS_TLS_CA), runs the job's
 // whole life by proto/asyncapi.yaml's channels and operations, and prints one JSON line per message
 // it sent or received ({"dir", "subject", "reply", "headers", "payload"}) for the test to check against
-// proto/ and the invariants. Usage: node proto_client.mjs TENANT
+// proto/ and the invariants. Usage: node proto_client.mjs TENANT MAX_REQUEST_BYTES (the document's
+// x-xpupool-max-request-bytes), or node proto_client.mjs --observe: as the operator (its seed in
+// XPUPOOL_NATS_CREDS on the secure server), print every message on xpupool.> until SIGTERM.
 import crypto from "node:crypto";
 import fs from "node:fs";
 import net from "node:net";
 import tls from "node:tls";
 
-const tenant = process.argv[2];
+const observing = process.argv[2] === "--observe";
+const tenant = observing ? "operator" : process.argv[2];
+const maxRequestBytes = Number(process.argv[3] || 0);
 const url = new URL(process.env.XPUPOOL_NATS_URL);
 const seedPath = process.env.XPUPOOL_NATS_CREDS || "";
 const caPath = process.env.XPUPOOL_NATS_TLS_CA || "";
 // A secured server lets a tenant use only its own inbox prefix (asyncapi: servers.secure).
-const inbox = `_INBOX.t.${tenant}.${crypto.randomBytes(6).toString("hex")}`;
+const inbox = observing ? `_INBOX.${crypto.randomBytes(6).toString("hex")}` : `_INBOX.t.${tenant}.${crypto.randomBytes(6).toString("hex")}`;
 const space = `xpupool.tenant.v1.${tenant}`;
 
 function log(dir, subject, headers, body, reply = "") {
@@ -153,8 +157,10 @@ function request(subject, payload, headers = {}, timeoutMs = 10000) {
   });
 }
 
+// Events, deduplicated by ce-id as proto/asyncapi.yaml's info says (a fault may deliver one twice).
 const events = [];
 const eventWaiters = [];
+const seenIds = new Set();
 function until(test, what, timeoutMs = 15000) {
   const found = events.find(test);
   if (found) return Promise.resolve(found);
@@ -163,19 +169,32 @@ function until(test, what, timeoutMs = 15000) {
     eventWaiters.push({ test, resolve: (e) => { clearTimeout(timer); resolve(e); } });
   });
 }
+const is = (type, key, value) => (e) => e.payload.type === type && e.payload[key] === value;
+const check = (ok, what) => { if (!ok) throw new Error(what); };
+
+async function observe() {
+  // What an operator follows: every subject of the document, on a plain subscription.
+  await connect();
+  subscribe("xpupool.>", (subject, headers, body) => log("observed", subject, headers, body));
+  await flush();
+  log("ready", "", {}, "{}");
+  process.on("SIGTERM", () => { socket.end(); process.exit(0); });
+}
 
 async function main() {
   await connect();
   subscribe(`${space}.events.>`, (subject, headers, body) => {
     log("event", subject, headers, body);
     const event = { subject, headers, payload: JSON.parse(body) };
+    if (seenIds.has(headers["ce-id"])) return;
+    seenIds.add(headers["ce-id"]);
     events.push(event);
     for (const w of eventWaiters.splice(0)) (w.test(event) ? w.resolve(event) : eventWaiters.push(w));
   });
   subscribe(`${inbox}.*`, (subject, headers, body) => {
     log("reply", subject, headers, body);
     let payload = null;
-    try { payload = JSON.parse(body); } catch { /* a status reply (no responders) has no body */ }
+    try { payload = JSON.parse(body); } catch { /* a service error or a status reply has no body */ }
     pendingReplies.get(subject.slice(inbox.length + 1))?.({ headers, payload });
   });
   await flush();
@@ -185,7 +204,7 @@ async function main() {
   // 2. Submit on the stream (channel ..._jobs_requested, Nats-Msg-Id = job_id), twice: the same job.
   const stored = await request(`${space}.jobs.requested`, { type: "xpupool.job.requested.v1", job_id: "proto-2", count: 1, device: { memory_mib: 1000 } }, { "Nats-Msg-Id": "proto-2" });
   await request(`${space}.jobs.requested`, { type: "xpupool.job.requested.v1", job_id: "proto-2", count: 1, device: { memory_mib: 1000 } }, { "Nats-Msg-Id": "proto-2" });
-  const second = await until((e) => e.payload.job_id === "proto-2" && e.payload.type === "xpupool.alloc.granted.v1", "proto-2's grant");
+  const second = await until(is("xpupool.alloc.granted.v1", "job_id", "proto-2"), "proto-2's grant");
   // 3. Renew the first, then release both with their secret and fencing token.
   const lease1 = first.payload.granted; const lease2 = second.payload;
   const renewed = await request(`${space}.leases.renew`, { type: "xpupool.lease.renew.v1", lease_id: lease1.lease_id, lease_secret: lease1.lease_secret, fencing_token: lease1.fencing_token, ttl_s: 60 });
@@ -193,15 +212,62 @@ async function main() {
     await request(`${space}.leases.release`, { type: "xpupool.lease.release.v1", lease_id: lease.lease_id, lease_secret: lease.lease_secret, fencing_token: lease.fencing_token });
   }
   for (const lease of [lease1, lease2]) {
-    await until((e) => e.payload.lease_id === lease.lease_id && e.payload.type === "xpupool.alloc.ended.v1", `${lease.lease_id}'s end`);
+    await until(is("xpupool.alloc.ended.v1", "lease_id", lease.lease_id), `${lease.lease_id}'s end`);
   }
   // 4. What a careless or hostile client sends is answered, not dropped.
   await request(`${space}.jobs.submit`, { type: "xpupool.job.requested.v1", job_id: "proto-bad", count: -1 });
   await request(`${space}.jobs.submit`, "this is not JSON");
   await request(`${space}.leases.release`, { type: "xpupool.lease.release.v1", lease_id: lease1.lease_id, lease_secret: "0".repeat(48), fencing_token: lease1.fencing_token });
+  // The size the document gives: a payload of exactly that many bytes is read (and refused for
+  // what it says), one byte more is not read at all; the job is named by Nats-Msg-Id.
+  const padded = (job, size) => { const text = JSON.stringify({ type: "xpupool.job.requested.v1", job_id: job, count: -1 }); return text + " ".repeat(size - text.length); };
+  await request(`${space}.jobs.submit`, padded("proto-edge", maxRequestBytes), { "Nats-Msg-Id": "proto-edge" });
+  await request(`${space}.jobs.submit`, padded("proto-huge", maxRequestBytes + 1), { "Nats-Msg-Id": "proto-huge" });
+  // A request whose reply subject is no inbox is handled and not answered (info.description): a
+  // reply there would arrive as an "event" on the tenant's own subject.
+  publish(`${space}.jobs.list`, { type: "xpupool.job.list.v1", limit: 1 }, {}, `${space}.events.rejected`);
+
+  // 5. Queries: the jobs so far, an ended lease, a lease that does not exist.
+  const jobs = await request(`${space}.jobs.list`, { type: "xpupool.job.list.v1", limit: 100 });
+  check(jobs.payload.ok && jobs.payload.jobs.some((j) => j.job_id === "proto-1"), "proto-1 listed");
+  await request(`${space}.leases.get`, { type: "xpupool.lease.get.v1", lease_id: lease1.lease_id });
+  await request(`${space}.leases.get`, { type: "xpupool.lease.get.v1", lease_id: "proto-no-such-lease" });
+
+  // 6. A job that waits: two whole devices held, a third asked for.
+  const hold = await request(`${space}.jobs.submit`, { type: "xpupool.job.requested.v1", job_id: "proto-hold", count: 2, lease_ttl_s: 60 });
+  check(hold.payload.outcome === "granted", `proto-hold: ${JSON.stringify(hold.payload)}`);
+  const held = hold.payload.granted;
+  const wait = await request(`${space}.jobs.submit`, { type: "xpupool.job.requested.v1", job_id: "proto-wait", count: 1, max_wait_s: 60 });
+  check(wait.payload.outcome === "waiting", `proto-wait: ${JSON.stringify(wait.payload)}`);
+  await until(is("xpupool.job.pending.v1", "job_id", "proto-wait"), "proto-wait's pending");
+  await request(`${space}.jobs.list`, { type: "xpupool.job.list.v1", limit: 10 });
+  await request(`${space}.leases.list`, { type: "xpupool.lease.list.v1" });
+  await request(`${space}.leases.get`, { type: "xpupool.lease.get.v1", lease_id: held.lease_id });
+  // A renewal with a token that is not the lease's is refused; one published without a reply
+  // subject (fire and forget) renews, and the event says so.
+  await request(`${space}.leases.renew`, { type: "xpupool.lease.renew.v1", lease_id: held.lease_id, lease_secret: held.lease_secret, fencing_token: held.fencing_token + 1 });
+  publish(`${space}.leases.renew`, { type: "xpupool.lease.renew.v1", lease_id: held.lease_id, lease_secret: held.lease_secret, fencing_token: held.fencing_token, ttl_s: 120 });
+  await until(is("xpupool.alloc.renewed.v1", "lease_id", held.lease_id), "proto-hold's renewal");
+
+  // 7. Cancel: the waiting job (then again), a job that does not exist, the holding job.
+  await request(`${space}.jobs.cancel`, { type: "xpupool.job.cancel.v1", job_id: "proto-wait" });
+  await until(is("xpupool.job.cancelled.v1", "job_id", "proto-wait"), "proto-wait's cancel");
+  await request(`${space}.jobs.cancel`, { type: "xpupool.job.cancel.v1", job_id: "proto-wait" });
+  await request(`${space}.jobs.cancel`, { type: "xpupool.job.cancel.v1", job_id: "proto-nobody" });
+  await request(`${space}.jobs.cancel`, { type: "xpupool.job.cancel.v1", job_id: "proto-hold" });
+  await until(is("xpupool.alloc.ended.v1", "lease_id", held.lease_id), "proto-hold's end");
+  await request(`${space}.leases.get`, { type: "xpupool.lease.get.v1", lease_id: held.lease_id });
+
+  // 8. A maximum run time: warned (LeaseEnding), then ended on ended.max_runtime.
+  const short = await request(`${space}.jobs.submit`, { type: "xpupool.job.requested.v1", job_id: "proto-short", count: 1, max_runtime_s: 2 });
+  check(short.payload.outcome === "granted", `proto-short: ${JSON.stringify(short.payload)}`);
+  await until(is("xpupool.alloc.ending.v1", "lease_id", short.payload.granted.lease_id), "proto-short's warning");
+  await until(is("xpupool.alloc.ended.v1", "lease_id", short.payload.granted.lease_id), "proto-short's end");
+  await request(`${space}.jobs.list`, { type: "xpupool.job.list.v1", limit: 100 });
+
   await flush();
   log("done", "", {}, JSON.stringify({ renewed: renewed.payload.ok, stream_ack: stored.payload }));
   socket.end();
 }
 
-main().catch((error) => { process.stderr.write(String(error.stack || error) + "\n"); process.exit(1); });
+(observing ? observe() : main()).catch((error) => { process.stderr.write(String(error.stack || error) + "\n"); process.exit(1); });

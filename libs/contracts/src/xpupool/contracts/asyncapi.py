@@ -4,7 +4,11 @@ fails when the committed files drift from the code."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
+from enum import Enum
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +16,19 @@ import msgspec
 import yaml
 
 from xpupool.contracts import access
+from xpupool.contracts import payloads as p
 from xpupool.contracts.codec import ce_type
 from xpupool.contracts.payloads import UsageRecord
-from xpupool.contracts.subjects import CHANNELS, DELIVERY, STREAMS, TENANT_SPACE, Channel
+from xpupool.contracts.subjects import (
+    CHANNELS,
+    DELIVERY,
+    MAX_REQUEST_BYTES,
+    REQUESTS,
+    SERVICE_ERROR_HEADERS,
+    STREAMS,
+    TENANT_SPACE,
+    Channel,
+)
 
 REF = "#/components/schemas/{name}"
 HEADERS_SCHEMA: dict[str, Any] = {
@@ -33,6 +47,35 @@ HEADERS_SCHEMA: dict[str, Any] = {
         "traceparent": {"type": "string", "description": "W3C trace context."},
         "tracestate": {"type": "string"},
     },
+}
+
+
+SERVICE_ERROR: dict[str, Any] = {
+    "name": "ServiceError",
+    "title": "service error",
+    "summary": "A reply with no body: the service could not answer with the reply message.",
+    "description": (
+        "Sent instead of the operation's reply when the service failed to handle the request, "
+        "or its reply would exceed the server's max_payload. The body is empty (no JSON)."
+    ),
+    "headers": {
+        "type": "object",
+        "required": list(SERVICE_ERROR_HEADERS),
+        "properties": {
+            SERVICE_ERROR_HEADERS[0]: {"type": "string", "description": "What went wrong."},
+            SERVICE_ERROR_HEADERS[1]: {
+                "type": "string",
+                "description": "An HTTP-like status code: 500.",
+            },
+        },
+    },
+}
+REPLY_ADDRESS: dict[str, Any] = {
+    "location": "$message.header#/_reply",
+    "description": (
+        "The request's NATS reply subject (the reply-to of PUB or HPUB, not a header), under "
+        "_INBOX. (on the secure server _INBOX.t.<tenant>.); any other is not answered."
+    ),
 }
 
 
@@ -63,10 +106,55 @@ def _strip_discriminators(node: Any) -> Any:
     return node
 
 
+@cache
+def _attribute_docs() -> dict[str, dict[str, str]]:
+    """The docstrings written under fields and enum members in ``payloads`` (``{class: {name:
+    text}}``): msgspec reads only class docstrings, and a foreign client has nothing else."""
+    docs: dict[str, dict[str, str]] = {}
+    for node in ast.parse(inspect.getsource(p)).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        body = node.body
+        for statement, following in zip(body, body[1:], strict=False):
+            target: ast.expr | None = None
+            if isinstance(statement, ast.AnnAssign):
+                target = statement.target
+            elif isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+                target = statement.targets[0]
+            if (
+                isinstance(target, ast.Name)
+                and isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)
+            ):
+                text = inspect.cleandoc(following.value.value)
+                docs.setdefault(node.name, {})[target.id] = " ".join(text.split())
+    return docs
+
+
+def _describe_members(name: str, schema: dict[str, Any]) -> None:
+    """Add what each documented field or enum member means to ``name``'s schema."""
+    docs = _attribute_docs().get(name)
+    kind = getattr(p, name, None)
+    if not docs or kind is None:
+        return
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        meanings = [f"`{getattr(kind, m).value}`: {text}" for m, text in docs.items()]
+        schema["description"] = "\n".join([schema.get("description", ""), "", *meanings]).strip()
+        return
+    for field_name, text in docs.items():
+        prop = schema.get("properties", {}).get(field_name)
+        if prop is not None:
+            prop["description"] = " ".join(filter(None, [text, prop.get("description")]))
+
+
 def schemas() -> dict[str, Any]:
     """Every component schema, keyed by Struct name."""
     _, components = msgspec.json.schema_components(_payload_types(), ref_template=REF)
-    return _strip_discriminators(components)  # type: ignore[no-any-return]
+    components = _strip_discriminators(components)
+    for name, schema in components.items():
+        _describe_members(name, schema)
+    return components  # type: ignore[no-any-return]
 
 
 def _channel_id(channel: Channel) -> str:
@@ -115,9 +203,17 @@ def asyncapi() -> dict[str, Any]:
                 "contentType": "application/json",
                 "payload": {"$ref": REF.format(name=reply)},
             }
+            messages["ServiceError"] = SERVICE_ERROR
+            operation["description"] = (
+                f"Request/reply: answered with a {reply}, or with a ServiceError (an empty body "
+                "and error headers); see info.description for the reply subject and size rules."
+            )
             operation["reply"] = {
-                "address": {"location": "$message.header#/_reply"},
-                "messages": [{"$ref": f"#/components/messages/{reply}"}],
+                "address": REPLY_ADDRESS,
+                "messages": [
+                    {"$ref": f"#/components/messages/{reply}"},
+                    {"$ref": "#/components/messages/ServiceError"},
+                ],
             }
         operations[f"{operation['action']}_{cid}"] = operation
     return {
@@ -131,6 +227,8 @@ def asyncapi() -> dict[str, Any]:
                 + "; ".join(f"{s.name} ({', '.join(s.subjects)})" for s in STREAMS)
                 + ". "
                 + DELIVERY
+                + " "
+                + REQUESTS
             ),
         },
         "defaultContentType": "application/json",
@@ -179,6 +277,7 @@ def asyncapi() -> dict[str, Any]:
             },
         },
         "x-xpupool-permissions": _permissions(),
+        "x-xpupool-max-request-bytes": MAX_REQUEST_BYTES,
     }
 
 

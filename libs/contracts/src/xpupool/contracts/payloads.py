@@ -711,7 +711,9 @@ class SubmitReply(
 
     Every outcome it carries is also published as the event it is (``AllocationGranted``,
     ``JobRejected``), so a subscriber to the tenant's events sees the same as a request/reply
-    client, and a requester that lost its reply still gets the event.
+    client, and a requester that lost its reply still gets the event. A reply that would not fit
+    the server's max_payload carries neither ``granted`` nor ``rejected`` (``detail`` says so):
+    the event has it.
     """
 
     job_id: str

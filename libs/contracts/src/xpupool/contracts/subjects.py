@@ -130,25 +130,65 @@ TENANT_EVENTS_STREAM: Final = Stream(
 )
 STREAMS: Final = (JOBS_STREAM, SCHED_STREAM, EVENTS_STREAM, TENANT_EVENTS_STREAM)
 
+MAX_REQUEST_BYTES: Final = 65536
+"""The largest payload (body) a service reads; a bigger one is answered ``payload_too_large``
+unread. The bus's ``MAX_MESSAGE_BYTES``, published in proto/ for foreign clients."""
+SERVICE_ERROR_HEADERS: Final = ("Nats-Service-Error", "Nats-Service-Error-Code")
+"""The headers of a reply that carries no body, only a service's error (the NATS micro
+convention): the bus answers so when a handler fails or a reply would not fit."""
+
+# The events that are no once-only transition: a later copy has a ce-id of its own.
+REPEATABLE: Final = (
+    "A JobPending (where a waiting job stands now) and a `duplicate_job` JobRejected (the answer "
+    "to one resubmission) are not once-only: each report has a ce-id of its own, and one may "
+    "come again after a fault."
+)
+
 DELIVERY: Final = (
     "Every event is stored at least once; after a fault (a service or server restarted "
     "mid-publish) a core NATS subscriber may get it twice, each copy with the same ce-id (its "
-    "Nats-Msg-Id: the streams keep one), so deduplicate by ce-id. Per lease, a stream and a "
+    "Nats-Msg-Id: the streams keep one), so deduplicate by ce-id. "
+    + REPEATABLE
+    + " Per lease, a stream and a "
     "subscriber of its subjects get the AllocationGranted before any later event of that lease "
     "(LeaseRenewed, LeaseEnding, LeaseEnded), whichever service or replica published each, also "
     "when the holder renews or releases on the grant's submit reply. Events of different leases "
-    "come in no promised order. A request is answered only on a reply subject under _INBOX. "
-    "(every NATS client's own inboxes; on the secure server _INBOX.t.<tenant>): one that names "
-    "another reply subject is handled, its events published, and not answered."
+    "come in no promised order. A tenant reads its events on a plain subscription (it has no "
+    "JetStream API): what it missed while disconnected it finds with jobs.list and leases.get, "
+    "or by submitting the same job again (outcome `known`, with the live grant)."
 )
 
-TENANT_PARAM: Final = {"tenant": "the tenant's name, pinned to its credentials by the server"}
+REQUESTS: Final = (
+    "A request is a core NATS publish with a reply subject (the reply-to of PUB or HPUB, not a "
+    "header) under _INBOX. (every NATS client's own inboxes; on the secure server "
+    "_INBOX.t.<tenant>.), answered there once with the operation's reply message. One that names "
+    "another reply subject is handled, its events published, and not answered. A payload over "
+    f"{MAX_REQUEST_BYTES:,} bytes is not read: it is refused with the code payload_too_large "
+    "(a job request: rejected, its job named by the Nats-Msg-Id header), as a payload that does "
+    "not decode is with invalid_request and the field to blame; a message over the server's "
+    "max_payload (its INFO) is refused by the server itself, which closes the connection. A "
+    "service that failed to handle a request, or whose reply would not fit max_payload, answers "
+    f"with an empty body and the headers {SERVICE_ERROR_HEADERS[0]} (a description) and "
+    f"{SERVICE_ERROR_HEADERS[1]} (500) (message ServiceError): the command may or may not have "
+    "taken effect; query, or send it again (a job request is deduplicated by job_id). A request "
+    "that no service subscribes to is answered by the server, when the client's CONNECT sets "
+    "headers and no_responders, with an empty body and the status line `NATS/1.0 503`: nothing "
+    "was done; send it again later."
+)
+
+TENANT_PARAM: Final = {
+    "tenant": (
+        f"the tenant's name ({p.TENANT_NAME_PATTERN}), pinned to its credentials by the server"
+    )
+}
 
 JOB_REQUESTED: Final = Channel(
     TENANT_SPACE + ".{tenant}.jobs.requested",
     (p.JobRequested,),
     "Submit a job request as {tenant}. Publish with header Nats-Msg-Id = job_id so retries "
-    "deduplicate; a payload `tenant` other than {tenant} is rejected.",
+    "deduplicate; a payload `tenant` other than {tenant} is rejected. A publish with a reply "
+    "subject is answered by the server with JetStream's PubAck (`stream`, `seq`, and "
+    "`duplicate: true` for a retry it dropped); the job's outcome comes as events.",
     sender="upstream",
     receivers=("scheduler",),
     stream=JOBS_STREAM,
@@ -230,8 +270,8 @@ ALLOC_ENDING: Final = Channel(
 ALLOC_ENDED: Final = Channel(
     "xpupool.alloc.v1.ended.{reason}",
     (p.LeaseEnded,),
-    "Operator copy. Terminal: a lease ended (released, expired, preempted or lost); its slices "
-    "are free again.",
+    "Operator copy. Terminal: a lease ended (its reason is the subject's last token); its "
+    "slices are free again.",
     sender="lease-manager",
     receivers=("operators", "scheduler"),
     stream=EVENTS_STREAM,
