@@ -44,6 +44,19 @@ def reservation(job: str, *slices: SliceClaim, **kwargs: object) -> Reservation:
     return Reservation(**fields)  # type: ignore[arg-type]
 
 
+async def granted_whole_leases(ledger: Ledger, count: int, **kwargs: object) -> list[str]:
+    """``count`` whole-device leases on one node ``n1`` (``lease-j<i>`` for job ``j<i>``),
+    granted; ``kwargs`` go to each ``reservation``."""
+    await ledger.register_node("n1", [device_spec("n1", i) for i in range(count)])
+    leases = []
+    for i in range(count):
+        claim = SliceClaim(device_id=f"n1/nvidia{i}", memory_mib=81920, compute_pct=100, whole=True)
+        assert (await ledger.reserve(reservation(f"j{i}", claim, **kwargs))).ok
+        assert (await ledger.grant(f"lease-j{i}")).ok
+        leases.append(f"lease-j{i}")
+    return leases
+
+
 @asynccontextmanager
 async def running_direct_outbox(direct: DirectOutbox, send: Send) -> AsyncIterator[DirectOutbox]:
     """``direct`` running with ``send`` for the block, then stopped (what it holds confirmed)."""

@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 from redis.exceptions import NoPermissionError
 
 from tests.conftest import eventually
-from tests.integration.ledger_builders import device_spec, reservation
+from tests.integration.ledger_builders import device_spec, granted_whole_leases, reservation
 from xpupool.bus import DispatchStats
 from xpupool.bus.connection import round_trip
 from xpupool.bus.lifecycle import open_bus
@@ -30,18 +30,6 @@ from xpupool.lease_manager.main import expire_leases, scheduler_commands
 from xpupool.ledger import Ledger, SliceClaim, audit
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-
-async def _granted(ledger: Ledger, count: int, **kwargs: object) -> list[str]:
-    """``count`` whole-device leases on one node (``lease-j<i>``), granted."""
-    await ledger.register_node("n1", [device_spec("n1", i) for i in range(count)])
-    leases = []
-    for i in range(count):
-        claim = SliceClaim(device_id=f"n1/nvidia{i}", memory_mib=81920, compute_pct=100, whole=True)
-        assert (await ledger.reserve(reservation(f"j{i}", claim, **kwargs))).ok
-        assert (await ledger.grant(f"lease-j{i}")).ok
-        leases.append(f"lease-j{i}")
-    return leases
 
 
 async def _ended(ledger: Ledger, lease_id: str) -> str | None:
@@ -71,7 +59,7 @@ async def test_a_refused_warning_sweep_does_not_keep_leases_past_their_term(
 
     monkeypatch.setattr(ledger, "reclaim_idle", refused)
     monkeypatch.setattr(ledger, "warn_deadlines", refused)
-    [lease_id] = await _granted(ledger, 1, ttl_ms=200)
+    [lease_id] = await granted_whole_leases(ledger, 1, ttl_ms=200)
     stop = asyncio.Event()
     sweeping = await _sweeping(ledger, stop)
     try:
@@ -119,7 +107,7 @@ async def test_a_lease_end_sent_while_the_ledger_restarts_ends_the_lease_once_it
     """The scheduler's EndLease (a cancel: its lease is marked, and the command queued once)
     arrives while Redis is down for longer than the bus's default redelivery (5 tries, about
     6 s): the lease-manager keeps it, and ends the lease once Redis is back."""
-    [lease_id] = await _granted(ledger, 1, ttl_ms=120_000)
+    [lease_id] = await granted_whole_leases(ledger, 1, ttl_ms=120_000)
     stop = asyncio.Event()
     async with AsyncExitStack() as stack:
         bus = await open_bus(stack, nats_server.url, "lease-manager")
@@ -150,7 +138,7 @@ async def test_a_preemption_s_grace_holds_for_a_lease_already_warned_of_a_later_
     """A lease warned that it ends in a minute (its maximum run time, or idle) is preempted with
     a grace of 200 ms: it ends ``preempted`` at that grace, as its holder is told, not at the
     later end; a second preemption changes nothing."""
-    [lease_id] = await _granted(
+    [lease_id] = await granted_whole_leases(
         ledger, 1, max_runtime_ms=60_000 if first == "max_runtime" else 0, idle_after_ms=1
     )
     await asyncio.sleep(0.01)
@@ -178,7 +166,7 @@ async def test_a_preemption_with_a_later_grace_leaves_a_sooner_end_as_it_is(
 ) -> None:
     """A lease that ends within 200 ms (its maximum run time, warned) keeps that end and its
     reason when a preemption grants it a minute: nothing is queued for the holder."""
-    [lease_id] = await _granted(ledger, 1, max_runtime_ms=200)
+    [lease_id] = await granted_whole_leases(ledger, 1, max_runtime_ms=200)
     assert (await ledger.warn_deadlines(warning_ms=60_000)).ended == [lease_id]
     before = await ledger.get_lease(lease_id)
     result = await ledger.end_after(lease_id, "preempted", 60_000)

@@ -7,26 +7,15 @@ import asyncio
 
 import pytest
 
-from tests.integration.ledger_builders import device_spec, reservation
+from tests.integration.ledger_builders import granted_whole_leases
 from xpupool.contracts import DeviceSample
-from xpupool.ledger import Ledger, SliceClaim
+from xpupool.ledger import Ledger
 
 pytestmark = pytest.mark.integration
 
 
-async def _granted(ledger: Ledger, count: int, **kwargs: object) -> list[str]:
-    await ledger.register_node("n1", [device_spec("n1", i) for i in range(count)])
-    leases = []
-    for i in range(count):
-        claim = SliceClaim(device_id=f"n1/nvidia{i}", memory_mib=81920, compute_pct=100, whole=True)
-        assert (await ledger.reserve(reservation(f"j{i}", claim, **kwargs))).ok
-        assert (await ledger.grant(f"lease-j{i}")).ok
-        leases.append(f"lease-j{i}")
-    return leases
-
-
 async def test_idle_leases_beyond_one_sweep_are_all_reclaimed(ledger: Ledger) -> None:
-    leases = await _granted(ledger, 3, idle_after_ms=200)
+    leases = await granted_whole_leases(ledger, 3, idle_after_ms=200)
     await asyncio.sleep(0.3)
     warned: list[str] = []
     for _ in range(3):  # one lease per sweep: each sweep must reach a new one
@@ -39,7 +28,7 @@ async def test_idle_leases_beyond_one_sweep_are_all_reclaimed(ledger: Ledger) ->
 
 
 async def test_a_busy_lease_is_looked_at_again_only_when_it_could_be_idle(ledger: Ledger) -> None:
-    (lease_id,) = await _granted(ledger, 1, idle_after_ms=400)
+    (lease_id,) = await granted_whole_leases(ledger, 1, idle_after_ms=400)
     await asyncio.sleep(0.2)
     assert (await ledger.heartbeat("n1", [DeviceSample(device_id="n1/nvidia0", util_pct=80.0)])).ok
     await asyncio.sleep(0.25)  # 450 ms after the grant, 250 after the work
@@ -49,7 +38,7 @@ async def test_a_busy_lease_is_looked_at_again_only_when_it_could_be_idle(ledger
 
 
 async def test_max_runtime_warnings_read_only_leases_with_a_deadline(ledger: Ledger) -> None:
-    bounded = await _granted(ledger, 2, max_runtime_ms=300)
+    bounded = await granted_whole_leases(ledger, 2, max_runtime_ms=300)
     assert (await ledger.warn_deadlines(warning_ms=100)).ended == []  # 300 ms away
     await asyncio.sleep(0.25)
     assert (
@@ -70,7 +59,7 @@ async def test_a_lease_record_without_slices_still_ends_whole(ledger: Ledger) ->
     """A record missing its slices (damaged by hand or by an older writer) ends like any other:
     the script does not stop halfway through its writes, after the usage record and before the
     lease, its indexes and its job are ended."""
-    [lease_id] = await _granted(ledger, 1)
+    [lease_id] = await granted_whole_leases(ledger, 1)
     await ledger.redis.hdel(ledger.key("lease", lease_id), "slices")
     result = await ledger.end(lease_id, "expired")
     assert result.ok and result.outcome == "ended"
