@@ -152,6 +152,11 @@ class OutboxRelay:
                         entries += await self._claim_stale()
                         claimed_at = time.monotonic()
                         await self._reap_consumers()
+                # Entries taken from a peer were queued before those just read: a batch goes
+                # out in the order the ledger queued it, so a lease's grant taken from a dead
+                # peer is not published after its end read in the same turn (``build_events``
+                # waits only for grants outside the batch).
+                entries.sort(key=_stream_order)
                 if self._direct is not None and time.monotonic() - self._swept_at >= (
                     SWEEP_INTERVAL_S
                 ):
@@ -292,6 +297,12 @@ def _acknowledged(ack: asyncio.Future[Any]) -> bool:
     """Whether a JetStream acknowledgement came back without error (retrieving the error, so
     that none is reported as never retrieved)."""
     return ack.done() and not ack.cancelled() and ack.exception() is None
+
+
+def _stream_order(entry: tuple[str, dict[str, str]]) -> tuple[int, int]:
+    """Where an entry stands in its stream: its id, ``<ms>-<seq>``, as numbers."""
+    ms, _, seq = entry[0].partition("-")
+    return int(ms), int(seq or 0)
 
 
 def _s(value: Any) -> str:
