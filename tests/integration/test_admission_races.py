@@ -279,3 +279,23 @@ async def test_a_waiting_job_whose_queue_a_reload_took_from_its_tenant_is_reject
 
 def _deps_of(ledger: Ledger, queues: Path) -> SchedulerDeps:
     return SchedulerDeps(ledger=ledger, settings=SchedulerSettings(), config=ConfigSource(queues))
+
+
+async def test_the_message_that_admitted_an_ended_job_is_told_apart_from_a_resubmission(
+    ledger: Ledger,
+) -> None:
+    """A stream message delivered again after its job ended (its acknowledgement lost to a crash)
+    is the same request: answered ``job_redelivered``, nothing to publish. Another message with
+    the same job id is a resubmission: ``duplicate_job``, saying how the job ended."""
+    body = encode(JobRequested(job_id="r", tenant="t"))
+    first = Admission("r", 500, body, None, "queued", tenant="t", source="XPUPOOL_JOBS:7")
+    (admitted,) = await ledger.admit_many([first])
+    assert admitted.ok and admitted.outcome == "pending"
+    assert (await ledger.cancel_job("r", "t")).outcome == "cancelled"
+    (again,) = await ledger.admit_many([first])
+    assert not again.ok and again.reason == "job_redelivered"
+    resubmitted = Admission("r", 500, body, None, "queued", tenant="t", source="XPUPOOL_JOBS:9")
+    (refused,) = await ledger.admit_many([resubmitted])
+    assert not refused.ok and refused.reason == "duplicate_job"
+    (by_request,) = await ledger.admit_many([Admission("r", 500, body, None, "queued", tenant="t")])
+    assert not by_request.ok and by_request.reason == "duplicate_job"

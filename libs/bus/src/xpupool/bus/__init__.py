@@ -13,6 +13,7 @@ from xpupool.bus.consumer import (
     InvalidMessage,
     TooLargeReply,
     consume_stream,
+    delivered_message,
     early_reply,
     serve_subject,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "ce_headers",
     "connect",
     "consume_stream",
+    "delivered_message",
     "early_reply",
     "ensure_streams",
     "round_trip",

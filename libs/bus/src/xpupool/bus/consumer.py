@@ -183,6 +183,18 @@ def early_reply() -> EarlyReply | None:
     return _EARLY_REPLY.get()
 
 
+# Set around one stream message's handler: "<stream>:<sequence>", the message's place in its
+# stream, the same on every delivery of it.
+_DELIVERED: contextvars.ContextVar[str] = contextvars.ContextVar("xpupool_delivered", default="")
+
+
+def delivered_message() -> str:
+    """The stream message the calling handler serves, as ``<stream>:<sequence>`` ('' for a core
+    NATS message): a redelivery (its acknowledgement lost) has the same, a resubmission of the
+    same content another, so a handler can tell the two apart."""
+    return _DELIVERED.get()
+
+
 def _service_error(description: str, code: str) -> dict[str, str]:
     return {SERVICE_ERROR: description, SERVICE_ERROR_CODE: code}
 
@@ -617,25 +629,40 @@ async def _process_stream_message(
     log: Any,
 ) -> None:
     attempt = _attempt_of(msg)
-    with dispatcher.span(msg) as span:
-        try:
-            await dispatcher.dispatch(msg, attempt)
-            # Not awaited: the handler's effects are in the ledger and its events stored, so a
-            # lost ack costs only a redelivery, which the handlers deduplicate; confirming each
-            # one would cost a round trip per message.
-            await msg.ack()
-        except Exception as error:  # noqa: BLE001  (the handler's failure is data, not a crash)
-            dispatcher.stats.failed += 1
-            span.set_status(Status(StatusCode.ERROR, repr(error)[:500]))
-            span.set_attribute("error.type", type(error).__name__)
-            if attempt >= max_deliver:
-                await _give_up(msg, dispatcher, on_give_up, error, log, attempt)
-            else:
-                log.warning("message_failed", error=repr(error), attempt=attempt, will_retry=True)
-                try:
-                    await msg.nak(delay=min(0.2 * 2**attempt, 5.0))
-                except Exception as nak_error:  # noqa: BLE001  (ack_wait redelivers anyway)
-                    log.warning("nak_failed", error=repr(nak_error))
+    delivered = _DELIVERED.set(_stream_position(msg))
+    try:
+        with dispatcher.span(msg) as span:
+            try:
+                await dispatcher.dispatch(msg, attempt)
+                # Not awaited: the handler's effects are in the ledger and its events stored,
+                # so a lost ack costs only a redelivery, which the handlers deduplicate;
+                # confirming each one would cost a round trip per message.
+                await msg.ack()
+            except Exception as error:  # noqa: BLE001  (the handler's failure is data)
+                dispatcher.stats.failed += 1
+                span.set_status(Status(StatusCode.ERROR, repr(error)[:500]))
+                span.set_attribute("error.type", type(error).__name__)
+                if attempt >= max_deliver:
+                    await _give_up(msg, dispatcher, on_give_up, error, log, attempt)
+                else:
+                    log.warning(
+                        "message_failed", error=repr(error), attempt=attempt, will_retry=True
+                    )
+                    try:
+                        await msg.nak(delay=min(0.2 * 2**attempt, 5.0))
+                    except Exception as nak_error:  # noqa: BLE001  (ack_wait redelivers anyway)
+                        log.warning("nak_failed", error=repr(nak_error))
+    finally:
+        _DELIVERED.reset(delivered)
+
+
+def _stream_position(msg: Msg) -> str:
+    """``<stream>:<sequence>`` of a stream message, from its ack subject ('' if it does not
+    parse)."""
+    try:
+        return f"{msg.metadata.stream}:{msg.metadata.sequence.stream}"
+    except Exception:  # noqa: BLE001  (not an ack subject nats-py reads)
+        return ""
 
 
 async def _give_up(

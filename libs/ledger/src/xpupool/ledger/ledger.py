@@ -251,6 +251,11 @@ class Admission:
     """The caller follows the change feed and counts this admission's change as its own until it
     reads it (``SnapshotCache.own_change``): while it is the feed's only subscriber, the grant is
     not announced there (one message it would only skip)."""
+    source: str = ""
+    """The stream message the request came in (``<stream>:<sequence>``; '' by request/reply):
+    kept with the job, so a redelivery of that very message after the job ended (its
+    acknowledgement lost to a crash) is told apart from a resubmission, and is not rejected
+    ``duplicate_job``, a second outcome for the job."""
 
     def script_args(self) -> list[ScriptArg]:
         return [
@@ -269,6 +274,7 @@ class Admission:
             b"" if self.placement is None else msgspec.json.encode(self.placement),
             "" if self.placement_view is None else self.placement_view.view,
             "1" if self.caller_follows_feed else "",
+            self.source,
         ]
 
 

@@ -27,7 +27,7 @@ from typing import Final, NamedTuple
 import msgspec
 from opentelemetry import trace
 
-from xpupool.bus import EarlyReply, InvalidMessage, early_reply
+from xpupool.bus import EarlyReply, InvalidMessage, delivered_message, early_reply
 from xpupool.contracts import (
     IDENTIFIER_PATTERN,
     AllocationGranted,
@@ -154,6 +154,8 @@ class Arrival:
     # A request sent by request/reply: its grant is answered as soon as the batch hands it to
     # the connection (``publish_grants``), in the same write.
     answer: EarlyReply | None = None
+    # The stream message it came in (``delivered_message``; '' by request/reply).
+    source: str = ""
 
 
 @dataclass
@@ -324,6 +326,7 @@ async def _admit(
         AdmissionLimits(limits.rate_per_s, limits.burst, limits.max_pending),
         trace_carrier(),
         answer,
+        delivered_message(),
     )
     admitted = await deps.admissions.submit(arrival)
     if not admitted.ok:
@@ -387,6 +390,7 @@ def _admissions(
                 placement=None if placed is None else placed[1],
                 placement_view=None if placed is None else view,
                 caller_follows_feed=follows_feed,
+                source=a.source,
             )
         )
     return admissions

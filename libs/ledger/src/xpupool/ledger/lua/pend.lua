@@ -18,19 +18,27 @@
 -- caller_follows_feed ('1' = yes): the scheduler follows the change feed and counts this
 -- admission's change as its own (SnapshotCache.own_change), so, when it is the feed's only
 -- subscriber, the grant is not announced there (quiet_if_only_reader in _prelude.lua).
+-- source ('' = none): the stream message the request came in (<stream>:<sequence>), kept with
+-- the job: that very message delivered again after the job ended (its acknowledgement lost) is
+-- answered job_redelivered, nothing to publish, where a resubmission gets duplicate_job.
 -- The score orders by priority, then arrival in seconds (both exact in a double).
 -- A new request of a tenant over its rate (a token bucket kept as its theoretical arrival time,
 -- GCRA) or at its maximum of pending requests is refused before anything is written. A
 -- resubmission of a job that has ended (or of another tenant's job id) is refused with
 -- duplicate_job, saying how the earlier job ended.
 local jk = k('job', ARGV[1])
-local state, owner = unpack(redis.call('HMGET', jk, 'state', 'tenant'))
+local state, owner, source = unpack(redis.call('HMGET', jk, 'state', 'tenant', 'source'))
 if state and owner and owner ~= ARGV[7] then
   -- Job ids are global: another tenant's id is refused without a word about that job.
   return fail('duplicate_job', 'this job id is taken; submit with a new one')
 end
 if state and state ~= 'pending' then
   local ended = job_outcome(ARGV[1])
+  if ended and (ARGV[16] or '') ~= '' and source == ARGV[16] then
+    -- The very message that admitted the job, delivered again (its acknowledgement was lost):
+    -- the job's outcome is out; a duplicate_job rejection now would be a second one.
+    return cjson.encode({ok = false, reason = 'job_redelivered'})
+  end
   if ended then return fail('duplicate_job', 'job ' .. ARGV[1] .. ' already ended: ' .. ended) end
   -- Reserved or leased: the first submission's outcome is on its way (or out).
   return cjson.encode({ok = false, reason = 'job_' .. state})
@@ -69,6 +77,7 @@ end
 local since = now
 local job = {'state', 'pending', 'since_ms', since, 'reason', ARGV[5], 'detail', ARGV[6],
   'tenant', tenant}
+if (ARGV[16] or '') ~= '' then job[#job + 1], job[#job + 2] = 'source', ARGV[16] end
 local trace = false
 if (ARGV[11] or '') ~= '' then
   trace = {ARGV[11], ARGV[12] or ''}
