@@ -44,21 +44,24 @@ from xpupool.bus.lifecycle import BusClosed
 from xpupool.bus.publisher import MessageTooLarge, Publisher, encoded_size
 from xpupool.bus.semconv import consumer_attributes
 from xpupool.contracts import decoder_for, describe_error, encode
+from xpupool.contracts.access import INBOX_PREFIX
 from xpupool.contracts.codec import DETAIL_LIMIT, FIELD_LIMIT, clip
-from xpupool.contracts.subjects import Channel, Durable
+from xpupool.contracts.subjects import (
+    MAX_REQUEST_BYTES,
+    SERVICE_ERROR_HEADERS,
+    Channel,
+    Durable,
+)
 from xpupool.obs import bind_message_context, get_logger, start_current_span
 
 INVALID_REQUEST: Final = "invalid_request"
 PAYLOAD_TOO_LARGE: Final = "payload_too_large"
-MAX_MESSAGE_BYTES: Final = 65536
-"""Default size limit of a received payload; a bigger one is answered, never decoded."""
+MAX_MESSAGE_BYTES: Final = MAX_REQUEST_BYTES
+"""Default size limit of a received payload; a bigger one is answered, never decoded (the limit
+proto/ publishes)."""
 
 ACK_PREFIX: Final = "$JS.ACK."
-# Where every NATS client makes its inboxes (nats-py, nats.go, nats.js, ... by default; the
-# secure stack's tenant and service prefixes are under it too).
-INBOX_PREFIX: Final = "_INBOX."
-SERVICE_ERROR: Final = "Nats-Service-Error"
-SERVICE_ERROR_CODE: Final = "Nats-Service-Error-Code"
+SERVICE_ERROR, SERVICE_ERROR_CODE = SERVICE_ERROR_HEADERS
 PULL_EXPIRES_S: Final = 1.0
 # How long past a pull request's expiry its 408 may take to arrive before the request is taken
 # for lost (a reconnect in between loses it on the server).

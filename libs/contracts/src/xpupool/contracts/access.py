@@ -70,14 +70,20 @@ class Permissions:
     publish_deny: tuple[str, ...] = ()
 
 
+INBOX_PREFIX: Final = "_INBOX."
+"""Where every NATS client makes its inboxes (nats-py, nats.go, nats.js, ... by default); the
+secure stack's tenant and service prefixes are under it, and services answer requests there
+only."""
+
+
 def service_inbox(role: str) -> str:
     """The inbox prefix of a service (``inbox_prefix`` in nats-py)."""
-    return f"_INBOX.svc.{role}"
+    return f"{INBOX_PREFIX}svc.{role}"
 
 
 def tenant_inbox(tenant: str) -> str:
     """The inbox prefix of a tenant; a separate level from services, so no name can collide."""
-    return f"_INBOX.t.{tenant}"
+    return f"{INBOX_PREFIX}t.{tenant}"
 
 
 def _tenant_events(*events: str) -> tuple[str, ...]:

@@ -132,7 +132,7 @@ STREAMS: Final = (JOBS_STREAM, SCHED_STREAM, EVENTS_STREAM, TENANT_EVENTS_STREAM
 
 MAX_REQUEST_BYTES: Final = 65536
 """The largest payload (body) a service reads; a bigger one is answered ``payload_too_large``
-unread. The bus's ``MAX_MESSAGE_BYTES``, published in proto/ for foreign clients."""
+unread (the bus's default ``MAX_MESSAGE_BYTES``), published in proto/ for foreign clients."""
 SERVICE_ERROR_HEADERS: Final = ("Nats-Service-Error", "Nats-Service-Error-Code")
 """The headers of a reply that carries no body, only a service's error (the NATS micro
 convention): the bus answers so when a handler fails or a reply would not fit."""
