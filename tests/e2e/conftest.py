@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -39,6 +41,20 @@ def cli_env(stack: Stack, tenant: str) -> dict[str, str]:
     else:
         env.update(XPUPOOL_NATS_URL=stack.nats_url or "", XPUPOOL_REDIS_URL=stack.redis_url or "")
     return env
+
+
+async def start_runner(stack: Stack, tenant: str, *args: str) -> asyncio.subprocess.Process:
+    """``xpupool run ARGS`` as ``tenant`` on ``stack``, a process of its own, output piped."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "xpupool.cli.main",
+        "run",
+        *args,
+        env=cli_env(stack, tenant),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
 
 
 EventT = TypeVar("EventT")

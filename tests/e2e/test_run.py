@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import eventually
-from tests.e2e.conftest import EventLog, Ready, cli_env
+from tests.e2e.conftest import EventLog, Ready, start_runner
 from xpupool.cli.main import build_parser
 from xpupool.client import XpupoolClient
 from xpupool.contracts import (
@@ -37,16 +37,7 @@ def stack_security(request: pytest.FixtureRequest) -> str:
 
 
 async def _start(stack: Stack, *args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "xpupool.cli.main",
-        "run",
-        *args,
-        env=cli_env(stack, TENANT),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    return await start_runner(stack, TENANT, *args)
 
 
 async def _finish(process: asyncio.subprocess.Process) -> tuple[int, str, str]:

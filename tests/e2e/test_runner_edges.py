@@ -17,7 +17,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from tests.conftest import eventually
-from tests.e2e.conftest import Ready, cli_env
+from tests.e2e.conftest import Ready, start_runner
 from xpupool.client import XpupoolClient
 from xpupool.contracts import AllocationGranted, JobRequested, SubmitReply
 from xpupool.devstack.stack import NodeSpec, Stack
@@ -42,16 +42,7 @@ _WAIT_FOR_MARKER = (
 async def _runner(stack: Stack, *args: str) -> AsyncIterator[asyncio.subprocess.Process]:
     """``xpupool run ARGS`` as a process; on the way out it and CMD (its own process group,
     whose id the test reads from CMD's first line) are gone, whatever the test found."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "xpupool.cli.main",
-        "run",
-        *args,
-        env=cli_env(stack, TENANT),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    process = await start_runner(stack, TENANT, *args)
     try:
         yield process
     finally:

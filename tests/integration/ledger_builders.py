@@ -8,7 +8,18 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from xpupool.contracts import DeviceSpec, Vendor
+import msgspec
+from nats.aio.client import Client
+
+from xpupool.contracts import (
+    AllocationGranted,
+    DeviceSpec,
+    LeaseEnded,
+    LeaseRenewed,
+    Vendor,
+    decoder_for,
+    subjects,
+)
 from xpupool.ledger import DirectOutbox, Ledger, Reservation, SliceClaim
 from xpupool.ledger.outbox import Send
 
@@ -74,3 +85,22 @@ async def direct_entries(ledger: Ledger) -> list[str]:
     """The ids of the entries the direct outbox holds, oldest first."""
     entries: Any = await ledger.redis.xrange(ledger.key("outbox", "direct"))
     return [i.decode() if isinstance(i, bytes) else str(i) for i, _ in entries]
+
+
+LeaseEvent = AllocationGranted | LeaseRenewed | LeaseEnded
+LEASE_EVENTS = decoder_for((AllocationGranted, LeaseRenewed, LeaseEnded))
+
+
+async def stored_lease_events(nc: Client, stream: subjects.Stream) -> list[LeaseEvent]:
+    """Every lease event ``stream`` holds, in the order it stored them (the streams hold jobs'
+    and nodes' events too, which are left out)."""
+    js = nc.jetstream()
+    state = (await js.stream_info(stream.name)).state
+    stored: list[LeaseEvent] = []
+    for seq in range(state.first_seq, state.last_seq + 1):
+        msg = await js.get_msg(stream.name, seq)
+        try:
+            stored.append(LEASE_EVENTS.decode(msg.data or b""))
+        except msgspec.DecodeError:
+            continue
+    return stored

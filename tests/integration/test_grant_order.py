@@ -23,10 +23,13 @@ from nats.aio.client import Client
 
 from tests.conftest import eventually
 from tests.integration.ledger_builders import (
+    LEASE_EVENTS,
+    LeaseEvent,
     device_spec,
     direct_entries,
     reservation,
     running_direct_outbox,
+    stored_lease_events,
 )
 from xpupool.bus import Publisher, ensure_streams
 from xpupool.contracts import (
@@ -35,7 +38,6 @@ from xpupool.contracts import (
     LeaseRenewed,
     ReleaseLease,
     RenewLease,
-    decoder_for,
     subjects,
 )
 from xpupool.devstack.servers import NatsServer
@@ -56,9 +58,6 @@ from xpupool.ledger.events import granted_event
 from xpupool.ledger.outbox import Send
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-_LEASE_EVENTS = decoder_for((AllocationGranted, LeaseRenewed, LeaseEnded))
-LeaseEvent = AllocationGranted | LeaseRenewed | LeaseEnded
 
 
 async def _granted_unconfirmed(
@@ -85,20 +84,6 @@ def _recording(publisher: Publisher, sent: list[msgspec.Struct]) -> Send:
         return await publisher.send(event)
 
     return send
-
-
-async def _stored(nc: Client, stream: subjects.Stream) -> list[LeaseEvent]:
-    """Every lease event ``stream`` holds, in the order it stored them."""
-    js = nc.jetstream()
-    state = (await js.stream_info(stream.name)).state
-    stored: list[LeaseEvent] = []
-    for seq in range(state.first_seq, state.last_seq + 1):
-        msg = await js.get_msg(stream.name, seq)
-        try:
-            stored.append(_LEASE_EVENTS.decode(msg.data or b""))
-        except msgspec.DecodeError:
-            continue  # not a lease event (the streams hold the jobs' events too)
-    return stored
 
 
 @asynccontextmanager
@@ -147,7 +132,7 @@ def _counted(metrics: LeaseManagerMetrics) -> dict[str, float | None]:
 
 async def _stored_in_both(nc: Client) -> list[list[type]]:
     return [
-        [type(e) for e in await _stored(nc, stream)]
+        [type(e) for e in await stored_lease_events(nc, stream)]
         for stream in (subjects.EVENTS_STREAM, subjects.TENANT_EVENTS_STREAM)
     ]
 
@@ -164,7 +149,7 @@ async def test_a_holder_acting_before_the_grant_is_stored_has_its_event_wait_for
     seen: list[type] = []
 
     async def subscriber(msg: Any) -> None:
-        seen.append(type(_LEASE_EVENTS.decode(msg.data)))
+        seen.append(type(LEASE_EVENTS.decode(msg.data)))
 
     await nc.subscribe("xpupool.alloc.v1.>", cb=subscriber)
     lm_sent: list[msgspec.Struct] = []
@@ -220,7 +205,7 @@ async def test_a_grant_that_never_comes_is_published_as_a_copy_ahead_of_the_late
     async with running_direct_outbox(DirectOutbox(ledger), scheduler.send) as late:
         await late.publish(entry, [granted_event(lease)])
     assert await _stored_in_both(nc) == [[AllocationGranted, later]] * 2
-    stored = await _stored(nc, subjects.EVENTS_STREAM)
+    stored = await stored_lease_events(nc, subjects.EVENTS_STREAM)
     # The operator's copy goes without the secret; otherwise the grant as answered.
     unsecret = functools.partial(msgspec.structs.replace, lease_secret=None)
     assert unsecret(stored[0]) == unsecret(granted_event(lease))
@@ -339,7 +324,7 @@ async def test_a_grant_stored_before_its_writer_died_reaches_a_core_subscriber_o
     seen: list[LeaseEvent] = []
 
     async def subscriber(msg: Any) -> None:
-        seen.append(_LEASE_EVENTS.decode(msg.data))
+        seen.append(LEASE_EVENTS.decode(msg.data))
 
     await nc.subscribe("xpupool.alloc.v1.>", cb=subscriber)
     await Publisher(nc, source="/scheduler").publish(granted_event(lease))

@@ -13,13 +13,12 @@ import pytest
 from nats.aio.client import Client
 
 from tests.conftest import eventually
-from tests.integration.ledger_builders import device_spec, reservation
+from tests.integration.ledger_builders import device_spec, reservation, stored_lease_events
 from xpupool.bus import Publisher
 from xpupool.contracts import (
     AllocationGranted,
     LeaseEnded,
     NodeLost,
-    decoder_for,
     subjects,
 )
 from xpupool.lease_manager.grant_watch import StoredGrants
@@ -27,22 +26,6 @@ from xpupool.lease_manager.handlers import build_events
 from xpupool.ledger import Admission, Ledger, OutboxRelay, SliceClaim, new_lease_secret
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-_LEASE_EVENTS = decoder_for((AllocationGranted, LeaseEnded))
-
-
-async def _stored(nc: Client, stream: subjects.Stream) -> list[type]:
-    """The types of the lease events ``stream`` holds, in the order it stored them."""
-    js = nc.jetstream()
-    state = (await js.stream_info(stream.name)).state
-    stored: list[type] = []
-    for seq in range(state.first_seq, state.last_seq + 1):
-        msg = await js.get_msg(stream.name, seq)
-        try:
-            stored.append(type(_LEASE_EVENTS.decode(msg.data or b"")))
-        except msgspec.DecodeError:
-            continue  # not a lease event (a node's, here)
-    return stored
 
 
 async def test_a_grant_taken_from_a_dead_replica_goes_before_the_end_read_with_it(
@@ -98,4 +81,7 @@ async def test_a_grant_taken_from_a_dead_replica_goes_before_the_end_read_with_i
     stop.set()
     await asyncio.wait_for(asyncio.gather(relaying, watching), 5)
     for events in (subjects.EVENTS_STREAM, subjects.TENANT_EVENTS_STREAM):
-        assert await _stored(nc, events) == [AllocationGranted, LeaseEnded]
+        assert [type(e) for e in await stored_lease_events(nc, events)] == [
+            AllocationGranted,
+            LeaseEnded,
+        ]
