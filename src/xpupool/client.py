@@ -30,6 +30,7 @@ from xpupool.contracts import (
     JobPending,
     JobRejected,
     JobRequested,
+    JobState,
     JobTimedOut,
     LeaseEnded,
     LeaseEnding,
@@ -40,6 +41,7 @@ from xpupool.contracts import (
     ListLeases,
     ReleaseLease,
     RenewLease,
+    SubmitOutcome,
     SubmitReply,
     decoder_for,
     encode_finite,
@@ -67,6 +69,24 @@ _LEASES_DECODER = decoder_for((LeaseList,))
 _ENDED_DECODER = decoder_for((LeaseEnded,))
 _REPLY_DECODER = decoder_for((LeaseReply,))
 _SUBMIT_DECODER = decoder_for((SubmitReply,))
+
+RECONNECT_CHECK_S = 1.0
+"""How often a client waiting for a job's outcome looks whether its connection was made again
+meanwhile (``XpupoolClient.ask_again_if_reconnected``)."""
+
+_OVER = frozenset({JobState.ENDED, JobState.REJECTED, JobState.TIMED_OUT, JobState.CANCELLED})
+
+
+class OutcomeMissed(Exception):
+    """A job's outcome went out while this client's connection was down (core NATS keeps nothing
+    for a subscriber while it is away), and the job is over by now: ``reply`` (a ``known``
+    answer) says how it ended. A job whose lease is still live is answered with its grant
+    instead, never with this."""
+
+    def __init__(self, reply: SubmitReply) -> None:
+        super().__init__(f"job {reply.job_id} is over ({reply.state}): {reply.detail}")
+        self.reply = reply
+
 
 KNOWN_SECRETS = 100_000
 """How many leases' secrets a client keeps for ``renew`` and ``release`` called without one: the
@@ -121,10 +141,33 @@ class XpupoolClient:
     def reconnects(self) -> int:
         """How often the connection was made again since it opened: core NATS keeps nothing for
         a subscriber while it is away, so an event published then never reaches this client:
-        a job waited for across a reconnect is asked about again (``submit_request``: a job
-        that went further is answered with its live grant, one that ended with how)."""
+        a job waited for across a reconnect is asked about again
+        (``ask_again_if_reconnected``)."""
         count: int = self.nc.stats["reconnects"]
         return count
+
+    async def ask_again_if_reconnected(
+        self, request: JobRequested, outcome: asyncio.Future[JobOutcome], reconnects: int
+    ) -> int:
+        """Where the connection was made again since ``reconnects`` (what ``reconnects`` read
+        before ``request`` was submitted), ask about the job again (``submit_request``, the same
+        request: the ledger keeps one job per id) and settle ``outcome`` from the answer: a job
+        placed or refused meanwhile is answered with its grant or rejection, one that is over
+        by now with ``OutcomeMissed``. Returns the count to pass next time: the one asked at,
+        or the old one while no scheduler answered (to ask again at the next check)."""
+        now = self.reconnects
+        if outcome.done() or now == reconnects:
+            return reconnects
+        reply = await self.submit_request(request)
+        if reply is None:
+            return reconnects
+        if not outcome.done():
+            answered = reply.granted or reply.rejected
+            if answered is not None:
+                outcome.set_result(answered)
+            elif reply.outcome is SubmitOutcome.KNOWN and reply.state in _OVER:
+                outcome.set_exception(OutcomeMissed(reply))
+        return now
 
     def listen(self, listener: Callable[[TenantEvent], None]) -> None:
         """Call ``listener`` with every tenant event this client receives."""
@@ -161,7 +204,8 @@ class XpupoolClient:
 
     async def submit(self, request: JobRequested) -> None:
         """Publish a job request on the client's tenant subject (a tenant-less client: the
-        request's tenant); ``Nats-Msg-Id = job_id`` makes a retried submit a no-op."""
+        request's tenant). Sending the same request again is a no-op: the ledger keeps one job
+        per job id, and the same request again gets no second outcome."""
         subject, headers = self._job_message(s.JOB_REQUESTED, request)
         await self.js.publish(subject, encode_finite(request), headers=headers, timeout=5)
 
@@ -219,14 +263,25 @@ class XpupoolClient:
     async def submit_and_wait(
         self, request: JobRequested, timeout_s: float = 30.0, *, by_request: bool = True
     ) -> JobOutcome:
-        """Submit (``submit_expecting``) and wait for the first outcome."""
+        """Submit (``submit_expecting``) and wait for the first outcome; ``TimeoutError`` after
+        ``timeout_s``. An outcome missed while the connection was down is asked for again
+        (``ask_again_if_reconnected``): ``OutcomeMissed`` when the job is over by then."""
+        reconnects = self.reconnects
         try:
             future = await self.submit_expecting(request, by_request=by_request)
             if future.done():
                 # Placed or refused on arrival (or its event came first): no timer, and no
                 # turn of the loop for the waiting, on the path every such job takes.
                 return future.result()
-            return await asyncio.wait_for(future, timeout_s)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s
+            while not future.done():
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise TimeoutError(f"no outcome for job {request.job_id} in {timeout_s} s")
+                await asyncio.wait({future}, timeout=min(left, RECONNECT_CHECK_S))
+                reconnects = await self.ask_again_if_reconnected(request, future, reconnects)
+            return future.result()
         finally:
             self._waiters.pop(request.job_id, None)
 

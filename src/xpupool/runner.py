@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from xpupool.client import TenantEvent, XpupoolClient
+from xpupool.client import RECONNECT_CHECK_S, OutcomeMissed, TenantEvent, XpupoolClient
 from xpupool.contracts import (
     AllocationGranted,
     CancelOutcome,
@@ -223,24 +223,25 @@ class _Run:
         try:
             while not outcome.done():
                 waiters: set[asyncio.Future[Any]] = {outcome, stopped}
-                await asyncio.wait(waiters, timeout=1.0)
+                await asyncio.wait(waiters, timeout=RECONNECT_CHECK_S)
                 if stopped.done() and not outcome.done():
                     await self.cancel()
                     return EXIT_INTERRUPTED
-                if not outcome.done() and self.client.reconnects != reconnects:
-                    # The job's outcome may have gone out while the connection was down, and
-                    # would never come: ask again, until an answer comes back.
-                    reply = await self.client.submit_request(self.request)
-                    if reply is not None:
-                        reconnects = self.client.reconnects
-                        answered = reply.granted or reply.rejected
-                        if answered is not None and not outcome.done():
-                            outcome.set_result(answered)
+                # The job's outcome may have gone out while the connection was down, and would
+                # never come: asked for again.
+                reconnects = await self.client.ask_again_if_reconnected(
+                    self.request, outcome, reconnects
+                )
                 if not outcome.done():
                     self.status.show()
         finally:
             stopped.cancel()
-        result = outcome.result()
+        try:
+            result = outcome.result()
+        except OutcomeMissed as missed:
+            job_id, how = self.request.job_id, missed.reply.detail
+            self.status.done(f"{job_id} was over by the time the connection came back: {how}")
+            return EXIT_NOT_GRANTED
         if isinstance(result, JobRejected):
             where = f" ({result.field_name})" if result.field_name else ""
             detail = f": {result.detail}" if result.detail else ""

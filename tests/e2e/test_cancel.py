@@ -20,7 +20,9 @@ from xpupool.contracts import (
     JobReason,
     JobRejected,
     JobRequested,
+    JobState,
     LeaseEnded,
+    SubmitOutcome,
 )
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.ledger import Ledger, audit
@@ -126,8 +128,10 @@ async def test_another_tenant_cannot_cancel_or_even_see_a_job(
 async def test_resubmitting_an_ended_job_is_answered_with_its_outcome(
     make_stack: Callable[..., Stack], ready: Ready
 ) -> None:
-    """The resubmission (a new message: JetStream's 10 s window dedupes only retried publishes)
-    is rejected duplicate_job naming how the job ended; the ended job is left as it was."""
+    """The same request again after its job ended (a retry, on the stream or by request) gets no
+    second outcome: by request it is answered ``known``, ended, with how; another request under
+    the job id is rejected duplicate_job naming how the job ended; the ended job is left as it
+    was."""
     stack = _one_gpu(make_stack)
     ledger = await ready(stack, 1)
     async with stack.client(OWNER) as owner, stack.client(OTHER) as other:
@@ -138,13 +142,24 @@ async def test_resubmitting_an_ended_job_is_answered_with_its_outcome(
         owner.listen(seen.append)
         other_seen: list[TenantEvent] = []
         other.listen(other_seen.append)
-        body = msgspec.json.encode(JobRequested(job_id="once", tenant=OWNER))
-        await owner.submit_raw(body, msg_id="once-again", tenant=OWNER)
+        same = JobRequested(job_id="once", tenant=OWNER)
+        await owner.submit(same)
+        reply = await owner.submit_request(same)
+        assert reply is not None and reply.outcome is SubmitOutcome.KNOWN, reply
+        assert reply.state is JobState.ENDED and reply.granted is None and reply.rejected is None
+        assert f"its lease {grant.lease_id} ended (released)" in reply.detail
+        changed = JobRequested(job_id="once", tenant=OWNER, labels={"attempt": "2"})
+        # A message id of its own: within the stream's 100 ms window, the client's (the job id)
+        # would have the stream drop it as the retry's copy.
+        await owner.submit_raw(msgspec.json.encode(changed), msg_id="once-changed", tenant=OWNER)
 
-        def answered() -> list[JobRejected]:
-            return [e for e in seen if isinstance(e, JobRejected) and e.job_id == "once"]
+        def answered() -> list[TenantEvent]:
+            return [e for e in seen if getattr(e, "job_id", None) == "once"]
 
+        # The stream is handled in order: once the changed request is answered, the retry
+        # published before it was handled too, and published nothing.
         (rejection,) = await eventually(answered)
+        assert isinstance(rejection, JobRejected), rejection
         assert rejection.reason is JobReason.DUPLICATE_JOB
         assert f"its lease {grant.lease_id} ended (released)" in rejection.detail
         # Another tenant using the id learns nothing about the job.

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -141,3 +142,31 @@ async def test_a_reply_subject_cannot_put_a_message_on_another_tenants_events(
     finally:
         await mallory.close()
         await operator.close()
+
+
+async def test_another_tenants_message_id_cannot_have_a_request_dropped(
+    secure_stack: Stack, ready: Ready
+) -> None:
+    """Mallory publishes a job of her own under the ``Nats-Msg-Id`` Alice's next job will use
+    (the header is the sender's to set; clients set it to the job id). With the stream's
+    deduplication as the idempotency key (a 10 s window), Alice's request, published a moment
+    later, was dropped by the stream as a duplicate and never answered. The ledger's job record is
+    the key now: Alice's job is granted, Mallory's is hers."""
+    await ready(secure_stack, 2)
+    mallory = await secure_stack.connect_tenant("mallory")
+    try:
+        payload = msgspec.json.encode(JobRequested(job_id="mallory-1", tenant="mallory"))
+        ack = await mallory.jetstream().publish(
+            s.JOB_REQUESTED.subject(tenant="mallory"),
+            payload,
+            headers={"Nats-Msg-Id": "alice-next"},
+        )
+        assert not ack.duplicate
+        await asyncio.sleep(0.2)  # past the stream's window (100 ms), well inside the old 10 s
+        async with secure_stack.client("alice") as alice:
+            outcome = await alice.submit_and_wait(
+                JobRequested(job_id="alice-next"), timeout_s=20, by_request=False
+            )
+        assert isinstance(outcome, AllocationGranted) and outcome.tenant == "alice", outcome
+    finally:
+        await mallory.close()

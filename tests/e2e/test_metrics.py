@@ -110,9 +110,11 @@ async def test_every_service_exposition_passes_promtool(
     # A refusal at admission (here: resubmitting an ended job) counts like one in a cycle.
     assert stack.nats_url
     async with connected(stack.nats_url) as client:
-        # A new message id: JetStream's dedup window would drop a plain retried publish.
+        # Another request under the ended job's id (the same request again is a retry, with
+        # no second outcome).
         answer = client.expect("lint-whole")
-        body = msgspec.json.encode(JobRequested(job_id="lint-whole", tenant="t", count=1))
+        again_request = JobRequested(job_id="lint-whole", tenant="t", count=1, labels={"try": "2"})
+        body = msgspec.json.encode(again_request)
         await client.submit_raw(body, msg_id="lint-whole-again", tenant="t")
         again = await asyncio.wait_for(answer, 30)
     assert isinstance(again, JobRejected) and again.reason == JobReason.DUPLICATE_JOB, again

@@ -9,7 +9,7 @@ import io
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from xpupool.client import XpupoolClient
 from xpupool.contracts import AllocationGranted, JobRequested, SubmitReply
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.ledger import Ledger, audit
-from xpupool.runner import EXIT_INTERRUPTED, EXIT_LEASE_LOST, RunOptions, run_job
+from xpupool.runner import EXIT_INTERRUPTED, EXIT_LEASE_LOST, EXIT_NOT_GRANTED, RunOptions, run_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -274,3 +274,91 @@ async def test_a_grant_published_while_the_runner_was_away_is_asked_for_again(
     assert job is not None and job.lease_id
     await _ended(ledger, job.lease_id, "released")
     assert await audit(ledger) == []
+
+
+async def _away_while(
+    ledger: Ledger,
+    client: _AwayWhileGranted,
+    job_id: str,
+    then: Callable[[], Awaitable[object] | None],
+) -> None:
+    """Once ``job_id`` waits, take ``client`` away, run ``then`` (what ends the wait) and wait
+    until the job has left the pending state and its event has come and gone; then bring the
+    client back (a reconnect)."""
+
+    async def state_is(wanted: Callable[[str | None], bool]) -> bool:
+        job = await ledger.get_job(job_id)
+        return wanted(None if job is None else job.state)
+
+    await eventually(lambda: state_is(lambda state: state == "pending"))
+    client.away = True
+    ending = then()
+    if ending is not None:
+        await ending
+    await eventually(lambda: state_is(lambda state: state not in (None, "pending")))
+    await asyncio.sleep(0.5)  # the job's event has come and gone
+    client.away, client.came_back = False, 1
+
+
+async def test_submit_and_wait_asks_again_for_a_grant_published_while_it_was_away(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
+    """Any client waiting for an outcome, not only the runner: a grant published while its
+    connection was down is asked for again once it is back (the same request: no second
+    grant), and ``submit_and_wait`` returns it. It waited until its timeout before."""
+    stack = make_stack([NodeSpec("node-w", "1xA100-80GB")], tenants=[TENANT])
+    ledger = await ready(stack, 1)
+    async with stack.client(TENANT) as holder, stack.client(TENANT) as tenant:
+        held = await holder.submit_and_wait(JobRequested(job_id="holder", tenant=TENANT))
+        assert isinstance(held, AllocationGranted)
+        client = _AwayWhileGranted(tenant.nc, TENANT)
+        await client.start()
+        try:
+            request = JobRequested(job_id="wait-away", tenant=TENANT)
+            waiting = asyncio.ensure_future(client.submit_and_wait(request, timeout_s=15))
+            await _away_while(
+                ledger,
+                client,
+                "wait-away",
+                lambda: holder.release(held.lease_id, held.fencing_token),
+            )
+            grant = await asyncio.wait_for(waiting, 15)
+        finally:
+            await client.close()
+    assert isinstance(grant, AllocationGranted) and grant.job_id == "wait-away"
+    assert grant.lease_secret
+    job = await ledger.get_job("wait-away")
+    assert job is not None and job.lease_id == grant.lease_id
+    assert await audit(ledger) == []
+
+
+async def test_a_job_that_timed_out_while_the_runner_was_away_ends_the_runner(
+    make_stack: Callable[..., Stack], ready: Ready, tmp_path: Path
+) -> None:
+    """The runner's job times out while its connection is down. Back, it asks again and is told
+    the job is over, and exits ``EXIT_NOT_GRANTED`` saying how, without running CMD. It waited
+    for ever before: the answer carried no grant and it kept waiting for an event gone by."""
+    stack = make_stack([NodeSpec("node-t", "1xA100-80GB")], tenants=[TENANT])
+    ledger = await ready(stack, 1)
+    marker = tmp_path / "ran"
+    out = io.StringIO()
+    async with stack.client(TENANT) as holder, stack.client(TENANT) as tenant:
+        held = await holder.submit_and_wait(JobRequested(job_id="holder", tenant=TENANT))
+        assert isinstance(held, AllocationGranted)
+        client = _AwayWhileGranted(tenant.nc, TENANT)
+        await client.start()
+        try:
+            request = JobRequested(job_id="run-timeout", tenant=TENANT, max_wait_s=1.0)
+            argv = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+            running = asyncio.ensure_future(
+                run_job(client, request, argv, RunOptions(grace_s=1), out)
+            )
+            await _away_while(ledger, client, "run-timeout", lambda: None)
+            code = await asyncio.wait_for(running, 15)
+        finally:
+            await client.close()
+    assert code == EXIT_NOT_GRANTED, out.getvalue()
+    assert "it timed out waiting" in out.getvalue()
+    assert not marker.exists()
+    job = await ledger.get_job("run-timeout")
+    assert job is not None and job.state == "timed_out"

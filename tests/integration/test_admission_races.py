@@ -285,8 +285,10 @@ async def test_the_message_that_admitted_an_ended_job_is_told_apart_from_a_resub
     ledger: Ledger,
 ) -> None:
     """A stream message delivered again after its job ended (its acknowledgement lost to a crash)
-    is the same request: answered ``job_redelivered``, nothing to publish. Another message with
-    the same job id is a resubmission: ``duplicate_job``, saying how the job ended."""
+    is the same request: answered ``job_redelivered``, nothing to publish. The same request in
+    another message (a retry, on the stream or by request) is answered with where the job stands
+    and how it ended, nothing to publish either; another request under the job id is a
+    resubmission: ``duplicate_job``, saying how the job ended."""
     body = encode(JobRequested(job_id="r", tenant="t"))
     first = Admission("r", 500, body, None, "queued", tenant="t", source="XPUPOOL_JOBS:7")
     (admitted,) = await ledger.admit_many([first])
@@ -294,8 +296,12 @@ async def test_the_message_that_admitted_an_ended_job_is_told_apart_from_a_resub
     assert (await ledger.cancel_job("r", "t")).outcome == "cancelled"
     (again,) = await ledger.admit_many([first])
     assert not again.ok and again.reason == "job_redelivered"
-    resubmitted = Admission("r", 500, body, None, "queued", tenant="t", source="XPUPOOL_JOBS:9")
-    (refused,) = await ledger.admit_many([resubmitted])
-    assert not refused.ok and refused.reason == "duplicate_job"
+    retried = Admission("r", 500, body, None, "queued", tenant="t", source="XPUPOOL_JOBS:9")
+    (retry,) = await ledger.admit_many([retried])
+    assert not retry.ok and retry.reason == "job_cancelled" and retry.detail == "it was cancelled"
     (by_request,) = await ledger.admit_many([Admission("r", 500, body, None, "queued", tenant="t")])
-    assert not by_request.ok and by_request.reason == "duplicate_job"
+    assert not by_request.ok and by_request.reason == "job_cancelled"
+    other = encode(JobRequested(job_id="r", tenant="t", labels={"attempt": "2"}))
+    (refused,) = await ledger.admit_many([Admission("r", 500, other, None, "queued", tenant="t")])
+    assert not refused.ok and refused.reason == "duplicate_job", refused
+    assert "cancelled" in refused.detail

@@ -122,7 +122,9 @@ async def test_once_its_retention_is_over_an_ended_job_is_forgotten(ledger: Ledg
     assert (await ledger.pend("once", 1, b"{}", None, "queued", tenant="t")).ok
     assert (await ledger.reserve(reservation("once", SliceClaim("n1/nvidia0", whole=True)))).ok
     assert (await ledger.end("lease-once", "released")).ok
-    refused = await ledger.pend("once", 1, b"{}", None, "queued", tenant="t")
+    retried = await ledger.pend("once", 1, b"{}", None, "queued", tenant="t")
+    assert retried.reason == "job_ended" and "released" in retried.detail
+    refused = await ledger.pend("once", 1, b'{"count":2}', None, "queued", tenant="t")
     assert refused.reason == "duplicate_job" and "released" in refused.detail
     await asyncio.sleep(2.1)
     assert await ledger.get_lease("lease-once") is None

@@ -42,7 +42,10 @@ HEADERS_SCHEMA: dict[str, Any] = {
         "ce-time": {"type": "string", "format": "date-time"},
         "Nats-Msg-Id": {
             "type": "string",
-            "description": "JetStream deduplication id; for job requests, the job_id.",
+            "description": (
+                "JetStream deduplication id (events); for job requests, the job_id (the ledger, "
+                "not the stream, deduplicates job requests)."
+            ),
         },
         "traceparent": {"type": "string", "description": "W3C trace context."},
         "tracestate": {"type": "string"},

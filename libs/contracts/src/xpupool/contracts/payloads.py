@@ -235,8 +235,11 @@ class JobReason(StrEnum):
     INTERNAL_ERROR = "internal_error"
     """The service failed to handle the request repeatedly; the detail says how."""
     DUPLICATE_JOB = "duplicate_job"
-    """The job id belongs to a job that has already ended; ``detail`` says how it ended. Only
-    the resubmission is refused (the earlier job's events stand): submit with a new job id."""
+    """The job id belongs to a job that has already ended (or to another tenant's job), and this
+    request is not that job's request again; ``detail`` says how it ended. Only the
+    resubmission is refused (the earlier job's events stand): submit with a new job id. The same
+    request sent again (a retry, by any subject) is no new job and gets no second outcome: by
+    request/reply it is answered ``known`` (``SubmitReply.state``)."""
 
     # --- timed out, terminal ------------------------------------------------------------
     MAX_WAIT_EXCEEDED = "max_wait_exceeded"
@@ -292,10 +295,12 @@ class SubmitOutcome(StrEnum):
     REJECTED = "rejected"
     """Refused: ``SubmitReply.rejected`` says why; the rejection is published as well."""
     KNOWN = "known"
-    """A job of this id was admitted before and has gone further (reserved, leased): its
-    outcome was published, or is on its way, on the tenant's subjects. While its lease is live,
-    ``SubmitReply.granted`` is its grant as the lease stands now (no new grant: a requester
-    that missed the event, its connection down when it went out, has it again)."""
+    """A job of this id was admitted before and has gone further (reserved, leased, or over and
+    this is its request again): its one outcome was published, or is on its way, on the
+    tenant's subjects; ``SubmitReply.state`` says where it stands and, once over, ``detail``
+    how it ended. While its lease is live, ``SubmitReply.granted`` is its grant as the lease
+    stands now (no new grant: a requester that missed the event, its connection down when it
+    went out, has it again)."""
 
 
 class QueryError(StrEnum):
@@ -720,6 +725,9 @@ class SubmitReply(
     outcome: SubmitOutcome
     granted: AllocationGranted | None = None
     rejected: JobRejected | None = None
+    state: JobState | None = None
+    """With ``known``: where the job of this id stands (``reserved``, ``leased``, or, over,
+    ``ended``, ``rejected``, ``timed_out``, ``cancelled``)."""
     detail: Detail = ""
 
 

@@ -90,11 +90,13 @@ JOBS_STREAM: Final = Stream(
     subjects=(f"{TENANT_SPACE}.*.jobs.requested",),
     work_queue=True,
     description="Accepted job requests until a scheduler has handled them (work queue).",
-    # Long enough for a client to retry a publish whose ack it lost; the ledger's job record
-    # (kept while the job lives and XPUPOOL_JOB_RETENTION_S after, 7 days by default) is the
-    # idempotency key beyond that, so a later resubmission of an ended job
-    # reaches the scheduler and is answered (duplicate_job) instead of being dropped unanswered.
-    duplicate_window_s=10.0,
+    # The ledger's job record (kept while the job lives and XPUPOOL_JOB_RETENTION_S after, 7
+    # days by default) is the idempotency key, not Nats-Msg-Id: any tenant may set that header,
+    # and one that took another's id within the window would have that tenant's request
+    # dropped by the stream, unanswered. Every copy reaches the scheduler, which answers a retry
+    # with nothing new and another request under a used id with duplicate_job. (NATS cannot
+    # switch the window off, and 0 asks for its default, two minutes: the least it takes.)
+    duplicate_window_s=0.1,
 )
 SCHED_STREAM: Final = Stream(
     name="XPUPOOL_SCHED",
@@ -140,8 +142,8 @@ convention): the bus answers so when a handler fails or a reply would not fit.""
 # The events that are no once-only transition: a later copy has a ce-id of its own.
 REPEATABLE: Final = (
     "A JobPending (where a waiting job stands now) and a `duplicate_job` JobRejected (the answer "
-    "to one resubmission) are not once-only: each report has a ce-id of its own, and one may "
-    "come again after a fault."
+    "to one other request under a used job id; the same request again gets none) are not "
+    "once-only: each report has a ce-id of its own, and one may come again after a fault."
 )
 
 DELIVERY: Final = (
@@ -185,10 +187,12 @@ TENANT_PARAM: Final = {
 JOB_REQUESTED: Final = Channel(
     TENANT_SPACE + ".{tenant}.jobs.requested",
     (p.JobRequested,),
-    "Submit a job request as {tenant}. Publish with header Nats-Msg-Id = job_id so retries "
-    "deduplicate; a payload `tenant` other than {tenant} is rejected. A publish with a reply "
-    "subject is answered by the server with JetStream's PubAck (`stream`, `seq`, and "
-    "`duplicate: true` for a retry it dropped); the job's outcome comes as events.",
+    "Submit a job request as {tenant}. The job_id is the idempotency key: the same request "
+    "sent again (a retry, here or by `jobs.submit`) gets no second outcome, another request "
+    "under a used job_id is rejected `duplicate_job`. Set header Nats-Msg-Id = job_id (it names "
+    "the job in the rejection of a payload that does not decode); a payload `tenant` other "
+    "than {tenant} is rejected. A publish with a reply subject is answered by the server with "
+    "JetStream's PubAck (`stream`, `seq`); the job's outcome comes as events.",
     sender="upstream",
     receivers=("scheduler",),
     stream=JOBS_STREAM,

@@ -120,6 +120,9 @@ from xpupool.scheduler.tracing import (
 ADMITTED = JobReason.QUEUED.value
 # pend.lua's answer to a resubmission of a job that was granted (``job_`` and its state).
 LEASED = "job_leased"
+# pend.lua's answer to a job of this id that went further ('job_' and the job's state): a
+# duplicate of a reserved or leased job, or the same request again after the job ended.
+_KNOWN_STATES = {f"job_{state.value}": state for state in JobState}
 _REQUEST_DECODER = decoder_for((JobRequested,))
 _JOB_REASONS = {r.value: r for r in JobReason}
 
@@ -252,7 +255,8 @@ async def submit_job(
         reply = SubmitReply(
             job_id=job_id,
             outcome=SubmitOutcome.KNOWN,
-            detail=admitted.reason,
+            state=_KNOWN_STATES.get(admitted.reason),
+            detail=admitted.detail or admitted.reason,
             granted=await _live_grant(job_id, tenant, deps) if admitted.reason == LEASED else None,
         )
     return [reply]
@@ -296,8 +300,10 @@ async def _admit(
     Refused at once: a payload naming another tenant, a queue the tenant may not charge, and a
     tenant over its rate or pending limits (checked atomically in the ledger, across replicas).
     The job id is the idempotency key, whatever the transport did: a duplicate of a job that
-    waits, or whose grant is on its way, is ignored; a resubmission of a job that has ended
-    (or of another tenant's job id) is rejected ``duplicate_job``, saying how it ended.
+    waits, or whose grant is on its way, is ignored, and so is the same request again after the
+    job ended (a retry: its one outcome is out; by request/reply it is answered ``known``, with
+    how the job ended); another request under the id of a job that has ended (or of another
+    tenant's job) is rejected ``duplicate_job``, saying how that job ended.
     """
     if request.tenant is not None and request.tenant != tenant:
         return _rejected(
@@ -381,7 +387,9 @@ def _admissions(
             Admission(
                 job_id,
                 a.priority,
-                msgspec.json.encode(a.request),
+                # Dicts (labels) in sorted order: the ledger fingerprints this encoding to tell
+                # a retry of the same request from another request under a used job id.
+                msgspec.json.encode(a.request, order="deterministic"),
                 None if a.request.max_wait_s is None else int(a.request.max_wait_s * 1000),
                 ADMITTED,
                 tenant=a.request.tenant or "",

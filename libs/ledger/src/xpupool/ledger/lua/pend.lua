@@ -24,14 +24,20 @@
 -- The score orders by priority, then arrival in seconds (both exact in a double).
 -- A new request of a tenant over its rate (a token bucket kept as its theoretical arrival time,
 -- GCRA) or at its maximum of pending requests is refused before anything is written. A
--- resubmission of a job that has ended (or of another tenant's job id) is refused with
--- duplicate_job, saying how the earlier job ended.
+-- resubmission of a job that has ended with another request (or of another tenant's job id) is
+-- refused with duplicate_job, saying how the earlier job ended; the same request again is a
+-- retry, answered 'job_<state>' with how the job ended and nothing to publish (its one outcome
+-- is out).
 local jk = k('job', ARGV[1])
-local state, owner, source = unpack(redis.call('HMGET', jk, 'state', 'tenant', 'source'))
+local state, owner, source, digest = unpack(redis.call('HMGET', jk, 'state', 'tenant', 'source',
+  'digest'))
 if state and owner and owner ~= ARGV[7] then
   -- Job ids are global: another tenant's id is refused without a word about that job.
   return fail('duplicate_job', 'this job id is taken; submit with a new one')
 end
+-- The request's fingerprint, kept with the job: a resubmission of the same request (a retry) is
+-- told apart from another request under a used job id.
+local request_digest = string.sub(redis.sha1hex(ARGV[3]), 1, 16)
 if state and state ~= 'pending' then
   local ended = job_outcome(ARGV[1])
   if ended and (ARGV[16] or '') ~= '' and source == ARGV[16] then
@@ -39,9 +45,14 @@ if state and state ~= 'pending' then
     -- the job's outcome is out; a duplicate_job rejection now would be a second one.
     return cjson.encode({ok = false, reason = 'job_redelivered'})
   end
-  if ended then return fail('duplicate_job', 'job ' .. ARGV[1] .. ' already ended: ' .. ended) end
-  -- Reserved or leased: the first submission's outcome is on its way (or out).
-  return cjson.encode({ok = false, reason = 'job_' .. state})
+  if ended and digest ~= request_digest then
+    return fail('duplicate_job', 'job ' .. ARGV[1] .. ' already ended: ' .. ended)
+  end
+  -- Reserved or leased: the first submission's outcome is on its way (or out). Over, and this is
+  -- the same request again (a retry whose first try's outcome its sender may have missed): its
+  -- one outcome is out; a second (a duplicate_job rejection) would tell a subscriber the job
+  -- both ran and was refused. Answered with where the job stands and how it ended.
+  return cjson.encode({ok = false, reason = 'job_' .. state, detail = ended or ''})
 end
 if state == 'pending' then
   -- A duplicate of a waiting job: the first admission stands, its recorded reason too.
@@ -76,7 +87,7 @@ if rate > 0 then
 end
 local since = now
 local job = {'state', 'pending', 'since_ms', since, 'reason', ARGV[5], 'detail', ARGV[6],
-  'tenant', tenant}
+  'tenant', tenant, 'digest', request_digest}
 if (ARGV[16] or '') ~= '' then job[#job + 1], job[#job + 2] = 'source', ARGV[16] end
 local trace = false
 if (ARGV[11] or '') ~= '' then
