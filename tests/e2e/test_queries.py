@@ -116,3 +116,28 @@ async def test_cli_jobs_and_leases(make_stack: Callable[..., Stack], ready: Read
         out, err = await asyncio.wait_for(done.communicate(), 60)
         assert done.returncode == 0, err.decode()
         assert needle in out.decode()
+
+
+async def test_a_tenant_polling_too_fast_is_refused_and_others_are_answered(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
+    """Past its query burst a tenant's lists are refused ``rate_limited`` (saying when to retry)
+    by the scheduler and the lease-manager alike, before any ledger read; another tenant's
+    queries are answered meanwhile, and the refused tenant's again once its bucket refills."""
+    stack = make_stack(
+        [NodeSpec("node-r", "1xA100-80GB")],
+        tenants=[OWNER, OTHER],
+        extra_env={"XPUPOOL_QUERY_RATE_PER_S": "2", "XPUPOOL_QUERY_BURST": "3"},
+    )
+    await ready(stack, 1)
+    async with stack.client(OWNER) as owner, stack.client(OTHER) as other:
+        jobs = [await owner.jobs() for _ in range(5)]
+        leases = [await owner.leases() for _ in range(5)]
+        for answers in (jobs, leases):
+            assert [a.ok for a in answers[:3]] == [True] * 3, answers
+            refused = [a for a in answers if not a.ok]
+            assert refused and all(a.error is QueryError.RATE_LIMITED for a in refused), answers
+            assert "retry in" in refused[0].detail
+        assert (await other.jobs()).ok and (await other.leases()).ok
+        await asyncio.sleep(1.0)
+        assert (await owner.jobs()).ok and (await owner.leases()).ok

@@ -20,6 +20,7 @@ from xpupool.bus.consumer import (
 from xpupool.bus.envelope import Envelope, ce_headers
 from xpupool.bus.lifecycle import BusClosed, freeze_heap, supervise, watch_bus
 from xpupool.bus.publisher import MessageTooLarge, Publisher
+from xpupool.bus.ratelimit import TenantRateLimit
 
 __all__ = [
     "INVALID_REQUEST",
@@ -37,6 +38,7 @@ __all__ = [
     "InvalidMessage",
     "MessageTooLarge",
     "Publisher",
+    "TenantRateLimit",
     "TooLargeReply",
     "ce_headers",
     "connect",

@@ -311,6 +311,9 @@ class QueryError(StrEnum):
     INVALID_REQUEST = "invalid_request"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     INTERNAL_ERROR = "internal_error"
+    RATE_LIMITED = "rate_limited"
+    """The tenant queries faster than the service answers one tenant
+    (``XPUPOOL_QUERY_RATE_PER_S``, ``XPUPOOL_QUERY_BURST``); ``detail`` says when to retry."""
 
 
 class JobState(StrEnum):

@@ -21,7 +21,7 @@ from typing import Final
 import msgspec
 from opentelemetry.trace import Span
 
-from xpupool.bus import InvalidMessage
+from xpupool.bus import InvalidMessage, TenantRateLimit
 from xpupool.contracts import (
     EndLease,
     EndReason,
@@ -234,9 +234,20 @@ def lease_info(lease: LeaseRecord) -> LeaseInfo:
     )
 
 
-async def get_lease(command: GetLease, ledger: Ledger, *, tenant: str) -> Sequence[msgspec.Struct]:
+def _over_query_rate(limit: TenantRateLimit, tenant: str) -> LeaseList | None:
+    wait_s = limit.admit(tenant)
+    if not wait_s:
+        return None
+    return LeaseList(ok=False, error=QueryError.RATE_LIMITED, detail=limit.refusal(wait_s))
+
+
+async def get_lease(
+    command: GetLease, ledger: Ledger, *, tenant: str, limit: TenantRateLimit
+) -> Sequence[msgspec.Struct]:
     """One of ``tenant``'s leases (the subject's, authenticated); another tenant's is as unknown
-    as one that never existed."""
+    as one that never existed. A tenant over its query rate (``limit``) is refused first."""
+    if refused := _over_query_rate(limit, tenant):
+        return [refused]
     lease = await ledger.get_lease(command.lease_id)
     if lease is None or lease.tenant != tenant:
         return [LeaseList(ok=False, error=QueryError.UNKNOWN_LEASE)]
@@ -244,9 +255,11 @@ async def get_lease(command: GetLease, ledger: Ledger, *, tenant: str) -> Sequen
 
 
 async def list_leases(
-    command: ListLeases, ledger: Ledger, *, tenant: str
+    command: ListLeases, ledger: Ledger, *, tenant: str, limit: TenantRateLimit
 ) -> Sequence[msgspec.Struct]:
-    """``tenant``'s live leases, newest first."""
+    """``tenant``'s live leases, newest first (``get_lease``'s query rate)."""
+    if refused := _over_query_rate(limit, tenant):
+        return [refused]
     leases = await ledger.tenant_leases(tenant, command.limit)
     return [LeaseList(ok=True, leases=[lease_info(lease) for lease in leases])]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from xpupool.bus import DispatchStats, consume_stream, serve_subject
+from xpupool.bus import DispatchStats, TenantRateLimit, consume_stream, serve_subject
 from xpupool.bus.connection import bus_settings
 from xpupool.bus.lifecycle import (
     Bus,
@@ -185,6 +185,7 @@ async def run(settings: LeaseManagerSettings) -> None:
         loop_lag = LoopLag(metrics.registry) if settings.lease_manager_metrics_port else None
         direct = DirectOutbox(ledger)
         grants = StoredGrants(metrics=metrics)
+        query_limit = TenantRateLimit(settings.query_rate_per_s, settings.query_burst)
 
         async def run_once(run_stop: asyncio.Event) -> None:
             # Everything on NATS lives here: a closed connection re-opens all of it (supervise).
@@ -203,11 +204,14 @@ async def run(settings: LeaseManagerSettings) -> None:
                 release = functools.partial(
                     handlers.release_lease, outbox=direct, metrics=metrics, grants=grants
                 )
+                # One bucket per tenant for both queries, kept across reconnects.
+                get_lease = functools.partial(handlers.get_lease, limit=query_limit)
+                list_leases = functools.partial(handlers.list_leases, limit=query_limit)
                 for channel, handler, (on_invalid, too_large) in (
                     (subjects.LEASE_RENEW, renew, commands),
                     (subjects.LEASE_RELEASE, release, commands),
-                    (subjects.LEASE_GET, handlers.get_lease, queries),
-                    (subjects.LEASE_LIST, handlers.list_leases, queries),
+                    (subjects.LEASE_GET, get_lease, queries),
+                    (subjects.LEASE_LIST, list_leases, queries),
                 ):
                     await serve_subject(
                         bus.nc,

@@ -27,7 +27,13 @@ from typing import Final, NamedTuple
 import msgspec
 from opentelemetry import trace
 
-from xpupool.bus import EarlyReply, InvalidMessage, delivered_message, early_reply
+from xpupool.bus import (
+    EarlyReply,
+    InvalidMessage,
+    TenantRateLimit,
+    delivered_message,
+    early_reply,
+)
 from xpupool.contracts import (
     IDENTIFIER_PATTERN,
     AllocationGranted,
@@ -189,10 +195,15 @@ class SchedulerDeps:
     admissions: GroupCommit[Arrival, ScriptResult] = field(init=False)
     # Grants made on admission, published by the scheduler itself (``publish_grants``).
     direct: DirectOutbox = field(init=False)
+    # Each tenant's job lists this replica answers (``list_jobs``).
+    query_limit: TenantRateLimit = field(init=False)
 
     def __post_init__(self) -> None:
         self.admissions = GroupCommit(lambda batch: admit_arrivals(batch, self))
         self.direct = DirectOutbox(self.ledger)
+        self.query_limit = TenantRateLimit(
+            self.settings.query_rate_per_s, self.settings.query_burst
+        )
 
 
 def _growable(deps: SchedulerDeps, shapes: list[PoolShape]) -> tuple[NodeState, ...]:
@@ -622,6 +633,10 @@ async def list_jobs(
 ) -> Sequence[msgspec.Struct]:
     """``tenant``'s latest jobs (the subject's, authenticated), newest first, each with its
     state and, while it waits, why."""
+    wait_s = deps.query_limit.admit(tenant)
+    if wait_s:
+        refusal = deps.query_limit.refusal(wait_s)
+        return [JobList(ok=False, error=QueryError.RATE_LIMITED, detail=refusal)]
     records = await deps.ledger.tenant_jobs(tenant, command.limit)
     jobs = [
         JobInfo(
