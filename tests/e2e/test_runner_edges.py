@@ -230,45 +230,44 @@ class _AwayWhileGranted(XpupoolClient):
             await super()._on_event(msg)
 
 
+@asynccontextmanager
+async def _behind_a_holder(
+    make_stack: Callable[..., Stack], ready: Ready, node_id: str
+) -> AsyncIterator[tuple[Ledger, Callable[[], Awaitable[object]], _AwayWhileGranted]]:
+    """A one-GPU stack whose GPU a holder has leased, and a client that can be taken away
+    (``_AwayWhileGranted``): yields the ledger, the holder's release and that client."""
+    stack = make_stack([NodeSpec(node_id, "1xA100-80GB")], tenants=[TENANT])
+    ledger = await ready(stack, 1)
+    async with stack.client(TENANT) as holder, stack.client(TENANT) as tenant:
+        held = await holder.submit_and_wait(JobRequested(job_id="holder", tenant=TENANT))
+        assert isinstance(held, AllocationGranted)
+
+        async def release() -> object:
+            return await holder.release(held.lease_id, held.fencing_token)
+
+        client = _AwayWhileGranted(tenant.nc, TENANT)
+        await client.start()
+        try:
+            yield ledger, release, client
+        finally:
+            await client.close()
+
+
 async def test_a_grant_published_while_the_runner_was_away_is_asked_for_again(
     make_stack: Callable[..., Stack], ready: Ready, tmp_path: Path
 ) -> None:
     """The runner waits; its job is granted while its connection is down, so the grant's event
     never reaches it. Back, it asks again (the same job id: no second grant) and is answered
     with the live grant, and CMD runs. It waited for ever before, and the lease ran out."""
-    stack = make_stack([NodeSpec("node-r", "1xA100-80GB")], tenants=[TENANT])
-    ledger = await ready(stack, 1)
     marker = tmp_path / "ran"
-    async with stack.client(TENANT) as holder, stack.client(TENANT) as tenant:
-        held = await holder.submit_and_wait(JobRequested(job_id="holder", tenant=TENANT))
-        assert isinstance(held, AllocationGranted)
-        client = _AwayWhileGranted(tenant.nc, TENANT)
-        await client.start()
-        try:
-            request = JobRequested(job_id="run-away", tenant=TENANT)
-            argv = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
-            running = asyncio.ensure_future(
-                run_job(client, request, argv, RunOptions(grace_s=1), io.StringIO())
-            )
-
-            async def waiting() -> bool:
-                job = await ledger.get_job("run-away")
-                return job is not None and job.state == "pending"
-
-            await eventually(waiting)
-            client.away = True
-            assert (await holder.release(held.lease_id, held.fencing_token)).ok
-
-            async def leased() -> bool:
-                job = await ledger.get_job("run-away")
-                return job is not None and job.state == "leased"
-
-            await eventually(leased)
-            await asyncio.sleep(0.5)  # the grant's event has come and gone
-            client.away, client.came_back = False, 1
-            code = await asyncio.wait_for(running, 20)
-        finally:
-            await client.close()
+    async with _behind_a_holder(make_stack, ready, "node-r") as (ledger, release, client):
+        request = JobRequested(job_id="run-away", tenant=TENANT)
+        argv = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+        running = asyncio.ensure_future(
+            run_job(client, request, argv, RunOptions(grace_s=1), io.StringIO())
+        )
+        await _away_while(ledger, client, "run-away", release)
+        code = await asyncio.wait_for(running, 20)
     assert code == 0 and marker.exists()
     job = await ledger.get_job("run-away")
     assert job is not None and job.lease_id
@@ -306,25 +305,11 @@ async def test_submit_and_wait_asks_again_for_a_grant_published_while_it_was_awa
     """Any client waiting for an outcome, not only the runner: a grant published while its
     connection was down is asked for again once it is back (the same request: no second
     grant), and ``submit_and_wait`` returns it. It waited until its timeout before."""
-    stack = make_stack([NodeSpec("node-w", "1xA100-80GB")], tenants=[TENANT])
-    ledger = await ready(stack, 1)
-    async with stack.client(TENANT) as holder, stack.client(TENANT) as tenant:
-        held = await holder.submit_and_wait(JobRequested(job_id="holder", tenant=TENANT))
-        assert isinstance(held, AllocationGranted)
-        client = _AwayWhileGranted(tenant.nc, TENANT)
-        await client.start()
-        try:
-            request = JobRequested(job_id="wait-away", tenant=TENANT)
-            waiting = asyncio.ensure_future(client.submit_and_wait(request, timeout_s=15))
-            await _away_while(
-                ledger,
-                client,
-                "wait-away",
-                lambda: holder.release(held.lease_id, held.fencing_token),
-            )
-            grant = await asyncio.wait_for(waiting, 15)
-        finally:
-            await client.close()
+    async with _behind_a_holder(make_stack, ready, "node-w") as (ledger, release, client):
+        request = JobRequested(job_id="wait-away", tenant=TENANT)
+        waiting = asyncio.ensure_future(client.submit_and_wait(request, timeout_s=15))
+        await _away_while(ledger, client, "wait-away", release)
+        grant = await asyncio.wait_for(waiting, 15)
     assert isinstance(grant, AllocationGranted) and grant.job_id == "wait-away"
     assert grant.lease_secret
     job = await ledger.get_job("wait-away")
@@ -338,25 +323,14 @@ async def test_a_job_that_timed_out_while_the_runner_was_away_ends_the_runner(
     """The runner's job times out while its connection is down. Back, it asks again and is told
     the job is over, and exits ``EXIT_NOT_GRANTED`` saying how, without running CMD. It waited
     for ever before: the answer carried no grant and it kept waiting for an event gone by."""
-    stack = make_stack([NodeSpec("node-t", "1xA100-80GB")], tenants=[TENANT])
-    ledger = await ready(stack, 1)
     marker = tmp_path / "ran"
     out = io.StringIO()
-    async with stack.client(TENANT) as holder, stack.client(TENANT) as tenant:
-        held = await holder.submit_and_wait(JobRequested(job_id="holder", tenant=TENANT))
-        assert isinstance(held, AllocationGranted)
-        client = _AwayWhileGranted(tenant.nc, TENANT)
-        await client.start()
-        try:
-            request = JobRequested(job_id="run-timeout", tenant=TENANT, max_wait_s=1.0)
-            argv = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
-            running = asyncio.ensure_future(
-                run_job(client, request, argv, RunOptions(grace_s=1), out)
-            )
-            await _away_while(ledger, client, "run-timeout", lambda: None)
-            code = await asyncio.wait_for(running, 15)
-        finally:
-            await client.close()
+    async with _behind_a_holder(make_stack, ready, "node-t") as (ledger, _, client):
+        request = JobRequested(job_id="run-timeout", tenant=TENANT, max_wait_s=1.0)
+        argv = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+        running = asyncio.ensure_future(run_job(client, request, argv, RunOptions(grace_s=1), out))
+        await _away_while(ledger, client, "run-timeout", lambda: None)
+        code = await asyncio.wait_for(running, 15)
     assert code == EXIT_NOT_GRANTED, out.getvalue()
     assert "it timed out waiting" in out.getvalue()
     assert not marker.exists()

@@ -343,6 +343,8 @@ async def test_the_three_ways_to_an_active_lease_leave_the_same_ledger(ledger: L
         clocks = {f: int(lease.pop(f)) - granted for f in ("expires_ms", "deadline_ms")}
         found = record(await redis.hgetall(ledger.key("job", job)))
         found.pop("since_ms")
+        # The request's fingerprint: each job's request names its own job id.
+        assert len(found.pop("digest")) == 16
         indexes = {}
         for name in ("expiry", "deadlines", "idle-watch"):
             score = await redis.zscore(ledger.key(name), lease_id)
