@@ -180,3 +180,43 @@ async def test_a_mig_instance_made_again_while_the_collector_runs_is_registered_
     assert device.spec.uuid == "MIG-new" and device.holders == 0
     assert device.spec.partition is not None and device.spec.partition.profile == "3g.20gb"
     assert await audit(ledger) == []
+
+
+async def test_two_collectors_under_one_node_id_leave_it_to_the_last_to_register(
+    ledger: Ledger,
+) -> None:
+    """A cloned host, or a copied ``XPUPOOL_NODE_ID``: two live collectors heartbeat one node.
+    Before, each kept the node alive for the other and their loads overwrote each other. The
+    last to register holds the node (as a restarted collector takes over from its dead
+    predecessor); the other's ticks are refused ``node_claimed``, write nothing and do not
+    register again, which would take the node back only for it to be taken back in turn."""
+    first = collector(ledger, GpuBackend("edge-c", A100))
+    await register_node(first)
+    await collect(first)
+    second = collector(ledger, GpuBackend("edge-c", A100))
+    assert second.instance != first.instance
+    await register_node(second)
+    await collect(second)
+
+    node, device = ledger.key("node", "edge-c"), ledger.key("dev", "edge-c/nvidia0")
+    busy = msgspec.structs.replace(A100, util_pct=97.0)
+    first.backend.info = busy  # type: ignore[attr-defined]
+    seen_before = await ledger.redis.hget(node, "last_seen_ms")
+    util_before = await ledger.redis.hget(device, "util")
+    for _ in range(3):
+        assert await collect(first) == []
+    assert await ledger.redis.hget(node, "instance") == second.instance.encode()
+    assert await ledger.redis.hget(node, "last_seen_ms") == seen_before
+    assert await ledger.redis.hget(device, "util") == util_before
+    second.backend.info = busy  # type: ignore[attr-defined]
+    await collect(second)  # the holder's reading of the same load is written
+    assert await ledger.redis.hget(device, "util") != util_before
+    claimed = first.metrics.registry.get_sample_value(
+        "xpupool_collector_samples_total", {"outcome": "node_claimed"}
+    )
+    assert claimed == 3
+    refused = await ledger.heartbeat("edge-c", (), first.instance)
+    assert not refused.ok and refused.reason == "node_claimed"
+    assert refused.detail == second.instance
+    assert (await ledger.heartbeat("edge-c", (), second.instance)).ok
+    assert (await ledger.heartbeat("edge-c")).ok  # no instance named: not checked

@@ -573,17 +573,20 @@ class Ledger:
         memory_mib: int = 0,
         labels: dict[str, str] | None = None,
         health: Mapping[str, tuple[Health, str]] | None = None,
+        instance: str = "",
     ) -> ScriptResult:
         """Register or reconcile a node; leases on devices that vanished end as ``lost``, and so
         do those on a device whose UUID changed (another unit under the same id).
 
         ``health`` (device id -> health and reason, as the node's backend reads them now) is
         written in the same step; a device it leaves out keeps its health (a new one is
-        healthy, one the node's loss marked lost is healthy again).
+        healthy, one the node's loss marked lost is healthy again). ``instance``: the
+        registering collector process, which holds the node from now on (``heartbeat``).
         """
         readings = health or {}
         payload = {
             "node_id": node_id,
+            "instance": instance,
             "cpu_milli": cpu_milli,
             "memory_mib": memory_mib,
             # Passed pre-encoded: cjson would turn an empty map into [].
@@ -608,13 +611,18 @@ class Ledger:
         }
         return await self._run("register_node", msgspec.json.encode(payload))
 
-    async def heartbeat(self, node_id: str, samples: Iterable[DeviceSample] = ()) -> ScriptResult:
+    async def heartbeat(
+        self, node_id: str, samples: Iterable[DeviceSample] = (), instance: str = ""
+    ) -> ScriptResult:
         """Stamp the node's last-seen time from the ledger's clock, and write the live load of
         ``samples`` (last value wins; a changed utilisation goes into the change log) in the
         same script: a collector's tick costs one round trip and one fsync of the AOF. A node
         not registered and up is refused (it must register again) and its samples are not
-        written."""
-        return await self._run("heartbeat", node_id, *_sample_args(samples))
+        written. So is a collector ``instance`` other than the one that registered the node
+        last (``node_claimed``, the holder's instance as the detail): two collectors under one
+        node id (a cloned host, a copied configuration) would otherwise keep each other's node
+        alive and write each other's load."""
+        return await self._run("heartbeat", node_id, instance, *_sample_args(samples))
 
     async def reap_nodes(self, grace_ms: int) -> ScriptResult:
         """Declare lost the nodes silent for longer than ``grace_ms``; ends their leases."""

@@ -165,8 +165,8 @@ async def heartbeat_loop(
                     return
             try:
                 load = busy_samples(deps, busy_share, rng) if busy_share > 0 else ()
-                beat = await deps.ledger.heartbeat(deps.settings.node_id, load)
-                if not beat.ok:
+                beat = await deps.ledger.heartbeat(deps.settings.node_id, load, deps.instance)
+                if not beat.ok and beat.reason != handlers.NODE_CLAIMED:
                     await publisher.publish_all(await handlers.register_node(deps))
             except Exception as error:  # noqa: BLE001  (Redis or NATS away: next round retries)
                 log.warning(

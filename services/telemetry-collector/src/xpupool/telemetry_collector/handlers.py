@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -54,6 +57,17 @@ from xpupool.telemetry_collector.settings import CollectorSettings
 ACTIVE: Final = "active"
 
 
+NODE_CLAIMED: Final = "node_claimed"
+"""The ledger's answer to a heartbeat of a collector that no longer holds its node, and the
+tick's outcome then (``xpupool_collector_samples_total{outcome="node_claimed"}``)."""
+
+
+def new_instance() -> str:
+    """A name for this collector process that tells an operator where it runs: host, PID and a
+    random part (a PID comes back after a restart, a container's host name too)."""
+    return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+
+
 @dataclass
 class CollectorDeps:
     """What the collector's handlers need, and the state one collector keeps across ticks."""
@@ -71,6 +85,9 @@ class CollectorDeps:
     lease_cache: dict[str, LeaseRecord] = field(default_factory=dict)
     # When the node's devices were last read whole (time.monotonic): see _tick's spec check.
     specs_read_at: float = 0.0
+    # This collector process: the node is held by the one that registered it last, and the
+    # ledger refuses another's heartbeat (``node_claimed``).
+    instance: str = field(default_factory=new_instance)
 
 
 def _now() -> datetime:
@@ -121,6 +138,7 @@ async def register_node(deps: CollectorDeps) -> Sequence[msgspec.Struct]:
         deps.settings.memory_mib,
         {"backend": deps.settings.backend},
         health=readings,
+        instance=deps.instance,
     )
     if not result.ok:
         raise RuntimeError(f"registration refused: {result.reason} {result.detail}")
@@ -191,7 +209,18 @@ async def _tick(deps: CollectorDeps) -> tuple[list[msgspec.Struct], str]:
         deps.metrics.update_devices(node_id, (), (), {})
         return [], "backend_unavailable"
     # The load and the heartbeat in one script: a tick is one write (and fsync) on the ledger.
-    beat = await deps.ledger.heartbeat(node_id, samples)
+    beat = await deps.ledger.heartbeat(node_id, samples, deps.instance)
+    if beat.reason == NODE_CLAIMED:
+        # Registering again would take the node back, and the other collector would take it
+        # back in turn: the last to register holds it, and this one writes nothing, loudly.
+        log.error(
+            "node_claimed_by_another_collector",
+            instance=deps.instance,
+            holder=beat.detail,
+            hint="two collectors run under one XPUPOOL_NODE_ID; give each host its own",
+        )
+        deps.metrics.update_devices(node_id, (), (), {})
+        return [], NODE_CLAIMED
 
     events: list[msgspec.Struct] = []
     known = {d.spec.device_id for d in devices}

@@ -115,7 +115,7 @@ class CollectorMetrics:
         )
         self.samples = Counter(
             "xpupool_collector_samples",
-            "Sampling ticks by outcome (ok, backend_unavailable, error).",
+            "Sampling ticks by outcome (ok, backend_unavailable, node_claimed, error).",
             ["outcome"],
             registry=self.registry,
         )

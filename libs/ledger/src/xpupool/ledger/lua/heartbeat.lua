@@ -2,7 +2,11 @@
 -- in the same tick (record_samples), so that a collector's tick is one script and one fsync of
 -- the AOF instead of two. A node already declared lost must register again (its devices were
 -- reset), so it is told so instead of silently revived, and its samples are not written.
--- ARGV[1]: node_id; then device_id, util ('' = unknown), mem_used ('' = unknown), repeated.
+-- A collector process other than the one that registered the node last is refused
+-- (node_claimed, naming the holder) and writes nothing: two collectors under one node id would
+-- keep each other's node alive and write each other's load.
+-- ARGV[1]: node_id; ARGV[2]: the collector's instance ('' = not checked); then device_id, util
+-- ('' = unknown), mem_used ('' = unknown), repeated.
 
 -- One device's sample: its integrals carried forward to ``now`` and the new values stored
 -- (``last``: its SAMPLED_FIELDS as they stood; a changed utilisation goes into the change log), in
@@ -60,11 +64,14 @@ local function record_samples(node_id, args, first, now)
 end
 
 local nk = k('node', ARGV[1])
-local status = redis.call('HGET', nk, 'status')
+local status, holder = unpack(redis.call('HMGET', nk, 'status', 'instance'))
 if not status then return fail('unknown_node', ARGV[1]) end
 if status ~= 'up' then return fail('node_' .. status, ARGV[1]) end
+if ARGV[2] ~= '' and holder and holder ~= '' and holder ~= ARGV[2] then
+  return fail('node_claimed', holder)
+end
 local now = now_ms()
-record_samples(ARGV[1], ARGV, 2, now)
+record_samples(ARGV[1], ARGV, 3, now)
 redis.call('HSET', nk, 'last_seen_ms', now)
 -- The heartbeat index reap_nodes.lua reads: it looks at the overdue nodes only.
 redis.call('ZADD', k('node-seen'), now, ARGV[1])

@@ -4,7 +4,10 @@
 -- again with the same GPU and compute instance ids, another card at the same index) is the old
 -- unit vanished and a new one joined: its leases end as lost, since the unit their holders were
 -- told (CUDA_VISIBLE_DEVICES=<its uuid>) is gone, and the new one joins free.
--- ARGV[1]: JSON {node_id, cpu_milli, memory_mib, labels_json, devices=[{device_id, spec=<json>,
+-- The registering collector process (``instance``) holds the node from now on: heartbeat.lua
+-- refuses another's (a restarted collector registers first, so it takes over from its dead
+-- predecessor; two live ones under one node id leave the last to register holding it).
+-- ARGV[1]: JSON {node_id, instance, cpu_milli, memory_mib, labels_json, devices=[{device_id, spec=<json>,
 --   memory_mib, uuid, health?, health_reason?}]}; a device's health, when given, is what its
 --   backend reads now and is written with the rest (else a new device is healthy, one the node's
 --   loss marked lost is healthy again, and any other keeps its health).
@@ -75,7 +78,7 @@ if old[1] then
 end
 redis.call('HSET', nk, 'cpu_total', r.cpu_milli, 'cpu_free', r.cpu_milli - used_cpu,
   'mem_total', r.memory_mib, 'mem_free', r.memory_mib - used_mem, 'labels', r.labels_json,
-  'status', 'up', 'last_seen_ms', now)
+  'status', 'up', 'last_seen_ms', now, 'instance', r.instance or '')
 redis.call('SADD', k('nodes'), r.node_id)
 redis.call('ZADD', k('node-seen'), now, r.node_id)
 bump()
