@@ -15,7 +15,7 @@ with the same placement policy (the scheduler default's placement, ``xpupool-onl
   ``plan_scale_down`` (idle past the cool-down, low-watermark hysteresis, drained nodes removed
   once empty); predictive mode adds the nodes the forecast
   (``xpupool.autoscaler.forecast``: damped trend plus time-of-day profile) says the pool will
-  need one provisioning delay ahead.
+  need one provisioning delay ahead, and its scale-down keeps them while the forecast does.
 
 Pools are the trace's node shapes (model, GPUs, CPU, memory), priced at the device catalog's
 cost per device-hour times the GPUs (``xpupool.devices`` catalog; G1-G3 are the trace's
@@ -232,6 +232,8 @@ def replay(
     busy_area = dict.fromkeys(pools, 0.0)
     busy_history: dict[str, list[tuple[float, int]]] = {p: [] for p in pools}
     demand_history: dict[str, list[tuple[float, float]]] = {p: [] for p in pools}
+    # Per pool, the nodes the last forecast wanted: the scale-down keeps them (keep_nodes).
+    forecast_keep: dict[str, int] = {p: 0 for p in pools}
     last_change = t0
     wanted: dict[str, set[str]] = {p: set() for p in pools}
     seq = 0
@@ -347,6 +349,7 @@ def replay(
             up = sum(
                 1 for r in rows_of[p] if fleet.present[r] and math.isnan(fleet.draining_since[r])
             )
+            forecast_keep[p] = min(cfg.max_size, math.ceil(f.peak))
             need = math.ceil(f.peak) - up - coming
             if need > 0:
                 add(p, need, now)
@@ -377,7 +380,10 @@ def replay(
                 else 0,
                 pending_jobs=tuple(sorted(wanted[p])),
             )
-            for step in plan_scale_down(cfg, statuses, load, now, provisioning=coming):
+            steps = plan_scale_down(
+                cfg, statuses, load, now, provisioning=coming, keep_nodes=forecast_keep[p]
+            )
+            for step in steps:
                 for node_id in step.node_ids:
                     r = int(node_id)
                     if step.action is ScaleAction.DRAIN:

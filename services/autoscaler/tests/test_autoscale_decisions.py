@@ -11,6 +11,7 @@ from xpupool.autoscaler.decisions import (
     DemandSummary,
     ScalePlan,
     ScaleStep,
+    forecast_nodes,
     plan_min_size,
     plan_predictive,
 )
@@ -167,3 +168,14 @@ def test_predictive_steps_only_for_predictive_pools_and_within_max() -> None:
     assert capped is not None and capped.count == 3
     assert plan_predictive(pool, forecast_devices=8.0, size=2) is None
     assert plan_predictive(make_pool(), forecast_devices=100.0, size=0) is None
+
+
+def test_forecast_nodes_are_what_a_predictive_step_adds_up_to() -> None:
+    pool = make_pool(predictive={"enabled": True, "headroom": 1.25}, max_size=4, min_size=1)
+    assert forecast_nodes(pool, 13.0) == 3  # 13 * 1.25 / 8 devices a node
+    assert forecast_nodes(pool, 100.0) == 4  # max_size
+    assert forecast_nodes(pool, 0.5) == 1  # min_size
+    assert forecast_nodes(pool, 0.0) == 0
+    assert forecast_nodes(make_pool(), 100.0) == 0  # not predictive
+    step = plan_predictive(pool, 13.0, size=1)
+    assert step is not None and 1 + step.count == forecast_nodes(pool, 13.0)

@@ -105,3 +105,17 @@ def test_peak_busy_reads_only_the_window() -> None:
     assert peak_busy(history, NOW, 600) == 3
     assert peak_busy(history, NOW, 3000) == 9
     assert peak_busy([], NOW, 600) == 0
+
+
+def test_a_predictive_pool_keeps_what_its_forecast_wants() -> None:
+    """Four nodes idle past the cool-down, no recent peak: a reactive pool drains all four. A
+    predictive pool whose forecast wants three at the provisioning horizon drains one: the
+    three would be added again at the next cycle (the forecast sees only ready and provisioning
+    nodes), a churn of one node's provisioning and cool-down after another."""
+    pool = make_pool(predictive={"enabled": True}, scale_down={"cooldown_s": COOL})
+    nodes = [idle(f"n{i}", 1000 + i) for i in range(4)]
+    (step,) = plan_scale_down(pool, nodes, PoolLoad(), NOW)
+    assert len(step.node_ids) == 4
+    (step,) = plan_scale_down(pool, nodes, PoolLoad(), NOW, keep_nodes=3)
+    assert step.node_ids == ("n3",)
+    assert plan_scale_down(pool, nodes, PoolLoad(), NOW, keep_nodes=4) == ()

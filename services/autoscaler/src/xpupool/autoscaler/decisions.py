@@ -23,6 +23,7 @@ __all__ = [
     "ScalePlan",
     "ScaleStep",
     "plan_min_size",
+    "forecast_nodes",
     "plan_predictive",
 ]
 
@@ -179,17 +180,25 @@ def plan_min_size(pools: Sequence[PoolConfig], sizes: Mapping[str, int]) -> tupl
     return tuple(steps)
 
 
-def plan_predictive(pool: PoolConfig, forecast_devices: float, size: int) -> ScaleStep | None:
-    """A scale-up step for a predictive pool whose forecast (devices in use at the provisioning
-    horizon, times the pool's headroom) needs more nodes than its ``size`` (ready and
-    provisioning), capped at ``max_size``; ``None`` when it needs none or is not predictive.
-
-    Predictive steps only add: the reactive scale-down (cool-down and watermark) removes what
-    the forecast over-provisioned once it has stayed idle."""
+def forecast_nodes(pool: PoolConfig, forecast_devices: float) -> int:
+    """The nodes a predictive pool's forecast (devices in use at the provisioning horizon)
+    wants, with the pool's headroom, within ``min_size`` and ``max_size``; 0 for a pool that is
+    not predictive or a forecast of nothing."""
     if not pool.predictive.enabled or forecast_devices <= 0:
-        return None
+        return 0
     wanted = math.ceil(forecast_devices * pool.predictive.headroom / pool.node.count - 1e-9)
-    target = min(pool.max_size, max(pool.min_size, wanted))
+    return min(pool.max_size, max(pool.min_size, wanted))
+
+
+def plan_predictive(pool: PoolConfig, forecast_devices: float, size: int) -> ScaleStep | None:
+    """A scale-up step for a predictive pool whose forecast needs more nodes
+    (``forecast_nodes``) than its ``size`` (ready and provisioning); ``None`` when it needs
+    none or is not predictive.
+
+    The scale-down keeps what the forecast wants (``plan_scale_down``'s ``keep_nodes``): a node
+    the forecast added is drained once it has stayed idle and the forecast no longer wants it,
+    not while it does, only to be added again at the next cycle."""
+    target = forecast_nodes(pool, forecast_devices)
     if target <= size:
         return None
     return ScaleStep(

@@ -56,7 +56,13 @@ from typing import Final, TypeVar
 
 import msgspec
 
-from xpupool.autoscaler.decisions import ScalePlan, ScaleStep, plan_min_size, plan_predictive
+from xpupool.autoscaler.decisions import (
+    ScalePlan,
+    ScaleStep,
+    forecast_nodes,
+    plan_min_size,
+    plan_predictive,
+)
 from xpupool.autoscaler.drain import NodeDrainer
 from xpupool.autoscaler.forecast import forecast
 from xpupool.autoscaler.metrics import AutoscalerMetrics
@@ -508,6 +514,35 @@ class Autoscaler:
         for name, view in views.items():
             pool = view.pool
             members = [*view.ready, *view.draining]
+            # Demand history: devices in use on the pool plus the pending devices it answers.
+            used = sum(
+                1
+                for n in members
+                if n in ledger_nodes
+                for d in ledger_nodes[n].devices
+                if d.holders > 0
+            )
+            wanted = sum(job_devices(jobs_by_id[j].request) for j in pool_jobs.get(name, ()))
+            demand_key = f"demand:{name}"
+            demand_bucket = (
+                math.floor(now / settings.autoscaler_bucket_s) * settings.autoscaler_bucket_s
+            )
+            history_ops.append(["HMAX", demand_key, f"{demand_bucket:.0f}", used + wanted])
+            if pool.predictive.enabled:
+                samples = await state.series(demand_key)
+                lookback = min(pool.predictive.lookback_s, settings.autoscaler_history_s)
+                history_ops.extend(
+                    ["HDEL", demand_key, f"{at:.0f}"] for at, _ in samples if at < now - lookback
+                )
+                fc = forecast(
+                    [*samples, (now, used + wanted)],
+                    now,
+                    pool.provisioning_delay_s,
+                    bucket_s=settings.autoscaler_bucket_s,
+                    season_s=pool.predictive.season_s,
+                    lookback_s=lookback,
+                )
+                forecasts[name] = fc.peak
             busy_now = sum(1 for n in members if by_node.get(n))
             busy_key = f"busy:{name}"
             busy_history = await state.series(busy_key)
@@ -540,6 +575,8 @@ class Autoscaler:
                 PoolLoad(recent_peak_busy=peak, pending_jobs=tuple(pool_jobs.get(name, ()))),
                 now,
                 provisioning=view.provisioning_count,
+                # What the forecast wants is not drained only to be added again.
+                keep_nodes=forecast_nodes(pool, forecasts.get(name, 0.0)),
             )
             undrained = sum(s.nodes for s in steps if s.action is ScaleAction.UNDRAIN)
             if undrained:
@@ -562,41 +599,13 @@ class Autoscaler:
                     )
                 )
 
-            # Demand history: devices in use on the pool plus the pending devices it answers.
-            used = sum(
-                1
-                for n in members
-                if n in ledger_nodes
-                for d in ledger_nodes[n].devices
-                if d.holders > 0
-            )
-            wanted = sum(job_devices(jobs_by_id[j].request) for j in pool_jobs.get(name, ()))
-            demand_key = f"demand:{name}"
-            demand_bucket = (
-                math.floor(now / settings.autoscaler_bucket_s) * settings.autoscaler_bucket_s
-            )
-            history_ops.append(["HMAX", demand_key, f"{demand_bucket:.0f}", used + wanted])
-            if pool.predictive.enabled:
-                samples = await state.series(demand_key)
-                lookback = min(pool.predictive.lookback_s, settings.autoscaler_history_s)
-                history_ops.extend(
-                    ["HDEL", demand_key, f"{at:.0f}"] for at, _ in samples if at < now - lookback
-                )
-                fc = forecast(
-                    [*samples, (now, used + wanted)],
-                    now,
-                    pool.provisioning_delay_s,
-                    bucket_s=settings.autoscaler_bucket_s,
-                    season_s=pool.predictive.season_s,
-                    lookback_s=lookback,
-                )
-                forecasts[name] = fc.peak
+            if name in forecasts:
                 planned = (
                     view.size
                     + min_adds.get(name, 0)
                     + sum(s.count for s in up_steps if s.pool == name)
                 )
-                step = plan_predictive(pool, fc.peak, planned)
+                step = plan_predictive(pool, forecasts[name], planned)
                 if step is not None and step.count > 0:
                     predictive_steps.append(step)
         await state.write(term, history_ops)

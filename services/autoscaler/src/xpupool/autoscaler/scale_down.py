@@ -17,6 +17,9 @@ Rules, per pool, in this order (``now`` and every timestamp in epoch seconds):
    most nodes busy at once over at least the cool-down window) stays at most
    ``scale_down.low_watermark`` of the nodes left. With a peak of 3 and a watermark of 0.7 a
    pool keeps 5 nodes: the last burst's nodes plus headroom, so the next one finds them.
+   A predictive pool also keeps what its forecast wants at the provisioning horizon
+   (``keep_nodes``): drained, those nodes would be added again at the next cycle (while they
+   drain the pool's size leaves them out), a node's whole provisioning paid again for nothing.
 
 Scale-up happens only for pending demand beyond capacity, scale-down only below the watermark:
 the band between the two is the hysteresis. A pool's size counts its ready and provisioning
@@ -73,11 +76,14 @@ def plan_scale_down(
     now: float,
     *,
     provisioning: int = 0,
+    keep_nodes: int = 0,
 ) -> tuple[ScaleStep, ...]:
     """The drain, undrain, preempt and remove steps of one pool (see the module docstring).
 
     ``nodes`` are the pool's nodes with an id; ``provisioning`` counts nodes being provisioned
-    that the provider has not named yet (they count toward the size, so toward ``min_size``)."""
+    that the provider has not named yet (they count toward the size, so toward ``min_size``);
+    ``keep_nodes``: what a predictive pool's forecast wants (``forecast_nodes``), kept like
+    ``min_size``."""
     draining = sorted((n for n in nodes if n.draining_since is not None), key=_drain_order)
     if load.pending_jobs:
         if not draining:
@@ -135,9 +141,10 @@ def plan_scale_down(
         key=lambda n: (n.idle_since, n.node_id),
     )
     drained: list[str] = []
+    floor = max(pool.min_size, keep_nodes)
     for n in candidates:
         left = remaining - 1
-        if left < pool.min_size:
+        if left < floor:
             break
         if load.recent_peak_busy > pool.scale_down.low_watermark * left:
             break
