@@ -83,8 +83,14 @@ async def test_a_reply_subject_cannot_make_a_service_purge_a_stream(
     mallory = await secure_stack.connect_tenant("mallory")
     try:
         streams = (s.TENANT_EVENTS_STREAM, s.EVENTS_STREAM)
-        before = {stream.name: await _stored(operator, stream) for stream in streams}
-        assert all(before.values()), before  # something to lose
+
+        async def stored() -> dict[str, int] | None:
+            counts = {stream.name: await _stored(operator, stream) for stream in streams}
+            return counts if all(counts.values()) else None
+
+        # Something to lose: the grant's events, published a turn after its reply.
+        before = await eventually(stored)
+        assert before is not None
         for request in (s.JOB_LIST, s.LEASE_LIST):
             subject = request.subject(tenant="mallory")
             await _answered(mallory, subject)
