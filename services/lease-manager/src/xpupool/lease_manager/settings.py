@@ -50,5 +50,6 @@ class LeaseManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
     lease_manager_metrics_refresh_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
     # Each tenant's queries (its job and lease lists, a lease by id) this replica answers, a
     # token bucket per tenant; more are refused ``rate_limited`` before any ledger read. 0: none.
-    query_rate_per_s: Annotated[float, msgspec.Meta(ge=0)] = 50.0
-    query_burst: Annotated[int, msgspec.Meta(ge=1)] = 100
+    # Room for a client polling every 5 ms; a loop that polls without pausing is held to it.
+    query_rate_per_s: Annotated[float, msgspec.Meta(ge=0)] = 200.0
+    query_burst: Annotated[int, msgspec.Meta(ge=1)] = 400
