@@ -20,9 +20,9 @@ def test_a_burst_is_served_then_the_rate() -> None:
     clock = _Clock()
     limit = TenantRateLimit(10.0, 5, clock=clock)
     assert [limit.admit("a") for _ in range(5)] == [0.0] * 5
-    wait = limit.admit("a")
-    assert wait == pytest.approx(0.1)
-    assert "retry in 0.10 s" in limit.refusal(wait)
+    assert limit.admit("a") == pytest.approx(0.1)
+    refusal = limit.refusal("a")
+    assert refusal is not None and "retry in 0.10 s" in refusal
     clock.now += 0.1
     assert limit.admit("a") == 0.0
     assert limit.admit("a") > 0  # a refusal is not counted, a grant is

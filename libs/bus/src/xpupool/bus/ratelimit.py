@@ -48,8 +48,11 @@ class TenantRateLimit:
         self._arrivals[tenant] = arrival
         return 0.0
 
-    def refusal(self, wait_s: float) -> str:
-        """What a refused requester is told."""
+    def refusal(self, tenant: str) -> str | None:
+        """None when ``tenant`` may be served now (``admit``), else what it is told."""
+        wait_s = self.admit(tenant)
+        if not wait_s:
+            return None
         return (
             f"over {self.rate_per_s:g} queries/s (burst {self.burst}) for this tenant; "
             f"retry in {wait_s:.2f} s"

@@ -235,10 +235,12 @@ def lease_info(lease: LeaseRecord) -> LeaseInfo:
 
 
 def _over_query_rate(limit: TenantRateLimit, tenant: str) -> LeaseList | None:
-    wait_s = limit.admit(tenant)
-    if not wait_s:
-        return None
-    return LeaseList(ok=False, error=QueryError.RATE_LIMITED, detail=limit.refusal(wait_s))
+    refusal = limit.refusal(tenant)
+    return (
+        None
+        if refusal is None
+        else LeaseList(ok=False, error=QueryError.RATE_LIMITED, detail=refusal)
+    )
 
 
 async def get_lease(

@@ -633,9 +633,7 @@ async def list_jobs(
 ) -> Sequence[msgspec.Struct]:
     """``tenant``'s latest jobs (the subject's, authenticated), newest first, each with its
     state and, while it waits, why."""
-    wait_s = deps.query_limit.admit(tenant)
-    if wait_s:
-        refusal = deps.query_limit.refusal(wait_s)
+    if (refusal := deps.query_limit.refusal(tenant)) is not None:
         return [JobList(ok=False, error=QueryError.RATE_LIMITED, detail=refusal)]
     records = await deps.ledger.tenant_jobs(tenant, command.limit)
     jobs = [
