@@ -256,8 +256,20 @@ async def test_a_javascript_client_from_proto_alone_runs_a_jobs_life(
         )
 
     # The request/reply submission is answered with its grant; the stream's duplicate is one job.
-    (first,) = answered(job("proto-1"))
+    # Once the job ended, the same request again is answered known (no second outcome), and
+    # another request under its id is refused.
+    first, retried, reused = answered(job("proto-1"))
     assert first["outcome"] == "granted" and first["granted"]["lease_secret"]
+    assert (retried["outcome"], retried["state"]) == ("known", "ended"), retried
+    assert retried["granted"] is None and retried["rejected"] is None, retried
+    assert reused["rejected"]["reason"] == "duplicate_job", reused
+    proto_1_outcomes = [
+        p["type"]
+        for s, p in events
+        if p.get("job_id") == "proto-1"
+        and p["type"].startswith(("xpupool.alloc.granted", "xpupool.job."))
+    ]
+    assert proto_1_outcomes == ["xpupool.alloc.granted.v1", "xpupool.job.rejected.v1"]
     acks = answered(job("proto-2"))
     assert [a["stream"] for a in acks] == ["XPUPOOL_JOBS"] * 2 and acks[1].get("duplicate") is True
     granted = [p for s, p in events if s == f"xpupool.tenant.v1.{TENANT}.events.granted"]

@@ -214,6 +214,13 @@ async function main() {
   for (const lease of [lease1, lease2]) {
     await until(is("xpupool.alloc.ended.v1", "lease_id", lease.lease_id), `${lease.lease_id}'s end`);
   }
+  // 3b. The same request again once its job ended (its keys in another order) is a retry: no
+  // second outcome, answered known (SubmitOutcome), its state ended. Another request under the
+  // job id is refused duplicate_job (JobReason).
+  const retried = await request(`${space}.jobs.submit`, { device: { memory_mib: 1000 }, count: 1, job_id: "proto-1", type: "xpupool.job.requested.v1" });
+  check(retried.payload.outcome === "known" && retried.payload.state === "ended", `proto-1 retried: ${JSON.stringify(retried.payload)}`);
+  const reused = await request(`${space}.jobs.submit`, { type: "xpupool.job.requested.v1", job_id: "proto-1", count: 1, device: { memory_mib: 2000 } });
+  check(reused.payload.outcome === "rejected" && reused.payload.rejected.reason === "duplicate_job", `proto-1 reused: ${JSON.stringify(reused.payload)}`);
   // 4. What a careless or hostile client sends is answered, not dropped.
   await request(`${space}.jobs.submit`, { type: "xpupool.job.requested.v1", job_id: "proto-bad", count: -1 });
   await request(`${space}.jobs.submit`, "this is not JSON");
