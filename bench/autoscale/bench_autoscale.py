@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from xpupool.autoscaler.decisions import forecast_nodes
 from xpupool.autoscaler.forecast import forecast
 from xpupool.autoscaler.pools import PoolConfig, parse_pools
 from xpupool.autoscaler.scale_down import NodeStatus, PoolLoad, peak_busy, plan_scale_down
@@ -349,8 +350,9 @@ def replay(
             up = sum(
                 1 for r in rows_of[p] if fleet.present[r] and math.isnan(fleet.draining_since[r])
             )
-            forecast_keep[p] = min(cfg.max_size, math.ceil(f.peak))
-            need = math.ceil(f.peak) - up - coming
+            # The history is in nodes; the service's rule takes devices.
+            forecast_keep[p] = forecast_nodes(cfg, f.peak * cfg.node.count)
+            need = forecast_keep[p] - up - coming
             if need > 0:
                 add(p, need, now)
 
