@@ -99,7 +99,7 @@ async def test_the_first_of_a_job_ids_duplicates_in_one_batch_is_the_one_placed(
 ) -> None:
     """The job id is the idempotency key: of two requests with one id in one batch, the first
     admission stands (as it does across batches), so the grant is for what the first asked (a
-    whole device), not the placement of the duplicate (a share)."""
+    whole device), not the placement of the other (a share), which is refused with a word."""
     await _one_gpu(ledger)
     deps = _deps(ledger)
     whole = JobRequested(job_id="y", tenant="t")
@@ -109,7 +109,7 @@ async def test_the_first_of_a_job_ids_duplicates_in_one_batch_is_the_one_placed(
         deps,
     )
     assert results[0].ok and results[0].outcome == "granted", results[0]
-    assert not results[1].ok and results[1].reason == "job_leased", results[1]
+    assert not results[1].ok and results[1].reason == "duplicate_job", results[1]
     lease = await ledger.get_lease(results[0].lease_id)
     assert lease is not None and [s.whole for s in lease.slices] == [True]
     assert await audit(ledger) == []
@@ -305,3 +305,30 @@ async def test_the_message_that_admitted_an_ended_job_is_told_apart_from_a_resub
     (refused,) = await ledger.admit_many([Admission("r", 500, other, None, "queued", tenant="t")])
     assert not refused.ok and refused.reason == "duplicate_job", refused
     assert "cancelled" in refused.detail
+
+
+@pytest.mark.parametrize("placed", [False, True], ids=["waiting", "leased"])
+async def test_another_request_under_a_live_jobs_id_is_refused_and_the_job_goes_on(
+    ledger: Ledger, placed: bool
+) -> None:
+    """A job waits (or runs) and its tenant sends another request under its id: the newcomer is
+    refused ``duplicate_job`` saying where the job stands, never ignored without a word; the
+    same request again is a retry (ignored while the job waits, ``job_leased`` once granted).
+    The job itself is left as it was."""
+    if placed:
+        await _one_gpu(ledger)
+    deps = _deps(ledger)
+    asked = JobRequested(job_id="live", tenant="t")
+    (first,) = await admit_arrivals([Arrival(asked, 500, AdmissionLimits(), {})], deps)
+    assert first.ok and first.outcome == ("granted" if placed else "pending"), first
+    other = JobRequested(job_id="live", tenant="t", device=DeviceDemand(memory_mib=1024))
+    (refused,) = await admit_job(other, deps, tenant="t")
+    assert isinstance(refused, JobRejected) and refused.reason is JobReason.DUPLICATE_JOB
+    state = "leased" if placed else "pending"
+    assert refused.detail == f"job live is {state} with another request; submit with a new job id"
+    assert await admit_job(asked, deps, tenant="t") == []
+    job = await ledger.get_job("live")
+    assert job is not None and job.state == state
+    if placed:
+        assert job.lease_id == first.lease_id
+        assert await audit(ledger) == []

@@ -439,21 +439,26 @@ async def test_preemption_request_is_marked_and_queued_once(ledger: Ledger) -> N
 
 
 async def test_admission_is_idempotent_and_orders_by_priority_then_arrival(ledger: Ledger) -> None:
-    """A job id is admitted once (a duplicate keeps the first request and its reason), a job
-    that went further is not re-admitted, and the queue puts higher priority first."""
+    """A job id is admitted once (its request again keeps the first admission and its reason;
+    another request under it is refused), a job that went further is not re-admitted, and the
+    queue puts higher priority first."""
     assert (await ledger.pend("low", 100, b'{"n": 1}', None, "queued")).ok
     await asyncio.sleep(0.01)
     assert (await ledger.pend("high", 900, b'{"n": 2}', None, "queued")).ok
     await ledger.note_pending("low", "insufficient_capacity")
-    again = await ledger.pend("low", 100, b'{"n": 3}', None, "queued")
+    again = await ledger.pend("low", 100, b'{"n": 1}', None, "queued")
     assert again.ok and again.duplicate
+    other = await ledger.pend("low", 100, b'{"n": 3}', None, "queued")
+    assert not other.ok and other.reason == "duplicate_job" and "pending" in other.detail
     jobs = await ledger.pending_jobs()
     assert [job.job_id for _, job in jobs] == ["high", "low"]
     assert jobs[1][0] == b'{"n": 1}' and jobs[1][1].reason == "insufficient_capacity"
     await _two_gpus(ledger)
     await ledger.reserve(reservation("high", SliceClaim("n1/nvidia0", whole=True)))
-    refused = await ledger.pend("high", 900, b"{}", None, "queued")
+    refused = await ledger.pend("high", 900, b'{"n": 2}', None, "queued")
     assert not refused.ok and refused.reason == "job_reserved"
+    other = await ledger.pend("high", 900, b"{}", None, "queued")
+    assert not other.ok and other.reason == "duplicate_job" and "reserved" in other.detail
 
 
 async def test_a_wait_is_noted_only_while_the_job_waits(ledger: Ledger) -> None:

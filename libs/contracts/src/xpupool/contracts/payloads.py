@@ -235,9 +235,10 @@ class JobReason(StrEnum):
     INTERNAL_ERROR = "internal_error"
     """The service failed to handle the request repeatedly; the detail says how."""
     DUPLICATE_JOB = "duplicate_job"
-    """The job id belongs to a job that has already ended (or to another tenant's job), and this
-    request is not that job's request again; ``detail`` says how it ended. Only the
-    resubmission is refused (the earlier job's events stand): submit with a new job id. The same
+    """The job id belongs to another job (one that waits, runs or has ended, or another tenant's),
+    and this request is not that job's request again; ``detail`` says where that job stands or
+    how it ended. Only this request is refused (the earlier job goes on, its events stand):
+    submit with a new job id. The same
     request sent again (a retry, by any subject) is no new job and gets no second outcome: by
     request/reply it is answered ``known`` (``SubmitReply.state``)."""
 

@@ -310,11 +310,11 @@ async def _admit(
 
     Refused at once: a payload naming another tenant, a queue the tenant may not charge, and a
     tenant over its rate or pending limits (checked atomically in the ledger, across replicas).
-    The job id is the idempotency key, whatever the transport did: a duplicate of a job that
-    waits, or whose grant is on its way, is ignored, and so is the same request again after the
-    job ended (a retry: its one outcome is out; by request/reply it is answered ``known``, with
-    how the job ended); another request under the id of a job that has ended (or of another
-    tenant's job) is rejected ``duplicate_job``, saying how that job ended.
+    The job id is the idempotency key, whatever the transport did: the same request again (a
+    retry) is ignored while its job waits and gets nothing new once it went further (its one
+    outcome is on its way or out; by request/reply it is answered ``known``, with where the job
+    stands); another request under a used id (a job's that waits, runs or has ended, or another
+    tenant's) is rejected ``duplicate_job``, saying where that job stands or how it ended.
     """
     if request.tenant is not None and request.tenant != tenant:
         return _rejected(

@@ -23,11 +23,11 @@
 -- answered job_redelivered, nothing to publish, where a resubmission gets duplicate_job.
 -- The score orders by priority, then arrival in seconds (both exact in a double).
 -- A new request of a tenant over its rate (a token bucket kept as its theoretical arrival time,
--- GCRA) or at its maximum of pending requests is refused before anything is written. A
--- resubmission of a job that has ended with another request (or of another tenant's job id) is
--- refused with duplicate_job, saying how the earlier job ended; the same request again is a
--- retry, answered 'job_<state>' with how the job ended and nothing to publish (its one outcome
--- is out).
+-- GCRA) or at its maximum of pending requests is refused before anything is written. Another
+-- request under a used job id (or another tenant's job id) is refused with duplicate_job, saying
+-- where that job stands or how it ended; the same request again is a retry: ignored while the
+-- job waits, answered 'job_<state>' (with how it ended, once over) and nothing to publish (its
+-- one outcome is on its way or out).
 local jk = k('job', ARGV[1])
 local state, owner, source, digest = unpack(redis.call('HMGET', jk, 'state', 'tenant', 'source',
   'digest'))
@@ -38,6 +38,13 @@ end
 -- The request's fingerprint, kept with the job: a resubmission of the same request (a retry) is
 -- told apart from another request under a used job id.
 local request_digest = string.sub(redis.sha1hex(ARGV[3]), 1, 16)
+if state and digest and digest ~= request_digest and not job_outcome(ARGV[1]) then
+  -- Another request under the id of a job that waits or runs: the job goes on as first asked;
+  -- the newcomer is refused, never dropped without a word. (A record from before fingerprints
+  -- has none to compare: its duplicates are taken for retries, as they were.)
+  return fail('duplicate_job', 'job ' .. ARGV[1] .. ' is ' .. state ..
+    ' with another request; submit with a new job id')
+end
 if state and state ~= 'pending' then
   local ended = job_outcome(ARGV[1])
   if ended and (ARGV[16] or '') ~= '' and source == ARGV[16] then
