@@ -15,6 +15,7 @@ import msgspec
 import pytest
 from redis.typing import EncodableT, FieldT
 
+from tests.integration.ledger_builders import device_spec, reservation
 from xpupool.autoscaler.drain import LedgerDrainer
 from xpupool.autoscaler.loop import Autoscaler, AutoscalerDeps
 from xpupool.autoscaler.metrics import AutoscalerMetrics
@@ -39,7 +40,7 @@ from xpupool.contracts import (
     ScaleFailed,
 )
 from xpupool.devices.catalog import load_catalog
-from xpupool.ledger import Ledger
+from xpupool.ledger import Ledger, SliceClaim
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -215,6 +216,41 @@ async def test_a_node_that_never_registers_is_given_back_and_replaced(
     status = await run.cycle()
     spot = status.pools[0]
     assert "spot-1" not in {n.node_id for n in spot.nodes}
+
+    # Its collector starts after all, while the provider is still taking it away: it comes up
+    # draining, and no grant lands on a node on its way out.
+    late = device_specs(spot_pool(run), "spot-1", load_catalog())
+    assert (await ledger.register_node("spot-1", late, 64_000, 256_000)).ok
+    assert await ledger.redis.hget(ledger.key("node", "spot-1"), "draining") == b"1"
+    refused = await ledger.reserve(reservation("late", SliceClaim(late[0].device_id, whole=True)))
+    assert not refused.ok and refused.reason == "node_draining", refused
+
+
+def spot_pool(run: Harness) -> PoolConfig:
+    pool = run.deps.pools.current().get("spot")
+    assert pool is not None
+    return pool
+
+
+async def test_an_operators_drain_of_an_unknown_node_is_refused_not_remembered(
+    ledger: Ledger,
+) -> None:
+    """Only the autoscaler holds a drain for a node the ledger has not seen: an operator's
+    drain of a mistyped node id is refused, and a node of that id registers in service."""
+    refused = await ledger.set_node_draining("n-typo", True)
+    assert not refused.ok and refused.reason == "unknown_node"
+    await register_one(ledger, "n-typo")
+    assert await ledger.redis.hget(ledger.key("node", "n-typo"), "draining") is None
+    held = await ledger.set_node_draining("n-later", True, hold_unregistered=True)
+    assert held.ok and held.previous == "in_service", held
+    lifted = await ledger.set_node_draining("n-later", False, hold_unregistered=True)
+    assert lifted.ok and lifted.previous == "draining", lifted
+    await register_one(ledger, "n-later")
+    assert await ledger.redis.hget(ledger.key("node", "n-later"), "draining") is None
+
+
+async def register_one(ledger: Ledger, node_id: str) -> None:
+    assert (await ledger.register_node(node_id, [device_spec(node_id, 0)], 64_000, 256_000)).ok
 
 
 async def test_a_node_failed_at_its_provider_is_given_back_before_its_replacement(

@@ -652,10 +652,17 @@ class Ledger:
         )
         return Growth(_pool_shapes(shapes), _incoming_until(incoming))
 
-    async def set_node_draining(self, node_id: str, draining: bool) -> ScriptResult:
+    async def set_node_draining(
+        self, node_id: str, draining: bool, *, hold_unregistered: bool = False
+    ) -> ScriptResult:
         """Drain a node (no new grants there; its leases run on) or take it back into service;
-        ``previous`` in the answer is ``draining`` or ``in_service``."""
-        return await self._run("set_draining", node_id, "1" if draining else "0")
+        ``previous`` in the answer is ``draining`` or ``in_service``. A node the ledger has
+        not seen is refused (``unknown_node``), unless ``hold_unregistered``: the drain is then
+        kept for it, and it comes up draining if it registers within a day (the autoscaler
+        giving back a node that never registered in time)."""
+        return await self._run(
+            "set_draining", node_id, "1" if draining else "0", "1" if hold_unregistered else "0"
+        )
 
     # ---- scheduling --------------------------------------------------------------------------
 

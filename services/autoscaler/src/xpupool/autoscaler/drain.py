@@ -2,21 +2,16 @@
 
 The autoscaler records every drain in its own state (``autoscaler:nodes``: ``draining_since``)
 and announces it (``NodeDraining`` on ``xpupool.scale.v1.draining``); a :class:`NodeDrainer`
-carries it to where the scheduler's reserve path reads it. Both calls are idempotent.
-
-:class:`LedgerDrainer` calls ``Ledger.set_node_draining(node_id, draining)`` when the ledger has
-it (the reserve path's side of issue 12); until it does, a drain is only the autoscaler's own
-record and its event, and the autoscaler re-checks a node's leases right before it removes it,
-so a lease granted on a draining node keeps that node.
+carries it to where the scheduler's reserve path reads it. Both calls are idempotent. The
+autoscaler also re-checks a node's leases right before it removes it, so a lease granted on a
+node before its drain landed keeps that node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from xpupool.ledger import Ledger
-from xpupool.obs import get_logger
 
 __all__ = ["LedgerDrainer", "NodeDrainer"]
 
@@ -34,32 +29,21 @@ class NodeDrainer(Protocol):
 
 
 class LedgerDrainer:
-    """Drains through the ledger's ``set_node_draining`` where it exists (see the module
-    docstring)."""
+    """Drains through the ledger (``Ledger.set_node_draining``), where the reserve path reads
+    it. A node the autoscaler drains may not have registered yet (one it gives back for never
+    registering by its deadline): the ledger holds the drain for it, so that if it registers
+    after all it comes up draining and takes no grant on its way out."""
 
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
-        self._warned = False
-
-    def _setter(self) -> Callable[[str, bool], Awaitable[object]] | None:
-        setter: Callable[[str, bool], Awaitable[object]] | None = getattr(
-            self._ledger, "set_node_draining", None
-        )
-        if setter is None and not self._warned:
-            self._warned = True
-            get_logger().warning(
-                "drain_not_in_ledger",
-                detail="Ledger.set_node_draining is missing: a drain is the autoscaler's record "
-                "and NodeDraining event only",
-            )
-        return setter
 
     async def drain(self, node_id: str) -> None:
-        setter = self._setter()
-        if setter is not None:
-            await setter(node_id, True)
+        await self._set(node_id, True)
 
     async def undrain(self, node_id: str) -> None:
-        setter = self._setter()
-        if setter is not None:
-            await setter(node_id, False)
+        await self._set(node_id, False)
+
+    async def _set(self, node_id: str, draining: bool) -> None:
+        result = await self._ledger.set_node_draining(node_id, draining, hold_unregistered=True)
+        if not result.ok:
+            raise RuntimeError(f"ledger refused to set {node_id} draining={draining}: {result}")

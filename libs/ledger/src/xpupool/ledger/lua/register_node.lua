@@ -79,6 +79,11 @@ end
 redis.call('HSET', nk, 'cpu_total', r.cpu_milli, 'cpu_free', r.cpu_milli - used_cpu,
   'mem_total', r.memory_mib, 'mem_free', r.memory_mib - used_mem, 'labels', r.labels_json,
   'status', 'up', 'last_seen_ms', now, 'instance', r.instance or '')
+-- Drained before it ever registered (set_draining.lua: the autoscaler is giving it back): it
+-- comes up draining, so no grant lands on a node on its way out. (Only the autoscaler lifts it.)
+if redis.call('EXISTS', k('node-held-drained', r.node_id)) == 1 then
+  redis.call('HSET', nk, 'draining', '1')
+end
 redis.call('SADD', k('nodes'), r.node_id)
 redis.call('ZADD', k('node-seen'), now, r.node_id)
 bump()
