@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+import msgspec
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -25,6 +27,7 @@ from xpupool.contracts import (
     LeaseEnding,
     LeaseRenewed,
     decoder_for,
+    subjects,
 )
 from xpupool.devstack.stack import Stack
 from xpupool.ledger import Ledger
@@ -163,3 +166,34 @@ async def ready() -> AsyncIterator[Ready]:
     yield wait
     for redis in clients:
         await redis.aclose()
+
+
+# The events that end a job or its lease.
+Terminal = AllocationGranted | LeaseEnded | JobRejected | JobCancelled | JobTimedOut
+_TERMINAL = decoder_for((AllocationGranted, LeaseEnded, JobRejected, JobCancelled, JobTimedOut))
+
+async def stored_terminals(nc: Client, stream: subjects.Stream) -> list[tuple[str, Terminal]]:
+    """The terminal job and lease events ``stream`` holds, with their ids, in stored order."""
+    js = nc.jetstream()
+    state = (await js.stream_info(stream.name)).state
+    stored: list[tuple[str, Terminal]] = []
+    for seq in range(state.first_seq, state.last_seq + 1):
+        msg = await js.get_msg(stream.name, seq)
+        try:
+            event = _TERMINAL.decode(msg.data or b"")
+        except msgspec.ValidationError:
+            continue  # not a terminal event (pending, renewed, ...)
+        stored.append(((msg.headers or {}).get("Nats-Msg-Id", ""), event))
+    return stored
+
+
+async def terminal_counts(nc: Client, job_id: str) -> dict[str, Counter[str]]:
+    """For each stream, how many of each terminal event of ``job_id`` it stored."""
+    counts: dict[str, Counter[str]] = {}
+    for stream in (subjects.EVENTS_STREAM, subjects.TENANT_EVENTS_STREAM):
+        counts[stream.name] = Counter(
+            type(event).__name__
+            for _, event in await stored_terminals(nc, stream)
+            if event.job_id == job_id
+        )
+    return counts

@@ -14,30 +14,20 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-import msgspec
 import pytest
-from nats.aio.client import Client
 from redis.asyncio import Redis
 
 from tests.conftest import eventually
-from tests.e2e.conftest import Ready
+from tests.e2e.conftest import Ready, terminal_counts
 from xpupool.contracts import (
     AllocationGranted,
-    JobCancelled,
-    JobRejected,
     JobRequested,
-    JobTimedOut,
-    LeaseEnded,
-    decoder_for,
     subjects,
 )
 from xpupool.devstack.stack import NodeSpec, Stack
 from xpupool.ledger import audit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
-
-Terminal = AllocationGranted | LeaseEnded | JobRejected | JobCancelled | JobTimedOut
-_TERMINAL = decoder_for((AllocationGranted, LeaseEnded, JobRejected, JobCancelled, JobTimedOut))
 
 # Keeps Redis busy (one script runs at a time, and nothing else meanwhile) for ARGV[1] ms, well
 # under its busy-reply threshold (5 s), past which it would answer other clients BUSY.
@@ -52,33 +42,6 @@ return 1
 async def hold_redis(redis: Redis, ms: int) -> None:
     """Keep Redis busy for ``ms`` (``_HOLD_REDIS``): whatever is sent to it meanwhile waits."""
     await redis.eval(_HOLD_REDIS, 0, str(ms))
-
-
-async def stored_terminals(nc: Client, stream: subjects.Stream) -> list[tuple[str, Terminal]]:
-    """The terminal job and lease events ``stream`` holds, with their ids, in stored order."""
-    js = nc.jetstream()
-    state = (await js.stream_info(stream.name)).state
-    stored: list[tuple[str, Terminal]] = []
-    for seq in range(state.first_seq, state.last_seq + 1):
-        msg = await js.get_msg(stream.name, seq)
-        try:
-            event = _TERMINAL.decode(msg.data or b"")
-        except msgspec.ValidationError:
-            continue  # not a terminal event (pending, renewed, ...)
-        stored.append(((msg.headers or {}).get("Nats-Msg-Id", ""), event))
-    return stored
-
-
-async def terminal_counts(nc: Client, job_id: str) -> dict[str, Counter[str]]:
-    """For each stream, how many of each terminal event of ``job_id`` it stored."""
-    counts: dict[str, Counter[str]] = {}
-    for stream in (subjects.EVENTS_STREAM, subjects.TENANT_EVENTS_STREAM):
-        counts[stream.name] = Counter(
-            type(event).__name__
-            for _, event in await stored_terminals(nc, stream)
-            if event.job_id == job_id
-        )
-    return counts
 
 
 async def test_request_whose_ack_was_lost_is_not_rejected_after_its_job_ended(

@@ -302,19 +302,21 @@ class Stack:
         for _ in range(self.autoscalers):
             self.spawn("autoscaler", XPUPOOL_POOLS_FILE=self.pools_file)
 
-    def restart(self, service: ServiceProcess) -> ServiceProcess:
-        """Kill a service (SIGKILL) and start it again with the same environment."""
+    def restart(self, service: ServiceProcess, **overrides: str) -> ServiceProcess:
+        """Kill a service (SIGKILL) and start it again with the same environment, changed by
+        ``overrides`` (a fault test disarms its failpoints: ``XPUPOOL_FAILPOINTS=""``)."""
         self.kill(service)
+        env = {**service.env, **overrides}
         with service.log_path.open("ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", SERVICE_MODULES[service.name]],
-                env=service.env,
+                env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        replacement = ServiceProcess(service.name, process, service.env, service.log_path)
+        replacement = ServiceProcess(service.name, process, env, service.log_path)
         self.services[self.services.index(service)] = replacement
         return replacement
 

@@ -48,6 +48,7 @@ from xpupool.lease_manager.tracing import record_lifetime
 from xpupool.ledger import DirectOutbox, Holder, LeaseRecord, Ledger, ScriptResult
 from xpupool.ledger.events import event_time, granted_event
 from xpupool.obs import continue_trace, get_logger, spans_exported
+from xpupool.obs.failpoints import Failpoints
 
 _LEASE_ERRORS = {e.value: e for e in LeaseError}
 
@@ -114,6 +115,7 @@ async def renew_lease(
     outbox: DirectOutbox | None = None,
     metrics: LeaseManagerMetrics | None = None,
     grants: StoredGrants | None = None,
+    failpoints: Failpoints | None = None,
 ) -> Sequence[msgspec.Struct]:
     """Extend a lease for its holder: the tenant whose subject sent the command, with the grant's
     secret and current fencing token; anything else is refused and changes nothing.
@@ -125,6 +127,8 @@ async def renew_lease(
     trace = await _trace(ledger, command)
     with _holder_span("lease renew", command.lease_id, tenant, trace) as span:
         result = await ledger.renew(command.lease_id, holder, ttl_ms, direct=outbox is not None)
+        if failpoints is not None and result.ok:
+            failpoints.reached("lease_manager.lease_renewed")
         span.set_attribute("xpupool.outcome", "renewed" if result.ok else result.reason)
         if outbox is not None:
             await _announce("renewed", result, ledger, outbox, metrics, grants)
@@ -143,6 +147,7 @@ async def release_lease(
     outbox: DirectOutbox | None = None,
     metrics: LeaseManagerMetrics | None = None,
     grants: StoredGrants | None = None,
+    failpoints: Failpoints | None = None,
 ) -> Sequence[msgspec.Struct]:
     """Give a lease back, on the same checks as a renewal: a stale, replayed or foreign release
     is refused (``lease_ended``, ``stale_token``, ``not_owner``, ``bad_secret``), never ``ok``.
@@ -152,6 +157,8 @@ async def release_lease(
     trace = await _trace(ledger, command)
     with _holder_span("lease release", command.lease_id, tenant, trace) as span:
         result = await ledger.release(command.lease_id, holder, direct=outbox is not None)
+        if failpoints is not None and result.ok:
+            failpoints.reached("lease_manager.lease_ended")
         span.set_attribute("xpupool.outcome", "released" if result.ok else result.reason)
         if outbox is not None:
             await _announce("ended", result, ledger, outbox, metrics, grants)

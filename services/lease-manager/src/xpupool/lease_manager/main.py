@@ -34,6 +34,7 @@ from xpupool.lease_manager.settings import LeaseManagerSettings
 from xpupool.ledger import DirectOutbox, Ledger, OutboxRelay, Retention, open_ledger
 from xpupool.ledger.usage import trim_usage
 from xpupool.obs import configure_logging, configure_tracing, get_logger, load_settings
+from xpupool.obs.failpoints import Failpoints
 from xpupool.obs.metrics import LoopLag, watch_loop_lag
 
 SERVICE = "lease-manager"
@@ -186,6 +187,7 @@ async def run(settings: LeaseManagerSettings) -> None:
         direct = DirectOutbox(ledger)
         grants = StoredGrants(metrics=metrics)
         query_limit = TenantRateLimit(settings.query_rate_per_s, settings.query_burst)
+        failpoints = Failpoints.parse(settings.failpoints)
 
         async def run_once(run_stop: asyncio.Event) -> None:
             # Everything on NATS lives here: a closed connection re-opens all of it (supervise).
@@ -199,10 +201,18 @@ async def run(settings: LeaseManagerSettings) -> None:
                 # A holder's renewal or release publishes its own event (the direct outbox).
                 # A later event of a lease waits for its grant to be stored (StoredGrants).
                 renew = functools.partial(
-                    handlers.renew_lease, outbox=direct, metrics=metrics, grants=grants
+                    handlers.renew_lease,
+                    outbox=direct,
+                    metrics=metrics,
+                    grants=grants,
+                    failpoints=failpoints,
                 )
                 release = functools.partial(
-                    handlers.release_lease, outbox=direct, metrics=metrics, grants=grants
+                    handlers.release_lease,
+                    outbox=direct,
+                    metrics=metrics,
+                    grants=grants,
+                    failpoints=failpoints,
                 )
                 # One bucket per tenant for both queries, kept across reconnects.
                 get_lease = functools.partial(handlers.get_lease, limit=query_limit)

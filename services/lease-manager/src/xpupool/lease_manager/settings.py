@@ -24,6 +24,8 @@ class LeaseManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
     redis_tls_ca: str = ""
     namespace: str = "xpupool"
     log_level: str = "info"
+    # Failpoints armed in this process (``xpupool.obs.failpoints``): for fault tests only.
+    failpoints: str = ""
     expiry_interval_s: float = 0.25
     # How long before its maximum run time a lease's holder is warned (LeaseEnding).
     max_runtime_warning_s: float = 60.0

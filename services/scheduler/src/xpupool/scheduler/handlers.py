@@ -92,6 +92,7 @@ from xpupool.obs import (
     start_current_span,
     trace_carrier,
 )
+from xpupool.obs.failpoints import Failpoints
 from xpupool.placement.default import DefaultPolicy
 from xpupool.scheduler.config_source import ConfigSource
 from xpupool.scheduler.domain import (
@@ -197,6 +198,8 @@ class SchedulerDeps:
     direct: DirectOutbox = field(init=False)
     # Each tenant's job lists this replica answers (``list_jobs``).
     query_limit: TenantRateLimit = field(init=False)
+    # The places where a test makes this process fail on purpose (none armed but in tests).
+    failpoints: Failpoints = field(init=False)
 
     def __post_init__(self) -> None:
         self.admissions = GroupCommit(lambda batch: admit_arrivals(batch, self))
@@ -204,6 +207,7 @@ class SchedulerDeps:
         self.query_limit = TenantRateLimit(
             self.settings.query_rate_per_s, self.settings.query_burst
         )
+        self.failpoints = Failpoints.parse(self.settings.failpoints)
 
 
 def _growable(deps: SchedulerDeps, shapes: list[PoolShape]) -> tuple[NodeState, ...]:
@@ -458,6 +462,7 @@ async def _commit(
     every batch under load. The read is applied after the grants are out."""
 
     async def settle(results: list[ScriptResult]) -> None:
+        deps.failpoints.reached("scheduler.admission_committed")
         for result in results:
             if result.change_seq:
                 deps.snapshots.own_change(result.change_seq)
@@ -531,6 +536,8 @@ async def publish_grants(
     for arrival, entry, event in granted:
         with continue_trace(GRANT_SPAN, arrival.trace, {"xpupool.lease_id": event.lease_id}):
             await deps.direct.publish(entry, [event])
+    if granted:
+        deps.failpoints.reached("scheduler.grants_published")
 
 
 async def place_on_arrival(
@@ -1014,6 +1021,7 @@ async def _decide_and_commit(
             for _, d in reserves
         ]
     )
+    deps.failpoints.reached("scheduler.cycle_committed")
     for (job_id, reserve), result in zip(reserves, results, strict=True):
         if result.ok:
             since_ms = records[job_id][0].since_ms

@@ -22,6 +22,8 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     redis_tls_ca: str = ""
     namespace: str = "xpupool"
     log_level: str = "info"
+    # Failpoints armed in this process (``xpupool.obs.failpoints``): for fault tests only.
+    failpoints: str = ""
     # Grant a reservation in the script that makes it (the lease is active at once and the
     # lease-manager announces it), rather than leaving it to the lease-manager's grant consumer:
     # two hops and two ledger round trips fewer per grant. Off: reserve, then the lease-manager
