@@ -46,17 +46,19 @@ def _each_stream(**counts: int) -> dict[str, Counter[str]]:
     }
 
 
-async def test_scheduler_killed_after_committing_a_grant_before_anyone_heard_of_it(
-    make_stack: Callable[..., Stack], ready: Ready
+@pytest.mark.parametrize("term", ["kill", "1*raise"])
+async def test_scheduler_failing_after_committing_a_grant_before_anyone_heard_of_it(
+    make_stack: Callable[..., Stack], ready: Ready, term: str
 ) -> None:
-    """F1: the admission script granted the job on arrival and the scheduler died before it
-    answered the request or published the grant. The grant stands in the ledger; the client,
-    unanswered, sends the request on the stream as well, which the restarted scheduler finds
-    leased (nothing new); the grant's entry, left in the direct outbox, is published by the
-    lease-manager's sweep. The job has one grant, and the next job another device."""
+    """F1: the admission script granted the job on arrival and the scheduler died (or its
+    admission batch failed: ``raise``) before it answered the request or published the grant.
+    The grant stands in the ledger; the client, unanswered, sends the request on the stream as
+    well, which the (restarted) scheduler finds leased (nothing new); the grant's entry, left
+    in the direct outbox, is published by the lease-manager's sweep. The job has one grant, and
+    the next job another device."""
     stack = make_stack(
         [NodeSpec("node-f", "2xA100-80GB")],
-        extra_env={"XPUPOOL_FAILPOINTS": "scheduler.admission_committed=kill"},
+        extra_env={"XPUPOOL_FAILPOINTS": f"scheduler.admission_committed={term}"},
     )
     ledger = await ready(stack, 2)
     scheduler = _service(stack, "scheduler")
@@ -66,10 +68,19 @@ async def test_scheduler_killed_after_committing_a_grant_before_anyone_heard_of_
         waiting = asyncio.create_task(
             client.submit_and_wait(JobRequested(job_id="f1", tenant="t"), timeout_s=90)
         )
-        await eventually(lambda: not scheduler.alive(), timeout_s=20)
+
+        async def leased() -> bool:
+            job = await ledger.get_job("f1")
+            return job is not None and job.state == "leased"
+
+        await eventually(leased, timeout_s=20)
         job = await ledger.get_job("f1")
-        assert job is not None and job.state == "leased", job
-        stack.restart(scheduler, XPUPOOL_FAILPOINTS="")
+        assert job is not None
+        if term == "kill":
+            await eventually(lambda: not scheduler.alive(), timeout_s=20)
+            stack.restart(scheduler, XPUPOOL_FAILPOINTS="")
+        else:
+            assert scheduler.alive()
 
         grant = await waiting
         assert isinstance(grant, AllocationGranted) and grant.lease_id == job.lease_id
@@ -158,6 +169,43 @@ async def test_lease_manager_killed_after_ending_a_lease_before_anyone_heard_of_
         await _outbox_drained(ledger)
         await asyncio.sleep(0.5)
         assert await terminal_counts(client.nc, "f3") == _each_stream(
+            AllocationGranted=1, LeaseEnded=1
+        )
+    assert await audit(ledger) == []
+
+
+async def test_scheduler_killed_after_a_cycle_committed_its_grant(
+    make_stack: Callable[..., Stack], ready: Ready
+) -> None:
+    """A scheduling cycle's reservation granted a waiting job and the scheduler died before the
+    cycle's bookkeeping: the grant, queued in the lease-manager's outbox by the same script, is
+    published by its relay, once; the restarted scheduler's cycles find nothing left to place."""
+    stack = make_stack(
+        [NodeSpec("node-k", "1xA100-80GB")],
+        extra_env={
+            "XPUPOOL_FAILPOINTS": "scheduler.cycle_committed=kill",
+            "XPUPOOL_PLACE_ON_ADMISSION": "0",
+        },
+    )
+    ledger = await ready(stack, 1)
+    scheduler = _service(stack, "scheduler")
+    async with stack.client() as client:
+        waiting = asyncio.create_task(
+            client.submit_and_wait(JobRequested(job_id="f4", tenant="t"), timeout_s=60)
+        )
+        await eventually(lambda: not scheduler.alive(), timeout_s=20)
+        stack.restart(scheduler, XPUPOOL_FAILPOINTS="")
+        grant = await waiting
+        assert isinstance(grant, AllocationGranted)
+        after = asyncio.create_task(
+            client.submit_and_wait(JobRequested(job_id="f4-after", tenant="t"), timeout_s=60)
+        )
+        await asyncio.sleep(1.5)  # the one device is f4's: the next job waits
+        assert not after.done()
+        await client.release(grant.lease_id, grant.fencing_token)
+        assert isinstance(await after, AllocationGranted)
+        await asyncio.sleep(0.5)
+        assert await terminal_counts(client.nc, "f4") == _each_stream(
             AllocationGranted=1, LeaseEnded=1
         )
     assert await audit(ledger) == []
