@@ -129,3 +129,8 @@ bench-acks *ARGS: sync
 [group("bench")]
 bench-anatomy *ARGS: sync
     uv run --frozen python bench/e2e/anatomy.py {{ARGS}}
+
+# Soak: the stack under load with faults injected, then the invariants checked (ten minutes)
+[group("bench")]
+soak *ARGS: sync
+    uv run --frozen python bench/soak/soak.py {{ARGS}}

@@ -1,0 +1,459 @@
+"""Soak: the whole stack under steady load while faults are injected, then the reliability plan's
+invariants checked on what it left (``xpupool.devstack.invariants``: I1 no double allocation, I2
+one outcome per accepted request and one end per grant, I3 nothing leaked) and the ledger's audit.
+
+    uv run python bench/soak/soak.py [--minutes 10] [--seed 1] [--workers 8] [--fault-every-s 15]
+        [--faults kill,pause,restart,failpoint] [--out PATH]
+
+The stack is the embedded one (NATS with JetStream, Redis with AOF ``appendfsync always``, every
+service its own process) with four simulated nodes of four A100s. Workers of two tenants submit
+jobs one after another, by request/reply (a request no scheduler answers is put on the stream as
+well, as the client does): whole devices, shares, two-device gangs, requests too large to fit
+(rejected), gangs with a short ``max_wait_s`` (timed out when the pool is busy) and jobs cancelled
+at once (cancelled, or granted and then released). A granted job is held for a while, renewed
+sometimes, and released; a release that fails (its service down) leaves the lease to expire at
+the end of its 10-second term.
+
+Every ``--fault-every-s`` one fault, chosen by the seed, from the families in ``--faults``:
+``kill`` (SIGKILL the scheduler, the lease-manager or a collector, started again after up to 1.5
+s), ``pause`` (SIGSTOP nats-server or redis-server for up to 2 s), ``restart`` (nats-server or
+redis-server killed and started again on its data) and ``failpoint`` (the scheduler or the
+lease-manager restarted with one failpoint armed, ``1*kill``, and started again clean once it
+died there). Faults stop for the last fifth of the run (at least 10 s), so the stack is seen
+to recover; then the load stops, the run waits until no job waits and no lease is live (every
+held lease released or expired), and reads the streams and the ledger.
+
+Prints one line per fault and a summary; exits 1 on any violation (listed) and writes the
+report as JSON with ``--out``. ``just soak`` runs ten minutes; the default test run includes a
+short one (``tests/e2e/test_soak.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client
+from redis.asyncio import Redis
+
+from xpupool.client import XpupoolClient, connected
+from xpupool.contracts import (
+    AllocationGranted,
+    DeviceDemand,
+    GangSpec,
+    JobCancelled,
+    JobPending,
+    JobRejected,
+    JobRequested,
+    JobTimedOut,
+    LeaseEnded,
+    LeaseRenewed,
+    decoder_for,
+    subjects,
+)
+from xpupool.devstack.invariants import (
+    Violation,
+    check_no_double_allocation,
+    check_nothing_leaked,
+    check_outcomes,
+)
+from xpupool.devstack.stack import NodeSpec, ServiceProcess, Stack
+from xpupool.ledger import Ledger, audit
+from xpupool.ledger.ledger import LeaseRecord
+from xpupool.obs.failpoints import POINTS
+
+FAMILIES = ("kill", "pause", "restart", "failpoint")
+NODES = 4
+DEVICES_PER_NODE = 4
+TENANTS = ("alpha", "beta")
+LEASE_TTL_S = 10.0
+PROBES = 30
+_STORED = decoder_for(
+    (
+        AllocationGranted,
+        LeaseEnded,
+        LeaseRenewed,
+        JobRejected,
+        JobPending,
+        JobTimedOut,
+        JobCancelled,
+    )
+)
+
+
+@dataclass
+class History:
+    """What the workers saw: every job they submitted, by what became of the submit."""
+
+    accepted: set[str] = field(default_factory=set)
+    uncertain: set[str] = field(default_factory=set)  # the submit failed: maybe admitted
+    seen: Counter[str] = field(default_factory=Counter)  # first outcomes as the clients saw them
+    unanswered: int = 0  # accepted, and no outcome seen within the client's wait
+    releases_failed: int = 0  # left to expire
+
+
+@dataclass
+class Report:
+    minutes: float
+    seed: int
+    faults: list[str]
+    jobs: int
+    accepted: int
+    uncertain: int
+    seen: dict[str, int]
+    unanswered: int
+    releases_failed: int
+    leases: int
+    events_stored: int
+    recovery_s: float | None
+    quiet_s: float
+    violations: list[str]
+
+
+def _request(rng: random.Random, job_id: str, tenant: str) -> tuple[JobRequested, str]:
+    """One job of the mix, and what the worker does with it."""
+    kind = rng.choices(
+        ["whole", "share", "gang", "too_large", "short_wait", "cancel"], [4, 4, 2, 1, 1, 1]
+    )[0]
+    base = JobRequested(job_id=job_id, tenant=tenant, lease_ttl_s=LEASE_TTL_S)
+    memory_mib = rng.choice([8_000, 20_000, 40_000])
+    shaped: dict[str, dict[str, Any]] = {
+        "share": {"device": DeviceDemand(memory_mib=memory_mib)},
+        "gang": {"count": 2, "gang": GangSpec(same_node=True)},
+        "too_large": {"count": NODES * DEVICES_PER_NODE * 4},
+        "short_wait": {
+            "count": DEVICES_PER_NODE,
+            "gang": GangSpec(same_node=True),
+            "max_wait_s": 0.3,
+        },
+    }
+    request = msgspec.structs.replace(base, **shaped.get(kind, {}))
+    return request, kind
+
+
+async def _hold_and_release(
+    client: XpupoolClient, grant: AllocationGranted, rng: random.Random, history: History
+) -> None:
+    await asyncio.sleep(rng.uniform(0.05, 1.0))
+    if rng.random() < 0.3:
+        # A renewal that fails (a fault) leaves the release below, or the expiry, to end it.
+        with suppress(Exception):
+            await client.renew(grant.lease_id, grant.fencing_token)
+    for attempt in range(3):
+        try:
+            reply = await client.release(grant.lease_id, grant.fencing_token)
+        except Exception:  # noqa: BLE001  (its lease-manager or NATS away: try again)
+            await asyncio.sleep(0.5 * (attempt + 1))
+            continue
+        if reply.ok or reply.error == "lease_ended":
+            return
+        break
+    history.releases_failed += 1
+
+
+async def _worker(
+    client: XpupoolClient,
+    name: str,
+    tenant: str,
+    rng: random.Random,
+    history: History,
+    stop: asyncio.Event,
+) -> None:
+    n = 0
+    while not stop.is_set():
+        n += 1
+        request, kind = _request(rng, f"{name}-{n:06d}", tenant)
+        try:
+            if kind == "cancel":
+                future = await client.submit_expecting(request)
+                history.accepted.add(request.job_id)
+                with suppress(Exception):  # the job then runs its course
+                    await client.cancel(request.job_id)
+                outcome = await asyncio.wait_for(future, 45)
+            else:
+                outcome = await client.submit_and_wait(request, timeout_s=45)
+                history.accepted.add(request.job_id)
+        except TimeoutError:
+            # Submitted (the wait starts once the request is in), no outcome seen in time.
+            history.accepted.add(request.job_id)
+            history.unanswered += 1
+            continue
+        except Exception:  # noqa: BLE001  (NATS away: admitted or not, nobody knows)
+            history.uncertain.add(request.job_id)
+            await asyncio.sleep(0.2)
+            continue
+        history.seen[type(outcome).__name__] += 1
+        if isinstance(outcome, AllocationGranted):
+            await _hold_and_release(client, outcome, rng, history)
+
+
+class Faults:
+    """Injects one fault at a time into ``stack`` (see the module docstring)."""
+
+    def __init__(self, stack: Stack, rng: random.Random, families: Sequence[str]) -> None:
+        self.stack = stack
+        self.rng = rng
+        self.families = list(families)
+        self.log: list[str] = []
+
+    def _service(self, name: str) -> ServiceProcess:
+        choices = [s for s in self.stack.services if s.name == name]
+        return self.rng.choice(choices)
+
+    async def _kill(self) -> str:
+        name = self.rng.choice(["scheduler", "lease-manager", "telemetry-collector"])
+        service = self._service(name)
+        self.stack.kill(service)
+        down_s = self.rng.uniform(0, 1.5)
+        await asyncio.sleep(down_s)
+        self.stack.restart(service)
+        return f"kill {name} (down {down_s:.1f} s)"
+
+    async def _pause(self) -> str:
+        server = self.rng.choice(["nats", "redis"])
+        process = getattr(self.stack, server).process
+        pause_s = self.rng.uniform(0.3, 2.0)
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(pause_s)
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        return f"pause {server} {pause_s:.1f} s"
+
+    async def _restart(self) -> str:
+        server = self.rng.choice(["nats", "redis"])
+        await asyncio.to_thread(getattr(self.stack, server).restart)
+        return f"restart {server}"
+
+    async def _failpoint(self) -> str:
+        point = self.rng.choice(sorted(POINTS))
+        name = point.split(".")[0].replace("_", "-")
+        service = self.stack.restart(self._service(name), XPUPOOL_FAILPOINTS=f"{point}=1*kill")
+        for _ in range(200):  # 10 s
+            if not service.alive():
+                break
+            await asyncio.sleep(0.05)
+        fired = not service.alive()
+        self.stack.restart(service, XPUPOOL_FAILPOINTS="")
+        return f"failpoint {point}: {'died there' if fired else 'not reached in 10 s'}"
+
+    async def inject(self) -> None:
+        family = self.rng.choice(self.families)
+        act: Callable[[], Awaitable[str]] = getattr(self, f"_{family}")
+        started = time.monotonic()
+        what = await act()
+        line = f"{time.strftime('%H:%M:%S')} {what} ({time.monotonic() - started:.1f} s)"
+        self.log.append(what)
+        print(line, flush=True)
+
+
+async def _stored_events(nc: Client) -> list[tuple[str, object]]:
+    """Every job and lease event the operator's stream holds, with its id, in stored order."""
+    js = nc.jetstream()
+    stream = subjects.EVENTS_STREAM.name
+    state = (await js.stream_info(stream)).state
+    stored: list[tuple[str, object]] = []
+    for seq in range(state.first_seq, state.last_seq + 1):
+        try:
+            msg = await js.get_msg(stream, seq)
+        except Exception:  # noqa: BLE001  (a deleted sequence: none of ours)
+            continue
+        try:
+            event = _STORED.decode(msg.data or b"")
+        except Exception:  # noqa: BLE001  (node and scale events: not job history)
+            continue
+        stored.append(((msg.headers or {}).get("Nats-Msg-Id", ""), event))
+    return stored
+
+
+async def _all_leases(ledger: Ledger) -> list[LeaseRecord]:
+    """Every lease record the ledger keeps, live and ended."""
+    prefix = ledger.key("lease", "")
+    ids = [
+        key.decode()[len(prefix) :]
+        async for key in ledger.redis.scan_iter(match=prefix + "*", count=1000)
+    ]
+    records = await ledger.get_leases(ids) if ids else []
+    return [r for r in records if r is not None]
+
+
+async def _wait_quiet(ledger: Ledger, timeout_s: float) -> float:
+    """Seconds until no job waits, no lease is live and the outboxes are empty."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        try:
+            live = await ledger.leases()
+            pending = await ledger.pending_jobs()
+            outboxes = [
+                await ledger.redis.xlen(ledger.key("outbox", name))
+                for name in ("direct", "lease-manager", "scheduler")
+            ]
+        except Exception:  # noqa: BLE001  (Redis coming back)
+            await asyncio.sleep(0.5)
+            continue
+        if not live and not pending and not any(outboxes):
+            return time.monotonic() - started
+        await asyncio.sleep(0.5)
+    return time.monotonic() - started
+
+
+async def _recovery(client: XpupoolClient) -> float | None:
+    """Seconds until a probe job is granted once the faults stopped (I7), None if never."""
+    started = time.monotonic()
+    for n in range(PROBES):
+        try:
+            probe = JobRequested(job_id=f"probe-{n}", tenant=TENANTS[0], lease_ttl_s=LEASE_TTL_S)
+            outcome = await client.submit_and_wait(probe, timeout_s=5)
+        except Exception:  # noqa: BLE001  (not back yet)
+            await asyncio.sleep(0.5)
+            continue
+        if isinstance(outcome, AllocationGranted):
+            await client.release(outcome.lease_id, outcome.fencing_token)
+            return time.monotonic() - started
+    return None
+
+
+async def soak(
+    minutes: float,
+    seed: int,
+    workers: int = 8,
+    fault_every_s: float = 15.0,
+    families: Sequence[str] = FAMILIES,
+) -> Report:
+    """Run the soak (see the module docstring) and check its invariants."""
+    rng = random.Random(seed)
+    workdir = Path(tempfile.mkdtemp(prefix="xpupool-soak-"))
+    stack = Stack(
+        [NodeSpec(f"soak-{i}", f"{DEVICES_PER_NODE}xA100-80GB") for i in range(NODES)],
+        workdir=workdir,
+    )
+    history = History()
+    duration_s = minutes * 60
+    quiet_tail_s = max(10.0, duration_s / 5)
+    await asyncio.to_thread(stack.start)
+    try:
+        assert stack.redis_url and stack.nats_url
+        redis = Redis.from_url(stack.redis_url)
+        ledger = Ledger(redis, stack.namespace)
+        for _ in range(300):  # a minute for the collectors to register
+            if sum(len(n.devices) for n in await ledger.nodes()) >= NODES * DEVICES_PER_NODE:
+                break
+            await asyncio.sleep(0.2)
+        await stack.wait_until_pulling()
+        async with AsyncExitStack() as exits:
+            clients = {
+                tenant: await exits.enter_async_context(
+                    connected(stack.nats_url, tenant, max_reconnect_attempts=-1)
+                )
+                for tenant in TENANTS
+            }
+            stop = asyncio.Event()
+            tasks = [
+                asyncio.create_task(
+                    _worker(
+                        clients[TENANTS[i % len(TENANTS)]],
+                        f"w{i}",
+                        TENANTS[i % len(TENANTS)],
+                        random.Random(rng.random()),
+                        history,
+                        stop,
+                    )
+                )
+                for i in range(workers)
+            ]
+            faults = Faults(stack, random.Random(rng.random()), families)
+            started = time.monotonic()
+            next_fault = started + fault_every_s
+            while time.monotonic() - started < duration_s - quiet_tail_s:
+                await asyncio.sleep(max(0.0, min(next_fault - time.monotonic(), 1.0)))
+                if time.monotonic() >= next_fault:
+                    await faults.inject()
+                    next_fault = time.monotonic() + fault_every_s
+            recovery_s = await _recovery(clients[TENANTS[0]])
+            await asyncio.sleep(max(0.0, duration_s - (time.monotonic() - started)))
+            stop.set()
+            await asyncio.gather(*tasks)
+            quiet_s = await _wait_quiet(ledger, timeout_s=120)
+            await asyncio.sleep(1.0)  # anything still on its way is stored by now
+            stored = await _stored_events(clients[TENANTS[0]].nc)
+        leases = await _all_leases(ledger)
+        nodes = await ledger.nodes()
+        capacity = {d.spec.device_id: d.memory_total_mib for n in nodes for d in n.devices}
+        # The probes' submits may have failed while the stack came back: each has at most one.
+        probes = {f"probe-{n}" for n in range(PROBES)}
+        violations: list[Violation] = [
+            *check_outcomes(history.accepted, history.uncertain | probes, stored),
+            *check_no_double_allocation(leases, capacity),
+            *check_nothing_leaked(leases, nodes),
+        ]
+        audit_problems = await audit(ledger)
+        await redis.aclose()
+        return Report(
+            minutes=minutes,
+            seed=seed,
+            faults=faults.log,
+            jobs=len(history.accepted) + len(history.uncertain),
+            accepted=len(history.accepted),
+            uncertain=len(history.uncertain),
+            seen=dict(history.seen),
+            unanswered=history.unanswered,
+            releases_failed=history.releases_failed,
+            leases=len(leases),
+            events_stored=len(stored),
+            recovery_s=recovery_s,
+            quiet_s=quiet_s,
+            violations=[str(v) for v in violations] + [f"audit: {p}" for p in audit_problems],
+        )
+    finally:
+        await asyncio.to_thread(stack.stop)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--fault-every-s", type=float, default=15.0)
+    parser.add_argument("--faults", default=",".join(FAMILIES))
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    families = [f for f in args.faults.split(",") if f]
+    unknown = set(families) - set(FAMILIES)
+    if unknown or not families:
+        parser.error(f"--faults takes some of {', '.join(FAMILIES)}")
+    report = asyncio.run(soak(args.minutes, args.seed, args.workers, args.fault_every_s, families))
+    print(
+        f"\n{report.jobs} jobs ({report.accepted} accepted, {report.uncertain} submits failed), "
+        f"first outcomes seen {report.seen}, {report.unanswered} unanswered in 45 s, "
+        f"{report.releases_failed} releases left to expiry; {len(report.faults)} faults; "
+        f"{report.leases} leases, {report.events_stored} events stored; first grant "
+        f"{report.recovery_s if report.recovery_s is None else round(report.recovery_s, 2)} s "
+        f"after the faults; quiet after {report.quiet_s:.1f} s"
+    )
+    if args.out:
+        args.out.write_text(json.dumps(asdict(report), indent=2))
+    if report.violations:
+        print(f"{len(report.violations)} violations:")
+        for line in report.violations:
+            print(f"  {line}")
+        return 1
+    print("invariants I1, I2, I3 and the ledger audit: no violation")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

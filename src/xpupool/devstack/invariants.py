@@ -1,0 +1,168 @@
+"""The reliability plan's invariants (``../shared/docs/reliability-plan.md`` §6.1), checked offline
+on what a run left: the events the streams stored, the jobs its clients submitted, and the
+ledger's lease records and devices once the run went quiet.
+
+- **I1, no double allocation**: on every device, the leases whose lives overlap (from ``created_ms``
+  to ``ended_ms``, or still live) never hold more than it has: a whole device alone, shares within
+  its memory and 100 % of its compute.
+- **I2, one outcome per accepted request**: each job accepted by the stack (a submit answered, or
+  stored on the stream) has exactly one first outcome among the events (granted, rejected, timed
+  out, cancelled), counted once per event id; a job whose submit failed in a way that leaves it
+  unknown whether it was accepted has at most one; no event names a job nobody submitted; every
+  grant's lease ends in exactly one ``LeaseEnded``, and no ``LeaseEnded`` names a lease never
+  granted.
+- **I3, nothing leaked**: once quiet, no lease is live and every device is whole again.
+
+The functions are pure: the soak driver (``bench/soak/soak.py``) gathers their inputs, and unit
+tests feed them made-up histories.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from xpupool.contracts import (
+    AllocationGranted,
+    JobCancelled,
+    JobRejected,
+    JobTimedOut,
+    LeaseEnded,
+)
+from xpupool.ledger.ledger import LeaseRecord, NodeRecord
+
+__all__ = [
+    "FIRST_OUTCOMES",
+    "Violation",
+    "check_nothing_leaked",
+    "check_no_double_allocation",
+    "check_outcomes",
+]
+
+FIRST_OUTCOMES = (AllocationGranted, JobRejected, JobTimedOut, JobCancelled)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant: which, about what (a job, lease or device), and how."""
+
+    invariant: str
+    subject: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.invariant} {self.subject}: {self.detail}"
+
+
+def check_outcomes(
+    accepted: Iterable[str], uncertain: Iterable[str], stored: Sequence[tuple[str, object]]
+) -> list[Violation]:
+    """I2 over ``stored`` (event id, event) as a stream kept them, in order: copies of one event
+    id count once; events other than job outcomes and lease ends are ignored."""
+    accepted_ids, uncertain_ids = set(accepted), set(uncertain)
+    seen: set[str] = set()
+    outcomes: dict[str, Counter[str]] = defaultdict(Counter)
+    granted: dict[str, str] = {}  # lease -> job
+    ended: Counter[str] = Counter()
+    for event_id, event in stored:
+        if event_id in seen:
+            continue
+        seen.add(event_id)
+        if isinstance(event, FIRST_OUTCOMES):
+            outcomes[event.job_id][type(event).__name__] += 1
+            if isinstance(event, AllocationGranted):
+                granted[event.lease_id] = event.job_id
+        elif isinstance(event, LeaseEnded):
+            ended[event.lease_id] += 1
+    violations = []
+    for job_id in sorted(accepted_ids | set(outcomes)):
+        kinds = outcomes.get(job_id, Counter())
+        count = sum(kinds.values())
+        if job_id not in accepted_ids and job_id not in uncertain_ids:
+            violations.append(
+                Violation("I2", job_id, f"outcomes of a job never submitted: {kinds}")
+            )
+        elif job_id in accepted_ids and count != 1:
+            violations.append(
+                Violation("I2", job_id, f"{count} first outcomes for an accepted job: {kinds}")
+            )
+        elif count > 1:
+            violations.append(Violation("I2", job_id, f"{count} first outcomes: {kinds}"))
+    for lease_id, job_id in sorted(granted.items()):
+        if ended[lease_id] != 1:
+            violations.append(
+                Violation("I2", lease_id, f"job {job_id}'s lease ended {ended[lease_id]} times")
+            )
+    for lease_id in sorted(set(ended) - set(granted)):
+        violations.append(Violation("I2", lease_id, "LeaseEnded for a lease never granted"))
+    return violations
+
+
+def check_no_double_allocation(
+    leases: Sequence[LeaseRecord], capacity_mib: Mapping[str, int]
+) -> list[Violation]:
+    """I1 over every lease record (live and ended): at each lease's start, what the leases alive
+    then hold of each of its devices fits the device (``capacity_mib``: its memory)."""
+    by_device: dict[str, list[tuple[int, float, LeaseRecord, bool, int, int]]] = defaultdict(list)
+    for lease in leases:
+        end = float("inf") if lease.ended_ms is None else lease.ended_ms
+        for s in lease.slices:
+            by_device[s.device_id].append(
+                (lease.created_ms, end, lease, s.whole, s.memory_mib, s.compute_pct)
+            )
+    violations = []
+    for device_id, held in sorted(by_device.items()):
+        memory = capacity_mib.get(device_id)
+        for start, *_ in held:
+            # The leases alive at this one's start (an end at the same millisecond is over).
+            alive = [h for h in held if h[0] <= start < h[1]]
+            wholes = [h for h in alive if h[3]]
+            if wholes and len(alive) > 1:
+                names = sorted(h[2].lease_id for h in alive)
+                violations.append(
+                    Violation("I1", device_id, f"a whole lease beside others at {start}: {names}")
+                )
+            used_memory = sum(h[4] for h in alive if not h[3])
+            used_compute = sum(h[5] for h in alive if not h[3])
+            if used_compute > 100 or (memory is not None and used_memory > memory):
+                names = sorted(h[2].lease_id for h in alive)
+                violations.append(
+                    Violation(
+                        "I1",
+                        device_id,
+                        f"shares over the device at {start} ({used_memory} MiB of {memory}, "
+                        f"{used_compute} % compute): {names}",
+                    )
+                )
+    # One report per device and time is enough to act on.
+    return list(dict.fromkeys(violations))
+
+
+def check_nothing_leaked(
+    leases: Sequence[LeaseRecord], nodes: Sequence[NodeRecord]
+) -> list[Violation]:
+    """I3, once quiet: no lease live, and every device of every node free again."""
+    violations = [
+        Violation("I3", lease.lease_id, f"still {lease.state} after the run (job {lease.job_id})")
+        for lease in leases
+        if lease.state != "ended"
+    ]
+    for node in nodes:
+        for device in node.devices:
+            if (
+                device.holders
+                or device.exclusive
+                or device.memory_free_mib != device.memory_total_mib
+                or device.compute_free_pct != 100
+            ):
+                violations.append(
+                    Violation(
+                        "I3",
+                        device.spec.device_id,
+                        f"not free after the run: {device.holders} holders, "
+                        f"{device.memory_free_mib} of {device.memory_total_mib} MiB, "
+                        f"{device.compute_free_pct} % compute free",
+                    )
+                )
+    return violations
