@@ -14,7 +14,8 @@ at once (cancelled, or granted and then released). A granted job is held for a w
 sometimes, and released; a release that fails (its service down) leaves the lease to expire at
 the end of its 10-second term.
 
-Every ``--fault-every-s`` one fault, chosen by the seed, from the families in ``--faults``:
+Every ``--fault-every-s`` one fault from the families in ``--faults`` (each family once per
+round, in an order and with details the seed chooses):
 ``kill`` (SIGKILL the scheduler, the lease-manager or a collector, started again after up to 1.5
 s), ``pause`` (SIGSTOP nats-server or redis-server for up to 2 s), ``restart`` (nats-server or
 redis-server killed and started again on its data) and ``failpoint`` (the scheduler or the
@@ -208,6 +209,7 @@ class Faults:
         self.stack = stack
         self.rng = rng
         self.families = list(families)
+        self._deck: list[str] = []
         self.log: list[str] = []
 
     def _service(self, name: str) -> ServiceProcess:
@@ -252,7 +254,10 @@ class Faults:
         return f"failpoint {point}: {'died there' if fired else 'not reached in 10 s'}"
 
     async def inject(self) -> None:
-        family = self.rng.choice(self.families)
+        # Each family once per round, in an order the seed shuffles: a short run sees them all.
+        if not self._deck:
+            self._deck = self.rng.sample(self.families, len(self.families))
+        family = self._deck.pop()
         act: Callable[[], Awaitable[str]] = getattr(self, f"_{family}")
         started = time.monotonic()
         what = await act()

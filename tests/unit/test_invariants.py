@@ -1,0 +1,139 @@
+"""The soak's invariant checker (``xpupool.devstack.invariants``) on made-up histories: each
+invariant is reported when broken, and a clean history passes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from xpupool.contracts import AllocationGranted, EndReason, JobReason, JobRejected, LeaseEnded
+from xpupool.devstack.invariants import (
+    check_no_double_allocation,
+    check_nothing_leaked,
+    check_outcomes,
+)
+from xpupool.ledger.ledger import LeaseRecord, TakenSlice
+
+NOW = datetime(2026, 12, 7, tzinfo=UTC)
+
+
+def grant(job: str, lease: str) -> AllocationGranted:
+    return AllocationGranted(
+        job_id=job,
+        lease_id=lease,
+        tenant="t",
+        owner="o",
+        fencing_token=1,
+        granted_at=NOW,
+        expires_at=NOW,
+        slices=[],
+        env={},
+    )
+
+
+def ended(job: str, lease: str) -> LeaseEnded:
+    return LeaseEnded(
+        job_id=job,
+        lease_id=lease,
+        tenant="t",
+        reason=EndReason.RELEASED,
+        fencing_token=1,
+        ended_at=NOW,
+    )
+
+
+def rejected(job: str) -> JobRejected:
+    return JobRejected(job_id=job, tenant="t", reason=JobReason.DUPLICATE_JOB)
+
+
+def test_a_clean_history_passes_and_copies_of_one_event_count_once() -> None:
+    stored = [
+        ("g1", grant("a", "la")),
+        ("g1", grant("a", "la")),  # the same event stored twice (past the duplicate window)
+        ("r1", rejected("b")),
+        ("e1", ended("a", "la")),
+    ]
+    assert check_outcomes({"a", "b"}, set(), stored) == []
+
+
+def test_each_way_to_break_one_outcome_per_job_is_reported() -> None:
+    stored = [
+        ("g1", grant("twice", "l1")),
+        ("r1", rejected("twice")),  # a second first outcome
+        ("g2", grant("phantom", "l2")),  # nobody submitted it
+        ("e2", ended("phantom", "l2")),
+        ("g3", grant("unended", "l3")),  # its lease never ends
+        ("e4", ended("x", "l4")),  # an end without a grant
+        ("g5", grant("maybe", "l5")),  # an uncertain submit: one outcome is fine
+        ("e5", ended("maybe", "l5")),
+    ]
+    violations = check_outcomes({"twice", "unended", "lost"}, {"maybe"}, stored)
+    assert sorted((v.invariant, v.subject) for v in violations) == [
+        ("I2", "l1"),  # twice's grant never ended either
+        ("I2", "l3"),
+        ("I2", "l4"),
+        ("I2", "lost"),  # accepted, no outcome at all
+        ("I2", "phantom"),
+        ("I2", "twice"),
+    ]
+
+
+def lease(
+    lease_id: str, start: int, end: int | None, *slices: TakenSlice, state: str = "ended"
+) -> LeaseRecord:
+    return LeaseRecord(
+        lease_id=lease_id,
+        job_id=f"job-{lease_id}",
+        tenant="t",
+        owner="o",
+        queue="q",
+        priority=500,
+        state=state,
+        slices=list(slices),
+        token=1,
+        ttl_ms=60_000,
+        created_ms=start,
+        granted_ms=start,
+        expires_ms=start + 60_000,
+        end_reason="released" if end is not None else None,
+        end_detail="",
+        ended_ms=end,
+    )
+
+
+def whole(device: str) -> TakenSlice:
+    return TakenSlice(device, "n", True, 80_000, 100)
+
+
+def share(device: str, memory: int, compute: int = 25) -> TakenSlice:
+    return TakenSlice(device, "n", False, memory, compute)
+
+
+def test_leases_one_after_another_on_a_device_are_no_double_allocation() -> None:
+    leases = [
+        lease("a", 0, 100, whole("d")),
+        lease("b", 100, 200, whole("d")),  # starts the millisecond the first ended
+        lease("c", 200, None, share("d", 40_000), share("d2", 10_000), state="active"),
+        lease("e", 300, None, share("d", 40_000), state="active"),
+    ]
+    assert check_no_double_allocation(leases, {"d": 80_000, "d2": 80_000}) == []
+
+
+def test_overlapping_grants_beyond_a_device_are_reported() -> None:
+    leases = [
+        lease("a", 0, 100, whole("d")),
+        lease("b", 50, 150, share("d", 1_000)),  # beside a whole lease
+        lease("c", 200, 300, share("d2", 50_000)),
+        lease("e", 250, None, share("d2", 40_000), state="active"),  # memory over 80,000
+        lease("f", 400, 500, share("d3", 100, 60), share("d3", 100, 60)),  # compute over 100
+    ]
+    violations = check_no_double_allocation(leases, {"d": 80_000, "d2": 80_000, "d3": 80_000})
+    assert sorted({(v.invariant, v.subject) for v in violations}) == [
+        ("I1", "d"),
+        ("I1", "d2"),
+        ("I1", "d3"),
+    ]
+
+
+def test_a_live_lease_after_the_run_is_a_leak() -> None:
+    violations = check_nothing_leaked([lease("a", 0, None, whole("d"), state="active")], [])
+    assert [(v.invariant, v.subject) for v in violations] == [("I3", "a")]
