@@ -30,7 +30,7 @@ async def test_a_short_soak_with_every_fault_family_breaks_no_invariant() -> Non
     soak = _soak_module()
     report = await soak.soak(minutes=0.75, seed=7, workers=6, fault_every_s=4)
     assert report.violations == [], report.violations
-    assert len(report.faults) >= 6, report.faults
+    assert len(report.faults) >= 4, report.faults  # one round: every family once
     assert {f.split()[0] for f in report.faults} >= {"kill", "pause", "restart", "failpoint"}
     assert report.recovery_s is not None
     assert report.seen.get("AllocationGranted", 0) > 50, report.seen
