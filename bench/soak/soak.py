@@ -17,10 +17,10 @@ the end of its 10-second term.
 Every ``--fault-every-s`` one fault from the families in ``--faults`` (each family once per
 round, in an order and with details the seed chooses):
 ``kill`` (SIGKILL the scheduler, the lease-manager or a collector, started again after up to 1.5
-s), ``pause`` (SIGSTOP nats-server or redis-server for up to 2 s), ``restart`` (nats-server or
-redis-server killed and started again on its data) and ``failpoint`` (the scheduler or the
-lease-manager restarted with one failpoint armed, ``1*kill``, and started again clean once it
-died there). Faults stop for the last fifth of the run (at least 10 s), so the stack is seen
+s), ``pause`` (SIGSTOP nats-server, redis-server, the scheduler or the lease-manager for up to 3
+s), ``restart`` (nats-server or redis-server killed and started again on its data) and
+``failpoint`` (the scheduler or the lease-manager restarted with one failpoint armed,
+``1*kill``, and started again clean once it died there). Faults stop for the last fifth of the run (at least 10 s), so the stack is seen
 to recover; then the load stops, the run waits until no job waits and no lease is live (every
 held lease released or expired), and reads the streams and the ledger.
 
@@ -213,15 +213,20 @@ class Faults:
         return f"kill {name} (down {down_s:.1f} s)"
 
     async def _pause(self) -> str:
-        server = self.rng.choice(["nats", "redis"])
-        process = getattr(self.stack, server).process
-        pause_s = self.rng.uniform(0.3, 2.0)
-        os.kill(process.pid, signal.SIGSTOP)
+        # A server, or a service as a long garbage collection or an overloaded host stops it:
+        # its connections stay open and everything sent to it waits.
+        name = self.rng.choice(["nats", "redis", "scheduler", "lease-manager"])
+        if name in ("nats", "redis"):
+            pid = getattr(self.stack, name).process.pid
+        else:
+            pid = self._service(name).process.pid
+        pause_s = self.rng.uniform(0.3, 3.0)
+        os.kill(pid, signal.SIGSTOP)
         try:
             await asyncio.sleep(pause_s)
         finally:
-            os.kill(process.pid, signal.SIGCONT)
-        return f"pause {server} {pause_s:.1f} s"
+            os.kill(pid, signal.SIGCONT)
+        return f"pause {name} {pause_s:.1f} s"
 
     async def _restart(self) -> str:
         server = self.rng.choice(["nats", "redis"])
