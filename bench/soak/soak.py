@@ -20,9 +20,10 @@ round, in an order and with details the seed chooses):
 s), ``pause`` (SIGSTOP nats-server, redis-server, the scheduler or the lease-manager for up to 3
 s), ``restart`` (nats-server or redis-server killed and started again on its data) and
 ``failpoint`` (the scheduler or the lease-manager restarted with one failpoint armed,
-``1*kill``, and started again clean once it died there). Faults stop for the last fifth of the run (at least 10 s), so the stack is seen
-to recover; then the load stops, the run waits until no job waits and no lease is live (every
-held lease released or expired), and reads the streams and the ledger.
+``1*kill``, and started again clean once it died there). Faults stop for the last fifth of the
+run (at least 10 s), so the stack is seen to recover; then the load stops, the run waits until no
+job waits and no lease is live (every held lease released or expired), and reads the streams and
+the ledger.
 
 Prints one line per fault and a summary; exits 1 on any violation (listed) and writes the
 report as JSON with ``--out``. ``just soak`` runs ten minutes; the default test run includes a
