@@ -38,7 +38,9 @@ end
 -- The request's fingerprint, kept with the job: a resubmission of the same request (a retry) is
 -- told apart from another request under a used job id.
 local request_digest = string.sub(redis.sha1hex(ARGV[3]), 1, 16)
-if state and digest and digest ~= request_digest and not job_outcome(ARGV[1]) then
+-- How the job ended (nil while it waits or runs: a waiting job is never over).
+local ended = state and state ~= 'pending' and job_outcome(ARGV[1]) or nil
+if state and digest and digest ~= request_digest and not ended then
   -- Another request under the id of a job that waits or runs: the job goes on as first asked;
   -- the newcomer is refused, never dropped without a word. (A record from before fingerprints
   -- has none to compare: its duplicates are taken for retries, as they were.)
@@ -46,7 +48,6 @@ if state and digest and digest ~= request_digest and not job_outcome(ARGV[1]) th
     ' with another request; submit with a new job id')
 end
 if state and state ~= 'pending' then
-  local ended = job_outcome(ARGV[1])
   if ended and (ARGV[16] or '') ~= '' and source == ARGV[16] then
     -- The very message that admitted the job, delivered again (its acknowledgement was lost):
     -- the job's outcome is out; a duplicate_job rejection now would be a second one.
