@@ -70,6 +70,7 @@ from xpupool.devstack.invariants import (
     check_outcomes,
 )
 from xpupool.devstack.stack import NodeSpec, ServiceProcess, Stack
+from xpupool.lease_manager.metrics import OUTBOXES
 from xpupool.ledger import Ledger, audit
 from xpupool.ledger.ledger import LeaseRecord
 from xpupool.obs.failpoints import POINTS
@@ -297,10 +298,7 @@ async def _wait_quiet(ledger: Ledger, timeout_s: float) -> float:
         try:
             live = await ledger.leases()
             pending = await ledger.pending_jobs()
-            outboxes = [
-                await ledger.redis.xlen(ledger.key("outbox", name))
-                for name in ("direct", "lease-manager", "scheduler")
-            ]
+            outboxes = [await ledger.redis.xlen(ledger.key("outbox", name)) for name in OUTBOXES]
         except Exception:  # noqa: BLE001  (Redis coming back)
             await asyncio.sleep(0.5)
             continue
