@@ -1,9 +1,12 @@
 """Soak: the whole stack under steady load while faults are injected, then the reliability plan's
-invariants checked on what it left (``xpupool.devstack.invariants``: I1 no double allocation, I2
-one outcome per accepted request and one end per grant, I3 nothing leaked) and the ledger's audit.
+invariants checked on what it left (``xpupool.devstack.invariants``: I1 no double allocation, in
+the ledger's records and against the grants the stream stored, I2 one outcome per accepted
+request and one end per grant, I3 nothing leaked, I4 a queue's limit never exceeded, I6 no
+tenant sent another's events) and the ledger's audit; I5 (stale tokens) and I6 (another tenant's
+commands) are checked by the clients as they are answered.
 
     uv run python bench/soak/soak.py [--minutes 10] [--seed 1] [--workers 8] [--fault-every-s 15]
-        [--faults kill,pause,restart,failpoint] [--out PATH]
+        [--faults kill,pause,restart,failpoint] [--replicas 1] [--out PATH]
 
 The stack is the embedded one (NATS with JetStream, Redis with AOF ``appendfsync always``, every
 service its own process) with four simulated nodes of four A100s. Workers of two tenants submit
@@ -12,15 +15,22 @@ well, as the client does): whole devices, shares, two-device gangs, requests too
 (rejected), gangs with a short ``max_wait_s`` (timed out when the pool is busy) and jobs cancelled
 at once (cancelled, or granted and then released). A granted job is held for a while, renewed
 sometimes, and released; a release that fails (its service down) leaves the lease to expire at
-the end of its 10-second term.
+the end of its 10-second term. The queues give alpha a guarantee of 10 of the 16 devices, which
+preempts beta's borrowed leases when it needs them back, and beta a limit of 6 (I4). Holders
+sometimes renew with an older token, or release and renew again after the end (I5: refused).
+A third tenant, mallory, releases and renews the others' live leases with their own secrets and
+tokens (as if leaked), cancels their jobs and submits in their names, all of which must be
+refused (I6); a recorder keeps every event the tenants' subjects carry. ``--replicas 2`` runs
+two schedulers and two lease-managers, so that the faults hit one of two.
 
 Every ``--fault-every-s`` one fault from the families in ``--faults`` (each family once per
 round, in an order and with details the seed chooses):
 ``kill`` (SIGKILL the scheduler, the lease-manager or a collector, started again after up to 1.5
 s), ``pause`` (SIGSTOP nats-server, redis-server, the scheduler or the lease-manager for up to 3
 s), ``restart`` (nats-server or redis-server killed and started again on its data) and
-``failpoint`` (the scheduler or the lease-manager restarted with one failpoint armed,
-``1*kill``, and started again clean once it died there). Faults stop for the last fifth of the
+``failpoint`` (the scheduler or the lease-manager restarted with one failpoint armed, ``1*kill``,
+and started again clean once it died there, or ``3*stall(1000)``, and started again clean after
+6 s). Faults stop for the last fifth of the
 run (at least 10 s), so the stack is seen to recover; then the load stops, the run waits until no
 job waits and no lease is live (every held lease released or expired), and reads the streams and
 the ledger.
@@ -49,25 +59,34 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import yaml
 from nats.aio.client import Client
 from redis.asyncio import Redis
 
 from xpupool.client import XpupoolClient, connected
 from xpupool.contracts import (
     AllocationGranted,
+    CancelReply,
     DeviceDemand,
     GangSpec,
+    JobPending,
     JobRequested,
     LeaseEnded,
+    LeaseEnding,
+    LeaseRenewed,
+    LeaseReply,
     decoder_for,
     subjects,
 )
 from xpupool.devstack.invariants import (
     FIRST_OUTCOMES,
     Violation,
+    check_grants_recorded,
     check_no_double_allocation,
     check_nothing_leaked,
     check_outcomes,
+    check_quota,
+    check_tenant_delivery,
 )
 from xpupool.devstack.stack import NodeSpec, ServiceProcess, Stack
 from xpupool.lease_manager.metrics import OUTBOXES
@@ -79,10 +98,25 @@ FAMILIES = ("kill", "pause", "restart", "failpoint")
 NODES = 4
 DEVICES_PER_NODE = 4
 TENANTS = ("alpha", "beta")
+#: A tenant that sends only what it must be refused: commands on other tenants' leases (with
+#: their secrets, as if stolen), cancels of their jobs, requests in their name.
+INTRUDER = "mallory"
+#: The queues (``XPUPOOL_QUEUE_CONFIG``): alpha is guaranteed more than half the pool and may
+#: take idle capacity back from beta, whose limit is I4's bound; preemption at any age.
+QUEUES: dict[str, Any] = {
+    "queues": [
+        {"name": "alpha", "guaranteed": {"units": 10}},
+        {"name": "beta", "limit": {"units": 6}},
+    ],
+    "preemption": {"enabled": True, "min_runtime_s": 0},
+}
+LIMITS_UNITS = {"beta": 6.0}
 LEASE_TTL_S = 10.0
 PROBES = 30
 # What the invariants read of the stream: the jobs' first outcomes and the leases' ends.
 _STORED = decoder_for((*FIRST_OUTCOMES, LeaseEnded))
+# What a tenant's subjects carry.
+_DELIVERED = decoder_for((*FIRST_OUTCOMES, JobPending, LeaseRenewed, LeaseEnding, LeaseEnded))
 
 
 @dataclass
@@ -94,6 +128,14 @@ class History:
     seen: Counter[str] = field(default_factory=Counter)  # first outcomes as the clients saw them
     unanswered: int = 0  # accepted, and no outcome seen within the client's wait
     releases_failed: int = 0  # left to expire
+    owners: dict[str, str] = field(default_factory=dict)  # job -> the tenant that submitted it
+    held: dict[str, AllocationGranted] = field(default_factory=dict)  # grants not yet released
+    # I5 and I6 as the clients saw them: commands that must be refused, by how they were
+    # answered, and each one that was carried out instead.
+    refusals: Counter[str] = field(default_factory=Counter)
+    breaches: list[Violation] = field(default_factory=list)
+    delivered: list[tuple[str, object]] = field(default_factory=list)  # (subject's tenant, event)
+    undecodable: int = 0  # messages on a tenant's event subjects that are no event
 
 
 @dataclass
@@ -107,7 +149,10 @@ class Report:
     seen: dict[str, int]
     unanswered: int
     releases_failed: int
+    refusals: dict[str, int]
+    events_delivered: int
     leases: int
+    lease_ends: dict[str, int]  # by reason, as the stream stored them
     events_stored: int
     recovery_s: float | None
     quiet_s: float
@@ -135,24 +180,57 @@ def _request(rng: random.Random, job_id: str, tenant: str) -> tuple[JobRequested
     return request, kind
 
 
+async def _must_refuse(
+    history: History,
+    invariant: str,
+    subject: str,
+    what: str,
+    command: Awaitable[LeaseReply | CancelReply],
+) -> None:
+    """Send a command that must be refused (I5, I6); one carried out is a breach. One that got no
+    answer (a fault) proves nothing either way and is counted as such."""
+    try:
+        reply = await command
+    except Exception:  # noqa: BLE001  (a service or server away)
+        history.refusals[f"{invariant} unanswered"] += 1
+        return
+    if reply.ok:
+        history.breaches.append(Violation(invariant, subject, f"{what} was carried out"))
+    else:
+        history.refusals[f"{invariant} {reply.error}"] += 1
+
+
 async def _hold_and_release(
     client: XpupoolClient, grant: AllocationGranted, rng: random.Random, history: History
 ) -> None:
+    lease_id, token = grant.lease_id, grant.fencing_token
+    history.held[lease_id] = grant
     await asyncio.sleep(rng.uniform(0.05, 1.0))
     if rng.random() < 0.3:
         # A renewal that fails (a fault) leaves the release below, or the expiry, to end it.
         with suppress(Exception):
-            await client.renew(grant.lease_id, grant.fencing_token)
+            await client.renew(lease_id, token)
+    if rng.random() < 0.1:
+        older = client.renew(lease_id, token - 1)
+        await _must_refuse(history, "I5", lease_id, f"a renew with token {token - 1}", older)
+    released = False
     for attempt in range(3):
         try:
-            reply = await client.release(grant.lease_id, grant.fencing_token)
+            reply = await client.release(lease_id, token)
         except Exception:  # noqa: BLE001  (its lease-manager or NATS away: try again)
             await asyncio.sleep(0.5 * (attempt + 1))
             continue
-        if reply.ok or reply.error == "lease_ended":
-            return
+        released = reply.ok or reply.error == "lease_ended"
         break
-    history.releases_failed += 1
+    history.held.pop(lease_id, None)
+    if not released:
+        history.releases_failed += 1
+    elif rng.random() < 0.2:
+        # The holder's own command once more, after the end: a token that is no longer current.
+        again = client.release(lease_id, token)
+        await _must_refuse(history, "I5", lease_id, "a release after the lease ended", again)
+        late = client.renew(lease_id, token)
+        await _must_refuse(history, "I5", lease_id, "a renew after the lease ended", late)
 
 
 async def _worker(
@@ -167,6 +245,7 @@ async def _worker(
     while not stop.is_set():
         n += 1
         request, kind = _request(rng, f"{name}-{n:06d}", tenant)
+        history.owners[request.job_id] = tenant
         try:
             if kind == "cancel":
                 future = await client.submit_expecting(request)
@@ -189,6 +268,63 @@ async def _worker(
         history.seen[type(outcome).__name__] += 1
         if isinstance(outcome, AllocationGranted):
             await _hold_and_release(client, outcome, rng, history)
+
+
+async def _intruder(
+    client: XpupoolClient, rng: random.Random, history: History, stop: asyncio.Event
+) -> None:
+    """I6's hostile tenant: on its own subjects (all its credentials would allow), commands on
+    the other tenants' leases and jobs, each of which must be refused, and requests in another
+    tenant's name, which must be rejected."""
+    n = 0
+    while not stop.is_set():
+        await asyncio.sleep(rng.uniform(0.05, 0.3))
+        action = rng.choice(["release", "renew", "cancel", "impersonate"])
+        if action in ("release", "renew") and history.held:
+            grant = rng.choice(list(history.held.values()))
+            # With the grant's own secret and token, as if they had leaked.
+            command = (client.release if action == "release" else client.renew)(
+                grant.lease_id, grant.fencing_token, secret=grant.lease_secret
+            )
+            what = f"{INTRUDER}'s {action} of {grant.tenant}'s lease"
+            await _must_refuse(history, "I6", grant.lease_id, what, command)
+        elif action == "cancel" and history.owners:
+            job_id = rng.choice(list(history.owners)[-200:])
+            what = f"{INTRUDER}'s cancel of {history.owners[job_id]}'s job"
+            await _must_refuse(history, "I6", job_id, what, client.cancel(job_id))
+        elif action == "impersonate":
+            n += 1
+            request = JobRequested(job_id=f"{INTRUDER}-{n:06d}", tenant=rng.choice(TENANTS))
+            history.owners[request.job_id] = INTRUDER
+            reply = None
+            with suppress(Exception):
+                reply = await client.submit_request(request)
+            if reply is None:
+                history.uncertain.add(request.job_id)  # may have been admitted (and rejected)
+                continue
+            history.accepted.add(request.job_id)
+            if reply.rejected is None:
+                history.breaches.append(
+                    Violation(
+                        "I6", request.job_id, f"a request in {request.tenant}'s name: {reply.state}"
+                    )
+                )
+            else:
+                history.refusals[f"I6 {reply.rejected.reason}"] += 1
+
+
+async def _record_deliveries(nc: Client, history: History) -> None:
+    """Keep what each tenant's event subjects carry (I6), with the tenant the subject names."""
+    prefix = len(subjects.TENANT_SPACE) + 1
+
+    async def keep(msg: Any) -> None:
+        tenant = msg.subject[prefix:].split(".", 1)[0]
+        try:
+            history.delivered.append((tenant, _DELIVERED.decode(msg.data)))
+        except msgspec.DecodeError:
+            history.undecodable += 1
+
+    await nc.subscribe(f"{subjects.TENANT_SPACE}.*.events.>", cb=keep)
 
 
 class Faults:
@@ -238,6 +374,15 @@ class Faults:
     async def _failpoint(self) -> str:
         point = self.rng.choice(sorted(POINTS))
         name = point.split(".")[0].replace("_", "-")
+        if self.rng.random() < 0.5:
+            # A stall at the point (the process alive, its connections open, nothing served)
+            # for its next three passes, then the service started again clean.
+            service = self.stack.restart(
+                self._service(name), XPUPOOL_FAILPOINTS=f"{point}=3*stall(1000)"
+            )
+            await asyncio.sleep(6.0)
+            self.stack.restart(service, XPUPOOL_FAILPOINTS="")
+            return f"failpoint {point}: stalls of 1 s for 6 s"
         service = self.stack.restart(self._service(name), XPUPOOL_FAILPOINTS=f"{point}=1*kill")
         for _ in range(200):  # 10 s
             if not service.alive():
@@ -330,18 +475,25 @@ async def soak(
     workers: int = 8,
     fault_every_s: float = 15.0,
     families: Sequence[str] = FAMILIES,
+    replicas: int = 1,
 ) -> Report:
     """Run the soak (see the module docstring) and check its invariants."""
     rng = random.Random(seed)
     workdir = Path(tempfile.mkdtemp(prefix="xpupool-soak-"))
+    queues = workdir / "queues.yaml"
+    queues.write_text(yaml.safe_dump(QUEUES))
     stack = Stack(
         [NodeSpec(f"soak-{i}", f"{DEVICES_PER_NODE}xA100-80GB") for i in range(NODES)],
         workdir=workdir,
+        schedulers=replicas,
+        extra_env={"XPUPOOL_QUEUE_CONFIG": str(queues)},
     )
     history = History()
     duration_s = minutes * 60
     quiet_tail_s = max(10.0, duration_s / 5)
     await asyncio.to_thread(stack.start)
+    for _ in range(replicas - 1):
+        stack.spawn("lease-manager")
     try:
         assert stack.redis_url and stack.nats_url
         redis = Redis.from_url(stack.redis_url)
@@ -356,8 +508,9 @@ async def soak(
                 tenant: await exits.enter_async_context(
                     connected(stack.nats_url, tenant, max_reconnect_attempts=-1)
                 )
-                for tenant in TENANTS
+                for tenant in (*TENANTS, INTRUDER)
             }
+            await _record_deliveries(clients[TENANTS[0]].nc, history)
             stop = asyncio.Event()
             tasks = [
                 asyncio.create_task(
@@ -372,6 +525,11 @@ async def soak(
                 )
                 for i in range(workers)
             ]
+            tasks.append(
+                asyncio.create_task(
+                    _intruder(clients[INTRUDER], random.Random(rng.random()), history, stop)
+                )
+            )
             faults = Faults(stack, random.Random(rng.random()), families)
             started = time.monotonic()
             next_fault = started + fault_every_s
@@ -395,7 +553,11 @@ async def soak(
         violations: list[Violation] = [
             *check_outcomes(history.accepted, history.uncertain | probes, stored),
             *check_no_double_allocation(leases, capacity),
+            *check_grants_recorded(stored, leases),
             *check_nothing_leaked(leases, nodes),
+            *check_quota(leases, LIMITS_UNITS, capacity),
+            *history.breaches,
+            *check_tenant_delivery(history.delivered, history.owners),
         ]
         audit_problems = await audit(ledger)
         await redis.aclose()
@@ -409,7 +571,12 @@ async def soak(
             seen=dict(history.seen),
             unanswered=history.unanswered,
             releases_failed=history.releases_failed,
+            refusals=dict(history.refusals),
+            events_delivered=len(history.delivered),
             leases=len(leases),
+            lease_ends=dict(
+                Counter(str(e.reason) for _, e in dict(stored).items() if isinstance(e, LeaseEnded))
+            ),
             events_stored=len(stored),
             recovery_s=recovery_s,
             quiet_s=quiet_s,
@@ -426,18 +593,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--fault-every-s", type=float, default=15.0)
     parser.add_argument("--faults", default=",".join(FAMILIES))
+    parser.add_argument("--replicas", type=int, default=1, help="schedulers and lease-managers")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     families = [f for f in args.faults.split(",") if f]
     unknown = set(families) - set(FAMILIES)
     if unknown or not families:
         parser.error(f"--faults takes some of {', '.join(FAMILIES)}")
-    report = asyncio.run(soak(args.minutes, args.seed, args.workers, args.fault_every_s, families))
+    if args.replicas < 1:
+        parser.error("--replicas takes 1 or more")
+    report = asyncio.run(
+        soak(args.minutes, args.seed, args.workers, args.fault_every_s, families, args.replicas)
+    )
     print(
         f"\n{report.jobs} jobs ({report.accepted} accepted, {report.uncertain} submits failed), "
         f"first outcomes seen {report.seen}, {report.unanswered} unanswered in 45 s, "
         f"{report.releases_failed} releases left to expiry; {len(report.faults)} faults; "
-        f"{report.leases} leases, {report.events_stored} events stored; first grant "
+        f"commands that must be refused: {report.refusals}; "
+        f"{report.events_delivered} tenant events recorded; "
+        f"{report.leases} leases (ended {report.lease_ends}), {report.events_stored} events "
+        f"stored; first grant "
         f"{report.recovery_s if report.recovery_s is None else round(report.recovery_s, 2)} s "
         f"after the faults; quiet after {report.quiet_s:.1f} s"
     )
@@ -448,7 +623,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in report.violations:
             print(f"  {line}")
         return 1
-    print("invariants I1, I2, I3 and the ledger audit: no violation")
+    print("invariants I1 to I6 and the ledger audit: no violation")
     return 0
 
 

@@ -1,7 +1,8 @@
 """A short soak (``bench/soak/soak.py``; ``just soak`` runs ten minutes): the stack under two
-tenants' load while every family of fault is injected, then the reliability plan's invariants
-(I1 no double allocation, I2 one outcome per accepted job and one end per grant, I3 nothing
-leaked) and the ledger's audit."""
+tenants' load and a hostile third while every family of fault is injected, then the reliability
+plan's invariants (I1 no double allocation, I2 one outcome per accepted job and one end per
+grant, I3 nothing leaked, I4 a queue's limit held, I5 stale tokens and I6 other tenants'
+commands refused, no tenant sent another's events) and the ledger's audit."""
 
 from __future__ import annotations
 
@@ -34,3 +35,7 @@ async def test_a_short_soak_with_every_fault_family_breaks_no_invariant() -> Non
     assert {f.split()[0] for f in report.faults} >= {"kill", "pause", "restart", "failpoint"}
     assert report.recovery_s is not None
     assert report.seen.get("AllocationGranted", 0) > 50, report.seen
+    # The commands that must be refused were sent, and answered (refused).
+    answered = {kind.split()[0] for kind, n in report.refusals.items() if "unanswered" not in kind}
+    assert answered == {"I5", "I6"}, report.refusals
+    assert report.events_delivered > 50

@@ -3,13 +3,29 @@ invariant is reported when broken, and a clean history passes."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
-from xpupool.contracts import AllocationGranted, EndReason, JobReason, JobRejected, LeaseEnded
+import msgspec
+
+from xpupool.contracts import (
+    AllocationGranted,
+    DeviceSlice,
+    EndReason,
+    JobReason,
+    JobRejected,
+    LeaseEnded,
+    LeaseRenewed,
+    Vendor,
+)
 from xpupool.devstack.invariants import (
+    check_grants_recorded,
     check_no_double_allocation,
     check_nothing_leaked,
     check_outcomes,
+    check_quota,
+    check_tenant_delivery,
+    slice_units,
 )
 from xpupool.ledger.ledger import LeaseRecord, TakenSlice
 
@@ -78,14 +94,19 @@ def test_each_way_to_break_one_outcome_per_job_is_reported() -> None:
 
 
 def lease(
-    lease_id: str, start: int, end: int | None, *slices: TakenSlice, state: str = "ended"
+    lease_id: str,
+    start: int,
+    end: int | None,
+    *slices: TakenSlice,
+    state: str = "ended",
+    queue: str = "q",
 ) -> LeaseRecord:
     return LeaseRecord(
         lease_id=lease_id,
         job_id=f"job-{lease_id}",
         tenant="t",
         owner="o",
-        queue="q",
+        queue=queue,
         priority=500,
         state=state,
         slices=list(slices),
@@ -137,3 +158,81 @@ def test_overlapping_grants_beyond_a_device_are_reported() -> None:
 def test_a_live_lease_after_the_run_is_a_leak() -> None:
     violations = check_nothing_leaked([lease("a", 0, None, whole("d"), state="active")], [])
     assert [(v.invariant, v.subject) for v in violations] == [("I3", "a")]
+
+
+def sent(taken: TakenSlice) -> DeviceSlice:
+    return DeviceSlice(
+        device_id=taken.device_id,
+        node_id=taken.node_id,
+        vendor=Vendor.NVIDIA,
+        model="A100",
+        index=0,
+        uuid="",
+        memory_mib=taken.memory_mib,
+        compute_pct=taken.compute_pct,
+        whole=taken.whole,
+    )
+
+
+def granted_on(record: LeaseRecord, **changes: object) -> AllocationGranted:
+    event = msgspec.structs.replace(
+        grant(record.job_id, record.lease_id), slices=[sent(s) for s in record.slices]
+    )
+    return msgspec.structs.replace(event, **changes)
+
+
+def test_grants_and_the_ledgers_records_agree_or_each_difference_is_reported() -> None:
+    kept = lease("a", 0, 100, whole("d"))
+    assert check_grants_recorded([("g", granted_on(kept)), ("g", granted_on(kept))], [kept]) == []
+    other_slices = lease("b", 0, 100, whole("d2"))
+    other_job = lease("c", 0, 100, whole("d3"))
+    unsent = lease("e", 0, 100, whole("d4"))
+    reserved_only = dataclasses.replace(lease("f", 0, 100, whole("d5")), granted_ms=None)
+    stored = [
+        ("g1", granted_on(other_slices, slices=[sent(whole("d9"))])),
+        ("g2", granted_on(other_job, job_id="someone-else")),
+        ("g3", grant("lost", "no-record")),
+    ]
+    violations = check_grants_recorded(stored, [other_slices, other_job, unsent, reserved_only])
+    assert sorted(v.subject for v in violations) == ["b", "c", "e", "no-record"]
+    assert {v.invariant for v in violations} == {"I1"}
+
+
+def test_a_slice_charges_its_larger_fraction_of_the_devices_units() -> None:
+    assert slice_units(whole("d"), 80_000, 2.0) == 2.0
+    assert slice_units(share("d", 40_000, 25), 80_000) == 0.5
+    assert slice_units(share("d", 8_000, 50), 80_000) == 0.5
+
+
+def test_a_queue_over_its_limit_at_any_lease_start_is_reported() -> None:
+    within = [
+        lease("a", 0, 100, whole("d1"), queue="capped"),
+        lease("b", 0, 100, whole("d2"), queue="capped"),
+        lease("c", 100, 200, whole("d1"), share("d3", 40_000), queue="capped"),  # 1.5 after a
+        lease("e", 0, None, whole("d4"), whole("d5"), whole("d6"), state="active"),  # no limit
+    ]
+    capacity = {f"d{i}": 80_000 for i in range(1, 8)}
+    assert check_quota(within, {"capped": 2.0}, capacity) == []
+    over = [*within, lease("f", 150, 300, whole("d7"), queue="capped")]  # 2.5 beside c
+    violations = check_quota(over, {"capped": 2.0}, capacity)
+    assert [(v.invariant, v.subject) for v in violations] == [("I4", "capped")]
+    assert "2.500 units held at 150" in violations[0].detail
+    # The same leases with d1 a device of two units are over from the start.
+    assert check_quota(within, {"capped": 2.0}, capacity, {"d1": 2.0})
+
+
+def test_an_event_on_another_tenants_subjects_is_reported() -> None:
+    owners = {"job-a": "alpha", "job-b": "beta"}
+    fine = [
+        ("alpha", msgspec.structs.replace(grant("job-a", "la"), tenant="alpha")),
+        ("beta", JobRejected(job_id="job-b", tenant="beta", reason=JobReason.DUPLICATE_JOB)),
+        ("beta", LeaseRenewed(job_id="job-b", lease_id="lb", fencing_token=1, expires_at=NOW)),
+        ("mallory", JobRejected(job_id="made-up", reason=JobReason.INVALID_REQUEST)),
+    ]
+    assert check_tenant_delivery(fine, owners) == []
+    wrong = [
+        ("beta", msgspec.structs.replace(grant("job-a", "la"), tenant="alpha")),
+        ("mallory", LeaseRenewed(job_id="job-b", lease_id="lb", fencing_token=1, expires_at=NOW)),
+    ]
+    violations = check_tenant_delivery(wrong, owners)
+    assert [(v.invariant, v.subject) for v in violations] == [("I6", "beta"), ("I6", "mallory")]

@@ -11,7 +11,19 @@ ledger's lease records and devices once the run went quiet.
   unknown whether it was accepted has at most one; no event names a job nobody submitted; every
   grant's lease ends in exactly one ``LeaseEnded``, and no ``LeaseEnded`` names a lease never
   granted.
+- **I1, as the streams tell it**: every grant the stream stored names a lease the ledger kept,
+  of the same job and tenant and on the same slices, and every lease the ledger granted has its
+  grant on the stream (so a ledger that lost a lease record, or a grant sent on a record the
+  ledger does not hold, shows even where the records alone look consistent).
 - **I3, nothing leaked**: once quiet, no lease is live and every device is whole again.
+- **I4, quotas**: at the start of each lease, the leases then alive that charge a queue with a
+  limit hold at most that limit, in capacity units (a whole device its ``capacity_units``; a
+  share the larger of its memory and compute fractions of that).
+- **I6, tenant isolation, as delivered**: every event a tenant's subjects carried is that
+  tenant's (its ``tenant`` field, and the owner of the job it names).
+
+I5 (stale tokens refused) and the rest of I6 (another tenant's commands refused) are checked by
+the soak's clients as they send them: the answer is the evidence.
 
 The functions are pure: the soak driver (``bench/soak/soak.py``) gathers their inputs, and unit
 tests feed them made-up histories.
@@ -30,14 +42,18 @@ from xpupool.contracts import (
     JobTimedOut,
     LeaseEnded,
 )
-from xpupool.ledger.ledger import LeaseRecord, NodeRecord
+from xpupool.ledger.ledger import LeaseRecord, NodeRecord, TakenSlice
 
 __all__ = [
     "FIRST_OUTCOMES",
     "Violation",
+    "check_grants_recorded",
     "check_nothing_leaked",
     "check_no_double_allocation",
     "check_outcomes",
+    "check_quota",
+    "check_tenant_delivery",
+    "slice_units",
 ]
 
 FIRST_OUTCOMES = (AllocationGranted, JobRejected, JobTimedOut, JobCancelled)
@@ -165,4 +181,123 @@ def check_nothing_leaked(
                         f"{device.compute_free_pct} % compute free",
                     )
                 )
+    return violations
+
+
+def check_grants_recorded(
+    stored: Sequence[tuple[str, object]], leases: Sequence[LeaseRecord]
+) -> list[Violation]:
+    """I1 across the two records of a grant: the stream's ``AllocationGranted`` events (by event
+    id, copies once) and the ledger's lease records agree on which leases were granted, to
+    which job and tenant, on which slices."""
+    records = {lease.lease_id: lease for lease in leases}
+    granted: dict[str, AllocationGranted] = {}
+    seen: set[str] = set()
+    for event_id, event in stored:
+        if event_id in seen or not isinstance(event, AllocationGranted):
+            continue
+        seen.add(event_id)
+        granted.setdefault(event.lease_id, event)
+    violations = []
+    for lease_id, grant in sorted(granted.items()):
+        record = records.get(lease_id)
+        if record is None:
+            violations.append(
+                Violation(
+                    "I1", lease_id, f"granted to job {grant.job_id}; the ledger has no record"
+                )
+            )
+            continue
+        if (record.job_id, record.tenant) != (grant.job_id, grant.tenant):
+            violations.append(
+                Violation(
+                    "I1",
+                    lease_id,
+                    f"granted to {grant.tenant}'s job {grant.job_id}; the ledger's record is "
+                    f"{record.tenant}'s job {record.job_id}",
+                )
+            )
+        sent = sorted((s.device_id, s.whole, s.memory_mib, s.compute_pct) for s in grant.slices)
+        kept = sorted((s.device_id, s.whole, s.memory_mib, s.compute_pct) for s in record.slices)
+        if sent != kept:
+            violations.append(
+                Violation("I1", lease_id, f"granted slices {sent}; the ledger's record {kept}")
+            )
+    for lease_id, record in sorted(records.items()):
+        if record.granted_ms is not None and lease_id not in granted:
+            violations.append(
+                Violation(
+                    "I1", lease_id, f"the ledger granted job {record.job_id}; no grant stored"
+                )
+            )
+    return violations
+
+
+def slice_units(taken: TakenSlice, memory_mib: int | None, capacity_units: float = 1.0) -> float:
+    """What a slice charges its queue: a whole device its capacity units, a share the larger of
+    its compute and memory fractions of them (the scheduler's ``demand_footprint``)."""
+    if taken.whole:
+        return capacity_units
+    memory_fraction = taken.memory_mib / memory_mib if memory_mib else 0.0
+    return max(taken.compute_pct / 100.0, memory_fraction) * capacity_units
+
+
+def check_quota(
+    leases: Sequence[LeaseRecord],
+    limits_units: Mapping[str, float],
+    capacity_mib: Mapping[str, int],
+    capacity_units: Mapping[str, float] | None = None,
+) -> list[Violation]:
+    """I4 over every lease record (live and ended): at each lease's start, the leases alive then
+    (as I1 counts them) that charge a queue of ``limits_units`` hold at most its limit.
+    ``capacity_units`` gives a device's units (1.0, an A100, when it is not named)."""
+    units_of = capacity_units or {}
+    charged: dict[str, list[tuple[int, float, float, str]]] = defaultdict(list)
+    for lease in leases:
+        if lease.queue not in limits_units:
+            continue
+        end = float("inf") if lease.ended_ms is None else lease.ended_ms
+        units = sum(
+            slice_units(s, capacity_mib.get(s.device_id), units_of.get(s.device_id, 1.0))
+            for s in lease.slices
+        )
+        charged[lease.queue].append((lease.created_ms, end, units, lease.lease_id))
+    violations = []
+    for queue, held in sorted(charged.items()):
+        limit = limits_units[queue]
+        for start, *_ in held:
+            alive = [h for h in held if h[0] <= start < h[1]]
+            used = sum(h[2] for h in alive)
+            if used > limit + 1e-6:
+                names = sorted(h[3] for h in alive)
+                violations.append(
+                    Violation(
+                        "I4",
+                        queue,
+                        f"{used:.3f} units held at {start}, over its limit {limit}: {names}",
+                    )
+                )
+    return list(dict.fromkeys(violations))
+
+
+def check_tenant_delivery(
+    delivered: Sequence[tuple[str, object]], job_owners: Mapping[str, str]
+) -> list[Violation]:
+    """I6 over what tenants' subjects carried, as (the subject's tenant, the event): an event
+    naming another tenant, or a job another tenant submitted (``job_owners``), went to the
+    wrong tenant."""
+    violations = []
+    for subject_tenant, event in delivered:
+        named = getattr(event, "tenant", None) or None  # "" in events from before it was set
+        job_id = getattr(event, "job_id", None)
+        owner = job_owners.get(job_id) if isinstance(job_id, str) else None
+        if named not in (None, subject_tenant) or owner not in (None, subject_tenant):
+            violations.append(
+                Violation(
+                    "I6",
+                    subject_tenant,
+                    f"received {type(event).__name__} of tenant {named}, job {job_id} "
+                    f"(submitted by {owner})",
+                )
+            )
     return violations
