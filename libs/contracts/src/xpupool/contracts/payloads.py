@@ -412,7 +412,9 @@ class JobRequested(
     tag_field="type",
     tag="xpupool.job.requested.v1",
 ):
-    """An upstream system asks for accelerators. ``job_id`` is the idempotency key.
+    """An upstream system asks for accelerators. ``job_id`` is the idempotency key, in one space
+    shared by every tenant: an id another tenant used is refused ``duplicate_job`` ("this job id
+    is taken"), so make ids unique beyond your own (a UUID, or your tenant's name as a prefix).
 
     The tenant is the one whose subject the request arrives on; ``tenant`` may be left out, and
     a request that names another tenant is rejected (``tenant_mismatch``).
