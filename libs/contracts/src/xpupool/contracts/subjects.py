@@ -190,10 +190,11 @@ JOB_REQUESTED: Final = Channel(
     "Submit a job request as {tenant}. The job_id is the idempotency key: the same request "
     "sent again (a retry, here or by `jobs.submit`) gets no second outcome, another request "
     "under a used job_id is rejected `duplicate_job`. Job ids are one space for every tenant "
-    "(one another tenant used is `duplicate_job` too): use UUIDs or a prefix of your own. Set header Nats-Msg-Id = job_id (it names "
-    "the job in the rejection of a payload that does not decode); a payload `tenant` other "
-    "than {tenant} is rejected. A publish with a reply subject is answered by the server with "
-    "JetStream's PubAck (`stream`, `seq`); the job's outcome comes as events.",
+    "(one another tenant used is `duplicate_job` too): use UUIDs or a prefix of your own. Set"
+    " header Nats-Msg-Id = job_id (it names the job in the rejection of a payload that does "
+    "not decode); a payload `tenant` other than {tenant} is rejected. A publish with a reply "
+    "subject is answered by the server with JetStream's PubAck (`stream`, `seq`); the job's "
+    "outcome comes as events.",
     sender="upstream",
     receivers=("scheduler",),
     stream=JOBS_STREAM,
