@@ -513,3 +513,57 @@ def test_events_without_a_fixed_id_are_the_ones_proto_calls_repeatable() -> None
     document = yaml.safe_load((PROTO / "asyncapi.yaml").read_text())
     for label in fresh:
         assert f"a {label} " in document["info"]["description"].replace("A ", "a "), label
+
+
+def test_a_requests_fingerprint_leaves_defaults_out_so_an_added_field_keeps_it() -> None:
+    """The ledger fingerprints a request by the scheduler's encoding of it (``pend.lua``: a
+    retry is the same request, another under the same job id is refused). Fields at their
+    defaults are left out, so a later version that adds a field with a default encodes an
+    earlier request the same, and a retry across the upgrade is still a retry. (Defaults the
+    sender wrote out are left out too where they decode to the default itself: enumerations,
+    small integers, empty collections; a float such as ``lease_ttl_s: 300`` stays, msgspec
+    comparing a float with its default by identity, and every retry of that JSON has it.)"""
+    wire = json.dumps(
+        {
+            "job_id": "train-1",
+            "tenant": "t",
+            "device": {"memory_mib": 1000, "compute_pct": None},
+            "priority": "normal",
+            "count": 1,
+            "labels": {},
+        }
+    )
+    fingerprinted = msgspec.json.encode(
+        msgspec.json.decode(wire, type=p.JobRequested), order="deterministic"
+    )
+    assert json.loads(fingerprinted) == {
+        "type": "xpupool.job.requested.v1",
+        "job_id": "train-1",
+        "tenant": "t",
+        "device": {"memory_mib": 1000},
+        "selector": {},
+        "host": {},
+    }
+    later_device = msgspec.defstruct(
+        "DeviceDemand",
+        [("new_limit", int | None, None)],
+        bases=(p.DeviceDemand,),
+        frozen=True,
+        kw_only=True,
+        omit_defaults=True,
+    )
+    later = msgspec.defstruct(
+        "JobRequested",
+        [
+            ("new_option", str, "default"),
+            ("device", later_device, msgspec.field(default_factory=later_device)),
+        ],
+        bases=(p.JobRequested,),
+        frozen=True,
+        kw_only=True,
+        omit_defaults=True,
+        tag_field="type",
+        tag="xpupool.job.requested.v1",
+    )
+    upgraded = msgspec.json.encode(msgspec.json.decode(wire, type=later), order="deterministic")
+    assert upgraded == fingerprinted
