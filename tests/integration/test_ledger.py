@@ -277,6 +277,70 @@ async def test_silent_node_is_declared_lost_with_its_leases(ledger: Ledger) -> N
     assert all(d.health is Health.LOST for d in (await ledger.nodes())[0].devices)
 
 
+async def test_a_lost_leases_device_is_quarantined_until_its_holder_has_surely_stopped(
+    ledger: Ledger,
+) -> None:
+    """A node lost under a lease (cut off, not crashed: its holder may run on) and back before
+    the lease's term ends brings that lease's device up unhealthy, quarantined until the term
+    plus the holder's grace, and no grant lands there meanwhile; its collector's readings in
+    between are kept for then. The node's other device, which held nothing, is grantable at
+    once. The reap after the quarantine ran out lifts it."""
+    devices = [device_spec("n1", 0), device_spec("n1", 1)]
+    assert (await ledger.register_node("n1", devices, instance="collector-1")).ok
+    held = reservation("held", SliceClaim("n1/nvidia0", whole=True), ttl_ms=1_500)
+    assert (await ledger.reserve(held)).ok
+    assert (await ledger.grant("lease-held")).ok
+    lease = await ledger.get_lease("lease-held")
+    assert lease is not None
+    await asyncio.sleep(0.2)
+    assert (await ledger.reap_nodes(100, holder_grace_ms=500)).lost == ["n1"]
+
+    # The same collector process back: the node was cut off, not restarted.
+    assert (await ledger.register_node("n1", devices, instance="collector-1")).ok
+    health = {d.spec.device_id: d.health for d in (await ledger.nodes())[0].devices}
+    assert health == {"n1/nvidia0": Health.UNHEALTHY, "n1/nvidia1": Health.HEALTHY}
+    refused = await ledger.reserve(reservation("next", SliceClaim("n1/nvidia0", whole=True)))
+    assert not refused.ok and refused.reason == "device_unhealthy"
+    assert (await ledger.reserve(reservation("other", SliceClaim("n1/nvidia1", whole=True)))).ok
+    # The collector's readings while quarantined: no transition now, the last one kept.
+    assert (await ledger.set_health("n1/nvidia0", Health.DEGRADED, "ecc")).previous == "degraded"
+    assert (await ledger.set_health("n1/nvidia0", Health.HEALTHY, "")).previous == "healthy"
+    reason = await ledger.redis.hget(ledger.key("dev", "n1/nvidia0"), "health_reason")
+    assert isinstance(reason, bytes)
+    assert b"quarantined" in reason and b"lease-held" in reason
+
+    assert (await ledger.reap_nodes(60_000, holder_grace_ms=500)).lost == []
+    assert (await ledger.nodes())[0].devices[0].health is Health.UNHEALTHY  # not over yet
+    now_ms = await ledger.now_ms()
+    await asyncio.sleep((lease.expires_ms + 500 - now_ms) / 1000 + 0.05)
+    assert (await ledger.reap_nodes(60_000, holder_grace_ms=500)).lost == []
+    assert (await ledger.nodes())[0].devices[0].health is Health.HEALTHY
+    assert (await ledger.reserve(reservation("next", SliceClaim("n1/nvidia0", whole=True)))).ok
+    assert await ledger.redis.zcard(ledger.key("quarantine")) == 0
+    assert await audit(ledger) == []
+
+
+@pytest.mark.parametrize("term_ms", [300, 60_000])
+async def test_a_restarted_collector_or_a_lease_past_its_term_quarantines_nothing(
+    ledger: Ledger, term_ms: int
+) -> None:
+    """A node back after its lost lease's term (and the holder's grace) ran out, or registered
+    by another collector process (a restart over a network that was up: the holder heard its
+    lease end): its devices are healthy again at once."""
+    devices = [device_spec("n1", 0), device_spec("n1", 1)]
+    assert (await ledger.register_node("n1", devices, instance="collector-1")).ok
+    held = reservation("held", SliceClaim("n1/nvidia0", whole=True), ttl_ms=term_ms)
+    assert (await ledger.reserve(held)).ok
+    assert (await ledger.grant("lease-held")).ok
+    await asyncio.sleep(0.5)
+    assert (await ledger.reap_nodes(100, holder_grace_ms=100)).lost == ["n1"]
+    instance = "collector-1" if term_ms < 1000 else "collector-2"
+    assert (await ledger.register_node("n1", devices, instance=instance)).ok
+    assert all(d.health is Health.HEALTHY for d in (await ledger.nodes())[0].devices)
+    assert (await ledger.reserve(reservation("next", SliceClaim("n1/nvidia0", whole=True)))).ok
+    assert await audit(ledger) == []
+
+
 async def test_a_heartbeat_writes_its_ticks_load_in_the_same_script(ledger: Ledger) -> None:
     """A collector's tick is one script: the heartbeat stamps the node and writes the load it
     sampled (the changed utilisation logged for readers), in one ``EVALSHA`` and so one fsync

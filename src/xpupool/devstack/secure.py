@@ -195,7 +195,16 @@ DIRECT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
 # why lease, job, usage and expiry keys appear here at all. A rule missing here would make a
 # script fail half-way (Redis does not roll a script back), so the secure tests run every
 # collector flow, a vanished device included, as this user.
-_COLLECTOR_READS: Final = ("hget", "hgetall", "hmget", "smembers", "exists", "zcard", "zrange")
+_COLLECTOR_READS: Final = (
+    "hget",
+    "hgetall",
+    "hmget",
+    "hexists",
+    "smembers",
+    "exists",
+    "zcard",
+    "zrange",
+)
 _COLLECTOR_WRITES: Final[tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = (
     (("evalsha",), ("",)),  # KEYS[1] of every script is the bare prefix
     (("hset", "hincrby"), ("node:*", "dev:*", "lease:*", "job:*")),
@@ -205,6 +214,8 @@ _COLLECTOR_WRITES: Final[tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = 
     (("zadd",), ("node-seen",)),
     (("srem",), ("dev-leases:*", "node-leases:*", "leases", "tenant-leases:*")),
     (("del",), ("dev:*", "dev-leases:*")),
+    # a quarantine ended by a collector that restarted (register_node, end_quarantine)
+    (("hdel",), ("dev:*",)),
     (("expire",), ("lease:*", "job:*")),
     (("zrem",), ("expiry", "idle-watch", "deadlines")),
     (("zadd", "zremrangebyrank"), ("changes",)),

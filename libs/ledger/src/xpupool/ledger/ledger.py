@@ -624,9 +624,12 @@ class Ledger:
         alive and write each other's load."""
         return await self._run("heartbeat", node_id, instance, *_sample_args(samples))
 
-    async def reap_nodes(self, grace_ms: int) -> ScriptResult:
-        """Declare lost the nodes silent for longer than ``grace_ms``; ends their leases."""
-        return await self._run("reap_nodes", grace_ms)
+    async def reap_nodes(self, grace_ms: int, holder_grace_ms: int = 0) -> ScriptResult:
+        """Declare lost the nodes silent for longer than ``grace_ms``; ends their leases, and
+        quarantines each such lease's devices until its term ends plus ``holder_grace_ms`` (its
+        holder, cut off with the node, may run until then): a node back sooner brings them up
+        unhealthy. Lifts the quarantines that ran out."""
+        return await self._run("reap_nodes", grace_ms, holder_grace_ms)
 
     async def set_health(self, device_id: str, health: Health, reason: str = "") -> ScriptResult:
         """Set a device's health; ``previous`` in the answer tells whether it changed."""

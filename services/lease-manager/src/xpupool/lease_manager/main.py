@@ -130,13 +130,18 @@ async def prepare_ledger(ledger: Ledger, settings: LeaseManagerSettings) -> None
 
 
 async def reap_nodes(
-    ledger: Ledger, grace_s: float, interval_s: float, stop: asyncio.Event
+    ledger: Ledger,
+    grace_s: float,
+    holder_grace_s: float,
+    interval_s: float,
+    stop: asyncio.Event,
 ) -> None:
-    """Declare lost the nodes whose heartbeats stopped; the lease-manager owns this check."""
+    """Declare lost the nodes whose heartbeats stopped (and lift the quarantines of their lost
+    leases' devices once over); the lease-manager owns this check."""
     log = get_logger()
     while not stop.is_set():
         try:
-            result = await ledger.reap_nodes(int(grace_s * 1000))
+            result = await ledger.reap_nodes(int(grace_s * 1000), int(holder_grace_s * 1000))
             for node_id in result.lost:
                 log.warning("node_lost", node_id=node_id)
         except Exception as error:  # noqa: BLE001
@@ -259,7 +264,11 @@ async def run(settings: LeaseManagerSettings) -> None:
                         run_stop,
                     ),
                     reap_nodes(
-                        ledger, settings.node_grace_s, settings.node_check_interval_s, run_stop
+                        ledger,
+                        settings.node_grace_s,
+                        settings.lost_holder_grace_s,
+                        settings.node_check_interval_s,
+                        run_stop,
                     ),
                     trim_usage_records(
                         ledger, settings.usage_retention_s, settings.usage_trim_interval_s, run_stop

@@ -42,6 +42,10 @@ class LeaseManagerSettings(msgspec.Struct, frozen=True, kw_only=True):
     job_retention_s: Annotated[int, msgspec.Meta(ge=3600)] = DEFAULT_RETENTION_S
     lease_retention_s: Annotated[int, msgspec.Meta(ge=3600)] = DEFAULT_RETENTION_S
     node_grace_s: float = 15.0
+    # A lease ended lost with its node may still run (a partition, not a crash): its devices take
+    # no grant until its term ends plus this, the time ``xpupool run`` gives its job to stop
+    # after SIGTERM (its ``grace_s``).
+    lost_holder_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     node_check_interval_s: float = 1.0
     # Prometheus text on this port (deployments use 9402); 0 serves no metrics. Loopback unless
     # a deployment sets the address (e.g. 0.0.0.0 in a pod). Prefixed like the autoscaler's so a

@@ -95,6 +95,48 @@ end
 local function touched(kind, id) log_change(kind, id, false) end
 local function touched_load(kind, id) log_change(kind, id, true) end
 
+-- A device quarantined by reap_nodes.lua (``quarantine_until``): a lease on it ended lost with its
+-- node, and the holder may run on it until then. Its health stays 'unhealthy' until then; the
+-- health it is given meanwhile (a registration, its collector's reading) is kept for then
+-- (``health_after``). Sets ``dk``'s health, or keeps it for later; true when set now.
+local function set_device_health(dk, health, reason, now)
+  local q = redis.call('HMGET', dk, 'quarantine_until', 'quarantine_lease')
+  local until_ms = tonumber(q[1] or '')
+  if until_ms and until_ms > now then
+    redis.call('HSET', dk, 'health', 'unhealthy', 'health_reason', 'quarantined until ' ..
+      until_ms .. ' (ms since the epoch): lease ' .. (q[2] or '?') .. ' ended lost with its ' ..
+      'node, and its holder may run on this device until its term ends',
+      'health_after', health, 'health_after_reason', reason)
+    return false
+  end
+  redis.call('HSET', dk, 'health', health, 'health_reason', reason)
+  return true
+end
+-- A quarantine's end: the device takes the health it was given meanwhile (if any). True when
+-- its health changed.
+local function end_quarantine(dk)
+  local q = redis.call('HMGET', dk, 'health_after', 'health_after_reason')
+  redis.call('HDEL', dk, 'quarantine_until', 'quarantine_lease', 'health_after',
+    'health_after_reason')
+  if not q[1] then return false end
+  redis.call('HSET', dk, 'health', q[1], 'health_reason', q[2] or '')
+  return true
+end
+-- The quarantine of ``device_id`` once it ran out (reap_nodes.lua), if its node is up (a node
+-- lost again keeps its devices lost; its next registration gives them their health).
+local function lift_quarantine(device_id, now)
+  local dk = k('dev', device_id)
+  local q = redis.call('HMGET', dk, 'quarantine_until', 'node')
+  if not q[1] or tonumber(q[1]) > now then return end
+  if redis.call('HGET', k('node', q[2]), 'status') ~= 'up' then
+    redis.call('HDEL', dk, 'quarantine_until', 'quarantine_lease', 'health_after',
+      'health_after_reason')
+  elseif end_quarantine(dk) then
+    bump()
+    touched('dev', device_id)
+  end
+end
+
 -- Queue an event about a lease in ``service``'s outbox with the trace context the lease keeps
 -- (its job's: ``trace`` = {traceparent, tracestate} as the lease holds them, or false for none),
 -- so the relay continues that trace without reading the lease again. Returns the entry's id.

@@ -10,7 +10,9 @@
 -- ARGV[1]: JSON {node_id, instance, cpu_milli, memory_mib, labels_json, devices=[{device_id, spec=<json>,
 --   memory_mib, uuid, health?, health_reason?}]}; a device's health, when given, is what its
 --   backend reads now and is written with the rest (else a new device is healthy, one the node's
---   loss marked lost is healthy again, and any other keeps its health).
+--   loss marked lost is healthy again, and any other keeps its health). A device quarantined by
+--   the node's loss (reap_nodes.lua) stays unhealthy until its quarantine ends, and takes that
+--   health then, when the collector that registers is the one that held the node (see cut_off).
 local r = cjson.decode(ARGV[1])
 local nk = k('node', r.node_id)
 local wanted = {}
@@ -20,6 +22,12 @@ for _, d in ipairs(r.devices) do
 end
 local now = now_ms()
 local removed, lost = {}, {}
+-- The very collector process that held the node is back (its heartbeats were refused: the node
+-- was declared lost while it ran): the node was cut off, and so were the holders of its lost
+-- leases, who may still run; their devices' quarantines (reap_nodes.lua) stand. Another process
+-- (the collector restarted, over a network that was up: the holders heard their leases end) or
+-- none named ends them now.
+local cut_off = (r.instance or '') ~= '' and redis.call('HGET', nk, 'instance') == r.instance
 local function end_leases_of(device_id, detail)
   for _, lease_id in ipairs(redis.call('SMEMBERS', k('dev-leases', device_id))) do
     if end_lease(lease_id, 'lost', detail, now) == 'ended' then table.insert(lost, lease_id) end
@@ -48,12 +56,15 @@ for _, d in ipairs(r.devices) do
     table.insert(removed, d.device_id)
     held[1] = false
   end
+  if held[1] and not cut_off and redis.call('HEXISTS', dk, 'quarantine_until') == 1 then
+    end_quarantine(dk)
+  end
   if held[1] then
     -- A device whose visible memory changed keeps what is leased out of it.
     redis.call('HINCRBY', dk, 'mem_free', d.memory_mib - tonumber(held[1]))
     redis.call('HSET', dk, 'spec', d.spec, 'mem_total', d.memory_mib, 'node', r.node_id)
     if not d.health and redis.call('HGET', dk, 'health') == 'lost' then
-      redis.call('HSET', dk, 'health', 'healthy')
+      set_device_health(dk, 'healthy', '', now)
     end
   else
     redis.call('HSET', dk, 'spec', d.spec, 'node', r.node_id, 'mem_total', d.memory_mib,
@@ -63,9 +74,7 @@ for _, d in ipairs(r.devices) do
   end
   -- The backend's reading, in the same step: a device is never grantable in between as
   -- healthy when it is not, and one that recovered while no collector ran is healthy again.
-  if d.health then
-    redis.call('HSET', dk, 'health', d.health, 'health_reason', d.health_reason or '')
-  end
+  if d.health then set_device_health(dk, d.health, d.health_reason or '', now) end
   redis.call('SADD', k('devices'), d.device_id)
   redis.call('SADD', k('node-devices', r.node_id), d.device_id)
   touched('dev', d.device_id)
