@@ -6,7 +6,7 @@ tenant sent another's events) and the ledger's audit; I5 (stale tokens) and I6 (
 commands) are checked by the clients as they are answered.
 
     uv run python bench/soak/soak.py [--minutes 10] [--seed 1] [--workers 8] [--fault-every-s 15]
-        [--faults kill,pause,restart,failpoint] [--replicas 1] [--out PATH]
+        [--faults kill,pause,restart,failpoint] [--replicas 1] [--secure] [--out PATH]
 
 The stack is the embedded one (NATS with JetStream, Redis with AOF ``appendfsync always``, every
 service its own process) with four simulated nodes of four A100s. Workers of two tenants submit
@@ -21,7 +21,8 @@ sometimes renew with an older token, or release and renew again after the end (I
 A third tenant, mallory, releases and renews the others' live leases with their own secrets and
 tokens (as if leaked), cancels their jobs and submits in their names, all of which must be
 refused (I6); a recorder keeps every event the tenants' subjects carry. ``--replicas 2`` runs
-two schedulers and two lease-managers, so that the faults hit one of two.
+two schedulers and two lease-managers, so that the faults hit one of two; ``--secure`` the secured
+stack (TLS, every tenant and service with its own credentials and permissions, Redis ACLs).
 
 Every ``--fault-every-s`` one fault from the families in ``--faults`` (each family once per
 round, in an order and with details the seed chooses):
@@ -53,7 +54,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack, suppress
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -405,6 +406,20 @@ class Faults:
         print(line, flush=True)
 
 
+def _tenant_client(stack: Stack, tenant: str) -> AbstractAsyncContextManager[XpupoolClient]:
+    """A client of ``tenant`` that reconnects for as long as it runs (with the tenant's own
+    credentials on a secure stack)."""
+    assert stack.nats_url
+    env = stack.tenant_env(tenant) if stack.material is not None else {}
+    return connected(
+        stack.nats_url,
+        tenant,
+        creds=env.get("XPUPOOL_NATS_CREDS"),
+        tls_ca=env.get("XPUPOOL_NATS_TLS_CA"),
+        max_reconnect_attempts=-1,
+    )
+
+
 async def _stored_events(nc: Client) -> list[tuple[str, object]]:
     """The first outcomes and lease ends the operator's stream holds, with their ids, in stored
     order."""
@@ -476,6 +491,7 @@ async def soak(
     fault_every_s: float = 15.0,
     families: Sequence[str] = FAMILIES,
     replicas: int = 1,
+    secure: bool = False,
 ) -> Report:
     """Run the soak (see the module docstring) and check its invariants."""
     rng = random.Random(seed)
@@ -487,6 +503,8 @@ async def soak(
         workdir=workdir,
         schedulers=replicas,
         extra_env={"XPUPOOL_QUEUE_CONFIG": str(queues)},
+        secure=secure,
+        tenants=(*TENANTS, INTRUDER),
     )
     history = History()
     duration_s = minutes * 60
@@ -505,12 +523,13 @@ async def soak(
         await stack.wait_until_pulling()
         async with AsyncExitStack() as exits:
             clients = {
-                tenant: await exits.enter_async_context(
-                    connected(stack.nats_url, tenant, max_reconnect_attempts=-1)
-                )
+                tenant: await exits.enter_async_context(_tenant_client(stack, tenant))
                 for tenant in (*TENANTS, INTRUDER)
             }
-            await _record_deliveries(clients[TENANTS[0]].nc, history)
+            # The operator's connection: every tenant's events, and the operator's stream.
+            operator = await stack.connect_operator(max_reconnect_attempts=-1)
+            exits.push_async_callback(operator.close)
+            await _record_deliveries(operator, history)
             stop = asyncio.Event()
             tasks = [
                 asyncio.create_task(
@@ -544,7 +563,7 @@ async def soak(
             await asyncio.gather(*tasks)
             quiet_s = await _wait_quiet(ledger, timeout_s=120)
             await asyncio.sleep(1.0)  # anything still on its way is stored by now
-            stored = await _stored_events(clients[TENANTS[0]].nc)
+            stored = await _stored_events(operator)
         leases = await _all_leases(ledger)
         nodes = await ledger.nodes()
         capacity = {d.spec.device_id: d.memory_total_mib for n in nodes for d in n.devices}
@@ -594,6 +613,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fault-every-s", type=float, default=15.0)
     parser.add_argument("--faults", default=",".join(FAMILIES))
     parser.add_argument("--replicas", type=int, default=1, help="schedulers and lease-managers")
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="TLS, each tenant and service with its own credentials, Redis ACLs",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     families = [f for f in args.faults.split(",") if f]
@@ -603,7 +627,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.replicas < 1:
         parser.error("--replicas takes 1 or more")
     report = asyncio.run(
-        soak(args.minutes, args.seed, args.workers, args.fault_every_s, families, args.replicas)
+        soak(
+            args.minutes,
+            args.seed,
+            args.workers,
+            args.fault_every_s,
+            families,
+            args.replicas,
+            args.secure,
+        )
     )
     print(
         f"\n{report.jobs} jobs ({report.accepted} accepted, {report.uncertain} submits failed), "
