@@ -1,9 +1,9 @@
 """Soak: the whole stack under steady load while faults are injected, then the reliability plan's
-invariants checked on what it left (``xpupool.devstack.invariants``: I1 no double allocation, in
-the ledger's records and against the grants the stream stored, I2 one outcome per accepted
-request and one end per grant, I3 nothing leaked, I4 a queue's limit never exceeded, I6 no
-tenant sent another's events) and the ledger's audit; I5 (stale tokens) and I6 (another tenant's
-commands) are checked by the clients as they are answered.
+invariants checked on what it left (``xpupool.devstack.invariants``: I1 no double allocation,
+in the ledger's records, its fencing tokens and against the grants the stream stored, I2 one
+outcome per accepted request and one end per grant, I3 nothing leaked, I4 a queue's limit never
+exceeded, I6 no tenant sent another's events) and the ledger's audit; I5 (stale tokens) and I6
+(another tenant's commands) are checked by the clients as they are answered.
 
     uv run python bench/soak/soak.py [--minutes 10] [--seed 1] [--workers 8] [--fault-every-s 15]
         [--faults kill,pause,restart,failpoint] [--replicas 1] [--secure] [--out PATH]
@@ -82,6 +82,7 @@ from xpupool.contracts import (
 from xpupool.devstack.invariants import (
     FIRST_OUTCOMES,
     Violation,
+    check_fencing,
     check_grants_recorded,
     check_no_double_allocation,
     check_nothing_leaked,
@@ -572,6 +573,7 @@ async def soak(
         violations: list[Violation] = [
             *check_outcomes(history.accepted, history.uncertain | probes, stored),
             *check_no_double_allocation(leases, capacity),
+            *check_fencing(leases),
             *check_grants_recorded(stored, leases),
             *check_nothing_leaked(leases, nodes),
             *check_quota(leases, LIMITS_UNITS, capacity),

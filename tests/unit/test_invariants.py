@@ -19,6 +19,7 @@ from xpupool.contracts import (
     Vendor,
 )
 from xpupool.devstack.invariants import (
+    check_fencing,
     check_grants_recorded,
     check_no_double_allocation,
     check_nothing_leaked,
@@ -236,3 +237,20 @@ def test_an_event_on_another_tenants_subjects_is_reported() -> None:
     ]
     violations = check_tenant_delivery(wrong, owners)
     assert [(v.invariant, v.subject) for v in violations] == [("I6", "beta"), ("I6", "mallory")]
+
+
+def test_fencing_tokens_unique_and_rising_on_each_device_or_reported() -> None:
+    def granted(lease_id: str, at: int, token: int, *slices: TakenSlice) -> LeaseRecord:
+        return dataclasses.replace(lease(lease_id, at, at + 10, *slices), token=token)
+
+    rising = [
+        granted("a", 0, 1, whole("d")),
+        granted("b", 10, 5, whole("d")),
+        granted("c", 10, 6, whole("d2")),  # the same millisecond elsewhere
+        granted("e", 20, 3, whole("d2")),  # lower than c's, on the same device: a counter back
+        dataclasses.replace(lease("f", 30, 40, whole("d")), token=1, granted_ms=None),  # reserved
+    ]
+    violations = check_fencing(rising)
+    assert [(v.invariant, v.subject) for v in violations] == [("I1", "d2")]
+    repeated = [granted("a", 0, 7, whole("d")), granted("b", 50, 7, whole("d3"))]
+    assert [v.subject for v in check_fencing(repeated)] == ["token 7"]

@@ -11,6 +11,9 @@ ledger's lease records and devices once the run went quiet.
   unknown whether it was accepted has at most one; no event names a job nobody submitted; every
   grant's lease ends in exactly one ``LeaseEnded``, and no ``LeaseEnded`` names a lease never
   granted.
+- **I1, fencing tokens**: no two grants share a token, and on every device the leases' tokens
+  rise in the order they were granted (a ledger that lost its token counter over a restart, and
+  gave a token out again, shows here).
 - **I1, as the streams tell it**: every grant the stream stored names a lease the ledger kept,
   of the same job and tenant and on the same slices, and every lease the ledger granted has its
   grant on the stream (so a ledger that lost a lease record, or a grant sent on a record the
@@ -31,6 +34,7 @@ tests feed them made-up histories.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +51,7 @@ from xpupool.ledger.ledger import LeaseRecord, NodeRecord, TakenSlice
 __all__ = [
     "FIRST_OUTCOMES",
     "Violation",
+    "check_fencing",
     "check_grants_recorded",
     "check_nothing_leaked",
     "check_no_double_allocation",
@@ -300,4 +305,38 @@ def check_tenant_delivery(
                     f"(submitted by {owner})",
                 )
             )
+    return violations
+
+
+def check_fencing(leases: Sequence[LeaseRecord]) -> list[Violation]:
+    """I1's fencing tokens over every granted lease record: unique, and rising on each device in
+    the order of the grants (``granted_ms``, then the token for grants in the same millisecond,
+    which a counter that went back would break all the same by repeating one)."""
+    granted = [lease for lease in leases if lease.granted_ms is not None]
+    violations = []
+    holders: dict[int, list[str]] = defaultdict(list)
+    for lease in granted:
+        holders[lease.token].append(lease.lease_id)
+    for token, lease_ids in sorted(holders.items()):
+        if len(lease_ids) > 1:
+            violations.append(
+                Violation("I1", f"token {token}", f"given to {len(lease_ids)} leases: {lease_ids}")
+            )
+    by_device: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    for lease in granted:
+        assert lease.granted_ms is not None
+        for s in lease.slices:
+            by_device[s.device_id].append((lease.granted_ms, lease.token, lease.lease_id))
+    for device_id, grants in sorted(by_device.items()):
+        grants.sort()
+        for (at, token, lease_id), (later_at, later_token, later_id) in itertools.pairwise(grants):
+            if later_at > at and later_token <= token:
+                violations.append(
+                    Violation(
+                        "I1",
+                        device_id,
+                        f"lease {later_id} granted at {later_at} with token {later_token}, "
+                        f"not above {lease_id}'s {token} granted at {at}",
+                    )
+                )
     return violations
