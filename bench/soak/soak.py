@@ -153,6 +153,7 @@ class Report:
     releases_failed: int
     refusals: dict[str, int]
     events_delivered: int
+    deliveries_undecodable: int  # on a tenant's event subjects, no event this soak knows
     leases: int
     lease_ends: dict[str, int]  # by reason, as the stream stored them
     events_stored: int
@@ -580,6 +581,14 @@ async def soak(
             *history.breaches,
             *check_tenant_delivery(history.delivered, history.owners),
         ]
+        if history.undecodable:
+            violations.append(
+                Violation(
+                    "contract",
+                    f"{subjects.TENANT_SPACE}.*.events.>",
+                    f"{history.undecodable} messages that decode as no tenant event",
+                )
+            )
         audit_problems = await audit(ledger)
         await redis.aclose()
         return Report(
@@ -594,6 +603,7 @@ async def soak(
             releases_failed=history.releases_failed,
             refusals=dict(history.refusals),
             events_delivered=len(history.delivered),
+            deliveries_undecodable=history.undecodable,
             leases=len(leases),
             lease_ends=dict(
                 Counter(str(e.reason) for _, e in dict(stored).items() if isinstance(e, LeaseEnded))
@@ -644,7 +654,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"first outcomes seen {report.seen}, {report.unanswered} unanswered in 45 s, "
         f"{report.releases_failed} releases left to expiry; {len(report.faults)} faults; "
         f"commands that must be refused: {report.refusals}; "
-        f"{report.events_delivered} tenant events recorded; "
+        f"{report.events_delivered} tenant events recorded "
+        f"({report.deliveries_undecodable} other messages); "
         f"{report.leases} leases (ended {report.lease_ends}), {report.events_stored} events "
         f"stored; first grant "
         f"{report.recovery_s if report.recovery_s is None else round(report.recovery_s, 2)} s "
