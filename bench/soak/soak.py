@@ -54,7 +54,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, suppress
+from contextlib import AsyncExitStack, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,7 +64,7 @@ import yaml
 from nats.aio.client import Client
 from redis.asyncio import Redis
 
-from xpupool.client import XpupoolClient, connected
+from xpupool.client import XpupoolClient
 from xpupool.contracts import (
     AllocationGranted,
     CancelReply,
@@ -408,20 +408,6 @@ class Faults:
         print(line, flush=True)
 
 
-def _tenant_client(stack: Stack, tenant: str) -> AbstractAsyncContextManager[XpupoolClient]:
-    """A client of ``tenant`` that reconnects for as long as it runs (with the tenant's own
-    credentials on a secure stack)."""
-    assert stack.nats_url
-    env = stack.tenant_env(tenant) if stack.material is not None else {}
-    return connected(
-        stack.nats_url,
-        tenant,
-        creds=env.get("XPUPOOL_NATS_CREDS"),
-        tls_ca=env.get("XPUPOOL_NATS_TLS_CA"),
-        max_reconnect_attempts=-1,
-    )
-
-
 async def _stored_events(nc: Client) -> list[tuple[str, object]]:
     """The first outcomes and lease ends the operator's stream holds, with their ids, in stored
     order."""
@@ -525,7 +511,9 @@ async def soak(
         await stack.wait_until_pulling()
         async with AsyncExitStack() as exits:
             clients = {
-                tenant: await exits.enter_async_context(_tenant_client(stack, tenant))
+                tenant: await exits.enter_async_context(
+                    stack.client(tenant, max_reconnect_attempts=-1)
+                )
                 for tenant in (*TENANTS, INTRUDER)
             }
             # The operator's connection: every tenant's events, and the operator's stream.

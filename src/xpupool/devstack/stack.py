@@ -218,18 +218,22 @@ class Stack:
         finally:
             await nc.close()
 
-    def client(self, tenant: str | None = None) -> AbstractAsyncContextManager[XpupoolClient]:
+    def client(
+        self, tenant: str | None = None, *, max_reconnect_attempts: int = 5
+    ) -> AbstractAsyncContextManager[XpupoolClient]:
         """A started client of this stack: as ``tenant`` (its own credentials on a secure
-        stack), or without a tenant as the operator (every tenant's events)."""
+        stack), or without a tenant as the operator (every tenant's events);
+        ``max_reconnect_attempts`` as ``connected`` takes it (-1: for as long as it runs)."""
         assert self.nats_url
         if self.material is None:
-            return connected(self.nats_url, tenant)
+            return connected(self.nats_url, tenant, max_reconnect_attempts=max_reconnect_attempts)
         env = self.tenant_env(tenant) if tenant else self.operator_env()
         return connected(
             self.nats_url,
             tenant,
             creds=env["XPUPOOL_NATS_CREDS"],
             tls_ca=env["XPUPOOL_NATS_TLS_CA"],
+            max_reconnect_attempts=max_reconnect_attempts,
         )
 
     def base_env(self) -> dict[str, str]:
