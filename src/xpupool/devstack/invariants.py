@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from xpupool.contracts import (
     AllocationGranted,
@@ -60,6 +61,8 @@ __all__ = [
     "check_tenant_delivery",
     "slice_units",
 ]
+
+SpanT = TypeVar("SpanT")
 
 FIRST_OUTCOMES = (AllocationGranted, JobRejected, JobTimedOut, JobCancelled)
 
@@ -120,34 +123,46 @@ def check_outcomes(
     return violations
 
 
+def _alive_at_each_start(
+    spans: Iterable[tuple[int, float, SpanT]],
+) -> Iterator[tuple[int, list[SpanT]]]:
+    """For each distinct start among ``spans`` ((start, end, item)), in order, the items alive
+    then: started at or before it and not ended (an end at the same millisecond is over). One
+    sweep over the spans sorted by start, not a scan of all of them per start."""
+    ordered = sorted(spans, key=lambda span: span[0])
+    alive: list[tuple[int, float, SpanT]] = []
+    i = 0
+    while i < len(ordered):
+        start = ordered[i][0]
+        while i < len(ordered) and ordered[i][0] == start:
+            alive.append(ordered[i])
+            i += 1
+        alive = [span for span in alive if span[1] > start]
+        yield start, [span[2] for span in alive]
+
+
 def check_no_double_allocation(
     leases: Sequence[LeaseRecord], capacity_mib: Mapping[str, int]
 ) -> list[Violation]:
     """I1 over every lease record (live and ended): at each lease's start, what the leases alive
     then hold of each of its devices fits the device (``capacity_mib``: its memory)."""
-    by_device: dict[str, list[tuple[int, float, LeaseRecord, bool, int, int]]] = defaultdict(list)
+    by_device: dict[str, list[tuple[int, float, tuple[str, TakenSlice]]]] = defaultdict(list)
     for lease in leases:
         end = float("inf") if lease.ended_ms is None else lease.ended_ms
         for s in lease.slices:
-            by_device[s.device_id].append(
-                (lease.created_ms, end, lease, s.whole, s.memory_mib, s.compute_pct)
-            )
+            by_device[s.device_id].append((lease.created_ms, end, (lease.lease_id, s)))
     violations = []
     for device_id, held in sorted(by_device.items()):
         memory = capacity_mib.get(device_id)
-        for start, *_ in held:
-            # The leases alive at this one's start (an end at the same millisecond is over).
-            alive = [h for h in held if h[0] <= start < h[1]]
-            wholes = [h for h in alive if h[3]]
-            if wholes and len(alive) > 1:
-                names = sorted(h[2].lease_id for h in alive)
+        for start, alive in _alive_at_each_start(held):
+            names = sorted(lease_id for lease_id, _ in alive)
+            if any(s.whole for _, s in alive) and len(alive) > 1:
                 violations.append(
                     Violation("I1", device_id, f"a whole lease beside others at {start}: {names}")
                 )
-            used_memory = sum(h[4] for h in alive if not h[3])
-            used_compute = sum(h[5] for h in alive if not h[3])
+            used_memory = sum(s.memory_mib for _, s in alive if not s.whole)
+            used_compute = sum(s.compute_pct for _, s in alive if not s.whole)
             if used_compute > 100 or (memory is not None and used_memory > memory):
-                names = sorted(h[2].lease_id for h in alive)
                 violations.append(
                     Violation(
                         "I1",
@@ -156,8 +171,7 @@ def check_no_double_allocation(
                         f"{used_compute} % compute): {names}",
                     )
                 )
-    # One report per device and time is enough to act on.
-    return list(dict.fromkeys(violations))
+    return violations
 
 
 def check_nothing_leaked(
@@ -257,7 +271,7 @@ def check_quota(
     (as I1 counts them) that charge a queue of ``limits_units`` hold at most its limit.
     ``capacity_units`` gives a device's units (1.0, an A100, when it is not named)."""
     units_of = capacity_units or {}
-    charged: dict[str, list[tuple[int, float, float, str]]] = defaultdict(list)
+    charged: dict[str, list[tuple[int, float, tuple[float, str]]]] = defaultdict(list)
     for lease in leases:
         if lease.queue not in limits_units:
             continue
@@ -266,15 +280,14 @@ def check_quota(
             slice_units(s, capacity_mib.get(s.device_id), units_of.get(s.device_id, 1.0))
             for s in lease.slices
         )
-        charged[lease.queue].append((lease.created_ms, end, units, lease.lease_id))
+        charged[lease.queue].append((lease.created_ms, end, (units, lease.lease_id)))
     violations = []
     for queue, held in sorted(charged.items()):
         limit = limits_units[queue]
-        for start, *_ in held:
-            alive = [h for h in held if h[0] <= start < h[1]]
-            used = sum(h[2] for h in alive)
+        for start, alive in _alive_at_each_start(held):
+            used = sum(units for units, _ in alive)
             if used > limit + 1e-6:
-                names = sorted(h[3] for h in alive)
+                names = sorted(lease_id for _, lease_id in alive)
                 violations.append(
                     Violation(
                         "I4",
@@ -282,7 +295,7 @@ def check_quota(
                         f"{used:.3f} units held at {start}, over its limit {limit}: {names}",
                     )
                 )
-    return list(dict.fromkeys(violations))
+    return violations
 
 
 def check_tenant_delivery(
