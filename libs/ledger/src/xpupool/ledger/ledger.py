@@ -581,7 +581,11 @@ class Ledger:
         ``health`` (device id -> health and reason, as the node's backend reads them now) is
         written in the same step; a device it leaves out keeps its health (a new one is
         healthy, one the node's loss marked lost is healthy again). ``instance``: the
-        registering collector process, which holds the node from now on (``heartbeat``).
+        registering collector process, which holds the node from now on (``heartbeat``). The
+        same process registering again after the node was lost (cut off, not restarted) finds
+        the devices of its lost leases quarantined (``reap_nodes``): unhealthy until then,
+        with the health given here kept for the quarantine's end; another process ends those
+        quarantines.
         """
         readings = health or {}
         payload = {
@@ -632,7 +636,9 @@ class Ledger:
         return await self._run("reap_nodes", grace_ms, holder_grace_ms)
 
     async def set_health(self, device_id: str, health: Health, reason: str = "") -> ScriptResult:
-        """Set a device's health; ``previous`` in the answer tells whether it changed."""
+        """Set a device's health; ``previous`` in the answer tells whether it changed. A
+        quarantined device (``reap_nodes``) stays unhealthy and keeps ``health`` for the
+        quarantine's end: ``previous`` is then ``health`` itself (no transition now)."""
         return await self._run("set_health", device_id, health.value, reason)
 
     async def pool_shapes(self) -> list[PoolShape]:

@@ -114,10 +114,13 @@ local function set_device_health(dk, health, reason, now)
 end
 -- A quarantine's end: the device takes the health it was given meanwhile (if any). True when
 -- its health changed.
-local function end_quarantine(dk)
-  local q = redis.call('HMGET', dk, 'health_after', 'health_after_reason')
+local function forget_quarantine(dk)
   redis.call('HDEL', dk, 'quarantine_until', 'quarantine_lease', 'health_after',
     'health_after_reason')
+end
+local function end_quarantine(dk)
+  local q = redis.call('HMGET', dk, 'health_after', 'health_after_reason')
+  forget_quarantine(dk)
   if not q[1] then return false end
   redis.call('HSET', dk, 'health', q[1], 'health_reason', q[2] or '')
   return true
@@ -129,8 +132,7 @@ local function lift_quarantine(device_id, now)
   local q = redis.call('HMGET', dk, 'quarantine_until', 'node')
   if not q[1] or tonumber(q[1]) > now then return end
   if redis.call('HGET', k('node', q[2]), 'status') ~= 'up' then
-    redis.call('HDEL', dk, 'quarantine_until', 'quarantine_lease', 'health_after',
-      'health_after_reason')
+    forget_quarantine(dk)
   elseif end_quarantine(dk) then
     bump()
     touched('dev', device_id)
